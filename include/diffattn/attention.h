@@ -1,0 +1,151 @@
+// The operator family: differential attention (arXiv:2410.05258, Eq. 1) in the paper's signed
+// mode and the textbook's clamp-and-renormalise mode, and standard softmax attention.
+// One params struct describes a call; it is filled and validated in one place
+// (diff_attn_params / attn_params), then handed to a backend (reference or fused).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "diffattn/error.h"
+
+namespace diffattn {
+
+// signed: out = A1 V - lam A2 V (the paper). clamp: weights max(A1 - lam A2, 0) renormalised
+// per row, a row that clamps to all zeros stays zero (the textbook's teaching variant).
+enum class DiffMode { Signed, Clamp };
+
+// Which implementation runs a call. Auto picks the fastest available one; the environment
+// variable DIFFATTN_BACKEND=reference forces the reference everywhere.
+enum class Backend { Auto, Reference, Fused };
+
+struct AttnOptions {
+  bool causal = false;    // query i sees key j iff j <= i + (Tk - Tq) (bottom-right)
+  float scale = 0.0f;     // 0 means 1/sqrt(D)
+  DiffMode mode = DiffMode::Signed;
+};
+
+// A float32 row-major contiguous tensor as the caller holds it.
+struct ConstView {
+  const float* data = nullptr;
+  Shape shape;
+};
+
+// One attention call. maps == 2: differential attention, pair h of H subtracts sub-head 2h+1's
+// map (times lambda) from sub-head 2h's. maps == 1: standard softmax attention with H heads.
+// Heads are contiguous inside a row; rows and batches may be strided (views into a fused QKV
+// buffer or a KV cache with spare capacity). Strides are in elements.
+struct AttnParams {
+  // ---- sizes ----
+  int64_t B = 0, Tq = 0, Tk = 0;
+  int64_t H = 0;               // differential pairs (maps == 2) or heads (maps == 1)
+  int64_t G = 0;               // key/value heads; pair or head h reads group h / (H / G)
+  int64_t D = 0;               // query/key head size
+  int64_t Dv = 0;              // value head size (V1: 2D, V2 and standard: usually D)
+  int maps = 2;                // 2: differential, 1: standard
+  bool shared_keys = false;    // maps == 2: k has G heads read by both maps (V2) instead of 2G
+  bool lam_per_token = false;  // lam is (B, Tq, H) rather than (H)
+  bool causal = false;
+  float scale = 0.0f;          // multiplies q.k before the softmax
+  DiffMode mode = DiffMode::Signed;
+
+  // ---- inputs ----
+  const float* q = nullptr;    // (B, Tq, maps*H, D)
+  const float* k = nullptr;    // (B, Tk, kv_key_heads(), D)
+  const float* v = nullptr;    // (B, Tk, G, Dv)
+  const float* lam = nullptr;  // (H) or (B, Tq, H); unused when maps == 1
+  int64_t q_batch_stride = 0, q_row_stride = 0;
+  int64_t k_batch_stride = 0, k_row_stride = 0;
+  int64_t v_batch_stride = 0, v_row_stride = 0;
+
+  // ---- outputs ----
+  float* out = nullptr;        // (B, Tq, H, Dv)
+  int64_t o_batch_stride = 0, o_row_stride = 0;
+  // Saved statistics, written by the forward when non-null and read by the backward:
+  float* lse = nullptr;        // (B, maps*H, Tq) natural-log sum of exp(scale*q.k) per map;
+                               //   +inf for a row that sees no key
+  float* o2 = nullptr;         // (B, Tq, H, Dv) contiguous: map 2's output A2 V (maps == 2,
+                               //   signed); out + lam*o2 recovers map 1's, dlam = -dout.o2
+
+  int64_t q_heads() const { return maps * H; }
+  int64_t key_heads() const { return (maps == 2 && !shared_keys) ? 2 * G : G; }
+  int64_t group_size() const { return H / G; }
+  // Last key index query row i may see (inclusive), Tk - 1 when not causal; < 0: none.
+  int64_t last_key(int64_t i) const { return causal ? i + (Tk - Tq) : Tk - 1; }
+
+  Shape q_shape() const { return {B, Tq, q_heads(), D}; }
+  Shape k_shape() const { return {B, Tk, key_heads(), D}; }
+  Shape v_shape() const { return {B, Tk, G, Dv}; }
+  Shape lam_shape() const { return lam_per_token ? Shape{B, Tq, H} : Shape{H}; }
+  Shape out_shape() const { return {B, Tq, H, Dv}; }
+  Shape lse_shape() const { return {B, q_heads(), Tq}; }
+  int64_t numel(const Shape& s) const;
+
+  // Row-major contiguous strides for every tensor (what the *_params builders set).
+  void set_contiguous_strides();
+};
+
+// The backward reads the forward's inputs, out, lse and (maps == 2) o2, plus dout, and writes
+// dq, dk, dv and dlam (overwritten, not accumulated). Gradients use their input's strides:
+// dq q's, dk k's, dv v's; dout uses out's; dlam is contiguous with lam's shape.
+struct AttnBwdParams : AttnParams {
+  const float* dout = nullptr;  // (B, Tq, H, Dv)
+  float* dq = nullptr;          // like q
+  float* dk = nullptr;          // like k
+  float* dv = nullptr;          // like v
+  float* dlam = nullptr;        // like lam (maps == 2)
+
+  AttnBwdParams() = default;
+  explicit AttnBwdParams(const AttnParams& fwd) : AttnParams(fwd) {}
+};
+
+// Build and validate the params of differential attention from the caller's tensors.
+// The key layout is told by k's head count: 2G (separate keys, V1) or G (shared, V2), G being
+// v's head count. Throws InvalidArgument naming the tensor, the expected and the actual shape.
+// Output pointers are left null: allocate out_shape() (and lse_shape(), out_shape() for o2).
+AttnParams diff_attn_params(const ConstView& q, const ConstView& k, const ConstView& v,
+                            const ConstView& lam, const AttnOptions& opts);
+
+// The same for standard softmax attention (opts.mode is ignored).
+AttnParams attn_params(const ConstView& q, const ConstView& k, const ConstView& v,
+                       const AttnOptions& opts);
+
+// Checks a filled params struct before a kernel reads it: sizes, strides, pointers, finite
+// lambda. Every entry point calls it; callers that fill params by hand may call it too.
+void check_params(const AttnParams& p, const char* op);
+void check_params(const AttnBwdParams& p, const char* op);
+
+// Forward: out (and lse, o2 when non-null) from q, k, v, lam.
+void attention_fwd(const AttnParams& p, Backend backend = Backend::Auto);
+// Backward of signed differential attention or standard attention (clamp mode has none).
+void attention_bwd(const AttnBwdParams& p, Backend backend = Backend::Auto);
+
+// The reference (oracle): plain loops, double accumulation.
+void attention_fwd_ref(const AttnParams& p);
+void attention_bwd_ref(const AttnBwdParams& p);
+
+// The attention probabilities of map `map` (0, or 1 when maps == 2) for every head, recomputed
+// from the scores and the saved lse as the backward does: probs (B, H, Tq, Tk); masked entries
+// are 0. Needs p.lse from a forward. For looking inside: the fast paths never store this.
+void attention_probs(const AttnParams& p, int map, float* probs);
+
+// The backend Auto resolves to (environment variable DIFFATTN_BACKEND may force "reference").
+Backend resolve_backend(Backend requested);
+const char* backend_name(Backend b);
+
+// FLOPs of one forward, counted as FlashAttention does: 2 per multiply-add of every QK^T and
+// PV product over the (query, key) pairs that causality leaves visible.
+double attention_fwd_flops(const AttnParams& p);
+// Number of (query, key) pairs visible in one (batch, head) slice.
+double visible_pairs(const AttnParams& p);
+
+}  // namespace diffattn
+
+namespace diffattn {
+
+// The differential weights of one row from its two maps: a1 - lam*a2 (signed), or that clamped
+// at zero and renormalised to sum to 1 (clamp; a row that clamps to all zeros stays zero).
+void diff_row_weights(const float* a1, const float* a2, float lam, DiffMode mode, int64_t n,
+                      float* w);
+
+}  // namespace diffattn

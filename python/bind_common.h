@@ -1,0 +1,27 @@
+// Helpers shared by the binding files: checked views of NumPy arrays and new output arrays.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <string>
+
+#include "diffattn/error.h"
+#include "diffattn/attention.h"
+
+namespace diffattn::python {
+
+// A read-only view of a NumPy float32 C-contiguous array; anything else is a ValueError that
+// names the tensor and says what it got.
+ConstView view_of(const char* op, const char* name, const pybind11::handle& obj);
+
+// A new float32 array of the given shape (uninitialised).
+pybind11::array_t<float> new_array(const Shape& shape);
+
+// Throws InvalidArgument when got != want.
+void check_shape(const char* op, const char* name, const Shape& got, const Shape& want,
+                 const char* symbols);
+
+void bind_kernels(pybind11::module_& m);
+
+}  // namespace diffattn::python

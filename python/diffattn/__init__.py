@@ -1,0 +1,18 @@
+"""diffattn: differential attention (arXiv:2410.05258) and the Differential Transformer.
+
+The operators take NumPy float32, C-contiguous arrays in (batch, seq, head, dim) order:
+
+    out = diffattn.diff_attention(q, k, v, lam, causal=False, scale=None, mode="signed")
+    dq, dk, dv, dlam = diffattn.diff_attention_backward(q, k, v, lam, dout, causal=False)
+    out = diffattn.attention(q, k, v, causal=False)
+    dq, dk, dv = diffattn.attention_backward(q, k, v, dout, causal=False)
+
+Anything else (another dtype, a strided view, inconsistent shapes, a NaN lambda) raises
+ValueError naming the tensor, the expected and the actual shape. backend="reference" (or the
+environment variable DIFFATTN_BACKEND=reference) forces the reference implementation.
+"""
+
+from ._core import *  # noqa: F401,F403
+from ._core import __doc__ as _core_doc  # noqa: F401
+
+__version__ = "0.1.0"

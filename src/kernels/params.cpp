@@ -1,0 +1,271 @@
+// Filling and validating AttnParams: the one place that decides whether a call is well formed.
+// Every message names the operator, the tensor, what was expected and what came.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "diffattn/attention.h"
+
+namespace diffattn {
+
+std::string shape_str(const Shape& shape) {
+  std::ostringstream os;
+  os << '(';
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  if (shape.size() == 1) os << ',';
+  os << ')';
+  return os.str();
+}
+
+int64_t AttnParams::numel(const Shape& s) const {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+void AttnParams::set_contiguous_strides() {
+  q_row_stride = q_heads() * D;
+  q_batch_stride = Tq * q_row_stride;
+  k_row_stride = key_heads() * D;
+  k_batch_stride = Tk * k_row_stride;
+  v_row_stride = G * Dv;
+  v_batch_stride = Tk * v_row_stride;
+  o_row_stride = H * Dv;
+  o_batch_stride = Tq * o_row_stride;
+}
+
+namespace {
+
+[[noreturn]] void fail(const char* op, const std::string& what) {
+  throw InvalidArgument(std::string(op) + ": " + what);
+}
+
+void need_rank(const char* op, const char* name, const Shape& s, size_t rank,
+               const char* symbols) {
+  if (s.size() != rank) {
+    std::ostringstream os;
+    os << name << " has shape " << shape_str(s) << " (rank " << s.size() << "), expected rank "
+       << rank << ' ' << symbols;
+    fail(op, os.str());
+  }
+}
+
+void need_shape(const char* op, const char* name, const Shape& got, const Shape& want,
+                const char* symbols, const std::string& why = "") {
+  if (got != want) {
+    std::ostringstream os;
+    os << name << " has shape " << shape_str(got) << ", expected " << symbols << " = "
+       << shape_str(want);
+    if (!why.empty()) os << " " << why;
+    fail(op, os.str());
+  }
+}
+
+void need_positive(const char* op, const char* what, int64_t n) {
+  if (n < 1) fail(op, std::string(what) + " must be at least 1, got " + std::to_string(n));
+}
+
+void need_data(const char* op, const char* name, const void* data, int64_t numel) {
+  if (numel > 0 && data == nullptr) fail(op, std::string(name) + " has no data (null pointer)");
+}
+
+// Common checks of q, v and the grouping; returns nothing, fills p's sizes from q and v.
+void fill_from_q_v(const char* op, int maps, const ConstView& q, const ConstView& v,
+                   AttnParams& p) {
+  need_rank(op, "q", q.shape, 4, maps == 2 ? "(B, Tq, 2H, D)" : "(B, Tq, H, D)");
+  need_rank(op, "v", v.shape, 4, "(B, Tk, G, Dv)");
+  p.maps = maps;
+  p.B = q.shape[0];
+  p.Tq = q.shape[1];
+  p.D = q.shape[3];
+  if (maps == 2) {
+    if (q.shape[2] % 2 != 0) {
+      fail(op, "q has shape " + shape_str(q.shape) + ": its head count " +
+                   std::to_string(q.shape[2]) +
+                   " must be even, 2H sub-heads (2h for map 1, 2h+1 for map 2)");
+    }
+    p.H = q.shape[2] / 2;
+  } else {
+    p.H = q.shape[2];
+  }
+  p.Tk = v.shape[1];
+  p.G = v.shape[2];
+  p.Dv = v.shape[3];
+  if (p.B < 0 || p.Tq < 0 || p.Tk < 0) fail(op, "negative size in q or v");
+  need_positive(op, maps == 2 ? "H (pairs, q.shape[2] / 2)" : "H (heads, q.shape[2])", p.H);
+  need_positive(op, "D (q.shape[3])", p.D);
+  need_positive(op, "G (key/value heads, v.shape[2])", p.G);
+  need_positive(op, "Dv (v.shape[3])", p.Dv);
+  if (v.shape[0] != p.B) {
+    need_shape(op, "v", v.shape, {p.B, p.Tk, p.G, p.Dv}, "(B, Tk, G, Dv)",
+               "(B = " + std::to_string(p.B) + " from q)");
+  }
+  if (p.H % p.G != 0) {
+    std::ostringstream os;
+    os << (maps == 2 ? "H = " : "H = ") << p.H << (maps == 2 ? " pairs" : " heads")
+       << " (from q " << shape_str(q.shape) << ") is not divisible by G = " << p.G
+       << " key/value heads (from v " << shape_str(v.shape) << ")";
+    fail(op, os.str());
+  }
+}
+
+void fill_options(const char* op, const AttnOptions& opts, AttnParams& p) {
+  if (!std::isfinite(opts.scale)) fail(op, "scale must be finite, got " + std::to_string(opts.scale));
+  p.causal = opts.causal;
+  p.scale = opts.scale != 0.0f ? opts.scale : 1.0f / std::sqrt(static_cast<float>(p.D));
+  p.mode = opts.mode;
+}
+
+}  // namespace
+
+AttnParams diff_attn_params(const ConstView& q, const ConstView& k, const ConstView& v,
+                            const ConstView& lam, const AttnOptions& opts) {
+  const char* op = "diff_attention";
+  AttnParams p;
+  fill_from_q_v(op, 2, q, v, p);
+  need_rank(op, "k", k.shape, 4, "(B, Tk, 2G, D) or (B, Tk, G, D)");
+  const Shape separate{p.B, p.Tk, 2 * p.G, p.D}, shared{p.B, p.Tk, p.G, p.D};
+  if (k.shape == separate) {
+    p.shared_keys = false;
+  } else if (k.shape == shared) {
+    p.shared_keys = true;
+  } else {
+    std::ostringstream os;
+    os << "k has shape " << shape_str(k.shape) << ", expected (B, Tk, 2G, D) = "
+       << shape_str(separate) << " (separate keys per map) or (B, Tk, G, D) = "
+       << shape_str(shared) << " (shared keys), with B, D from q " << shape_str(q.shape)
+       << " and Tk, G from v " << shape_str(v.shape);
+    fail(op, os.str());
+  }
+  if (lam.shape.size() == 1) {
+    need_shape(op, "lam", lam.shape, {p.H}, "(H)", "(one lambda per pair)");
+    p.lam_per_token = false;
+  } else if (lam.shape.size() == 3) {
+    need_shape(op, "lam", lam.shape, {p.B, p.Tq, p.H}, "(B, Tq, H)",
+               "(one lambda per token and pair)");
+    p.lam_per_token = true;
+  } else {
+    fail(op, "lam has shape " + shape_str(lam.shape) + ", expected (H) = " +
+                 shape_str({p.H}) + " or (B, Tq, H) = " + shape_str({p.B, p.Tq, p.H}));
+  }
+  fill_options(op, opts, p);
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  p.lam = lam.data;
+  p.set_contiguous_strides();
+  need_data(op, "q", q.data, p.numel(p.q_shape()));
+  need_data(op, "k", k.data, p.numel(p.k_shape()));
+  need_data(op, "v", v.data, p.numel(p.v_shape()));
+  need_data(op, "lam", lam.data, p.numel(p.lam_shape()));
+  return p;
+}
+
+AttnParams attn_params(const ConstView& q, const ConstView& k, const ConstView& v,
+                       const AttnOptions& opts) {
+  const char* op = "attention";
+  AttnParams p;
+  fill_from_q_v(op, 1, q, v, p);
+  need_rank(op, "k", k.shape, 4, "(B, Tk, G, D)");
+  need_shape(op, "k", k.shape, {p.B, p.Tk, p.G, p.D}, "(B, Tk, G, D)",
+             "(B, D from q " + shape_str(q.shape) + ", Tk, G from v " + shape_str(v.shape) +
+                 ")");
+  fill_options(op, opts, p);
+  p.mode = DiffMode::Signed;
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  p.set_contiguous_strides();
+  need_data(op, "q", q.data, p.numel(p.q_shape()));
+  need_data(op, "k", k.data, p.numel(p.k_shape()));
+  need_data(op, "v", v.data, p.numel(p.v_shape()));
+  return p;
+}
+
+namespace {
+
+void check_strides(const char* op, const char* name, int64_t batch_stride, int64_t row_stride,
+                   int64_t B, int64_t T, int64_t row_extent) {
+  if (row_stride < row_extent && T > 1) {
+    fail(op, std::string(name) + " row stride " + std::to_string(row_stride) +
+                 " is smaller than a row (" + std::to_string(row_extent) + " elements)");
+  }
+  if (B > 1 && T > 0 && batch_stride < (T - 1) * row_stride + row_extent) {
+    fail(op, std::string(name) + " batch stride " + std::to_string(batch_stride) +
+                 " overlaps the previous batch (needs at least " +
+                 std::to_string((T - 1) * row_stride + row_extent) + ")");
+  }
+}
+
+}  // namespace
+
+void check_params(const AttnParams& p, const char* op) {
+  if (p.maps != 1 && p.maps != 2) fail(op, "maps must be 1 or 2, got " + std::to_string(p.maps));
+  if (p.B < 0 || p.Tq < 0 || p.Tk < 0) fail(op, "negative batch or sequence size");
+  need_positive(op, "H", p.H);
+  need_positive(op, "G", p.G);
+  need_positive(op, "D", p.D);
+  need_positive(op, "Dv", p.Dv);
+  if (p.H % p.G != 0) {
+    fail(op, "H = " + std::to_string(p.H) + " is not divisible by G = " + std::to_string(p.G));
+  }
+  if (!std::isfinite(p.scale)) fail(op, "scale must be finite");
+  check_strides(op, "q", p.q_batch_stride, p.q_row_stride, p.B, p.Tq, p.q_heads() * p.D);
+  check_strides(op, "k", p.k_batch_stride, p.k_row_stride, p.B, p.Tk, p.key_heads() * p.D);
+  check_strides(op, "v", p.v_batch_stride, p.v_row_stride, p.B, p.Tk, p.G * p.Dv);
+  check_strides(op, "out", p.o_batch_stride, p.o_row_stride, p.B, p.Tq, p.H * p.Dv);
+  need_data(op, "q", p.q, p.numel(p.q_shape()));
+  need_data(op, "k", p.k, p.numel(p.k_shape()));
+  need_data(op, "v", p.v, p.numel(p.v_shape()));
+  need_data(op, "out", p.out, p.numel(p.out_shape()));
+  if (p.maps == 2) {
+    const int64_t n = p.numel(p.lam_shape());
+    need_data(op, "lam", p.lam, n);
+    for (int64_t i = 0; i < n; ++i) {
+      if (!std::isfinite(p.lam[i])) {
+        std::ostringstream os;
+        os << "lam[" << i << "] is " << p.lam[i] << " (lam has shape " << shape_str(p.lam_shape())
+           << "): lambda must be finite";
+        fail(op, os.str());
+      }
+    }
+  }
+}
+
+void check_params(const AttnBwdParams& p, const char* op) {
+  check_params(static_cast<const AttnParams&>(p), op);
+  if (p.maps == 2 && p.mode != DiffMode::Signed) {
+    fail(op, "the backward is defined for signed differential attention and standard "
+             "attention; clamp mode has a forward only");
+  }
+  const int64_t nq = p.numel(p.out_shape());
+  need_data(op, "dout", p.dout, nq);
+  need_data(op, "lse (saved by the forward)", p.lse, p.numel(p.lse_shape()));
+  need_data(op, "dq", p.dq, p.numel(p.q_shape()));
+  need_data(op, "dk", p.dk, p.numel(p.k_shape()));
+  need_data(op, "dv", p.dv, p.numel(p.v_shape()));
+  if (p.maps == 2) {
+    need_data(op, "o2 (saved by the forward)", p.o2, nq);
+    need_data(op, "dlam", p.dlam, p.numel(p.lam_shape()));
+  }
+}
+
+double visible_pairs(const AttnParams& p) {
+  if (!p.causal) return static_cast<double>(p.Tq) * static_cast<double>(p.Tk);
+  double n = 0;
+  for (int64_t i = 0; i < p.Tq; ++i) {
+    const int64_t last = p.last_key(i);
+    if (last >= 0) n += static_cast<double>(std::min(last + 1, p.Tk));
+  }
+  return n;
+}
+
+double attention_fwd_flops(const AttnParams& p) {
+  // Per visible (query, key) pair and map: a D-long dot product and a Dv-long axpy.
+  return visible_pairs(p) * static_cast<double>(p.B) * static_cast<double>(p.H) * p.maps * 2.0 *
+         static_cast<double>(p.D + p.Dv);
+}
+
+}  // namespace diffattn
