@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cli/args.h"
+#include "diffattn/runtime.h"
 
 namespace {
 
@@ -21,13 +22,59 @@ void print_usage() {
     std::cout << "  " << c.name << std::string(c.name.size() < 12 ? 12 - c.name.size() : 1, ' ')
               << c.summary << "\n";
   }
-  std::cout << "\n`diffattn <command> --help` describes a command's options.\n";
+  std::cout << "\nglobal options (before or after the command):\n"
+               "  --threads N   threads for the kernels and BLAS (default: DIFFATTN_NUM_THREADS,\n"
+               "                else every hardware thread)\n"
+               "\n`diffattn <command> --help` describes a command's options.\n";
 }
 
 }  // namespace
 
+// Removes the global --threads N (or --threads=N) from args and applies it.
+void take_threads(std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string value;
+    size_t n = 0;
+    if (args[i] == "--threads") {
+      if (i + 1 >= args.size()) throw diffattn::cli::UsageError("--threads needs a value (N)");
+      value = args[i + 1];
+      n = 2;
+    } else if (args[i].rfind("--threads=", 0) == 0) {
+      value = args[i].substr(10);
+      n = 1;
+    } else {
+      continue;
+    }
+    size_t used = 0;
+    int t = 0;
+    try {
+      t = std::stoi(value, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != value.size() || t < 1) {
+      throw diffattn::cli::UsageError("--threads expects a whole number >= 1, got \"" + value + "\"");
+    }
+    diffattn::set_num_threads(t);
+    args.erase(args.begin() + static_cast<long>(i), args.begin() + static_cast<long>(i + n));
+    --i;
+  }
+}
+
 int main(int argc, char** argv) {
   using namespace diffattn;
+  std::vector<std::string> all(argv + 1, argv + argc);
+  try {
+    take_threads(all);
+    num_threads();  // reads DIFFATTN_NUM_THREADS now, so a bad value fails before any work
+  } catch (const std::exception& e) {
+    std::cerr << "diffattn: " << e.what() << "\n";
+    return 2;
+  }
+  std::vector<char*> kept{argv[0]};
+  for (std::string& a : all) kept.push_back(a.data());
+  argc = static_cast<int>(kept.size());
+  argv = kept.data();
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
       std::string(argv[1]) == "help") {
     print_usage();
