@@ -1,0 +1,99 @@
+// The attention layers of the Differential Transformer (docs/FORMAT.md, "The computation"):
+// DIFF V1 (arXiv:2410.05258, Eqs. 1-3), DIFF V2 and standard softmax attention, each a
+// forward/backward pair over the kernel API (attention_fwd / attention_bwd).
+//
+// The q, k, v (and V2's lambda) projections are one stacked weight (n_proj, C), so one sgemm
+// produces a (B, T, n_proj) buffer that the kernels read through row strides, no copies:
+//   [ q (q_heads*D) | k (k_heads*D) | v (G*Dv) | lambda logits (H, V2 only) ]
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "diffattn/attention.h"
+
+namespace diffattn::nn {
+
+enum class AttnKind { DiffV1, DiffV2, Standard };
+
+const char* attn_kind_name(AttnKind k);  // "diff_v1", "diff_v2", "standard"
+
+struct AttnLayerShape {
+  AttnKind kind = AttnKind::DiffV1;
+  int64_t C = 0;          // d_model
+  int64_t H = 0;          // V1: pairs; V2: output heads (2H query heads); standard: heads
+  int64_t G = 0;          // key/value heads
+  int64_t D = 0;          // query/key head size
+  float eps = 1e-5f;      // V1's per-head RMSNorm
+  float lambda_init = 0;  // V1
+  int maps() const { return kind == AttnKind::Standard ? 1 : 2; }
+  int64_t q_heads() const { return maps() * H; }
+  int64_t k_heads() const { return kind == AttnKind::DiffV1 ? 2 * G : G; }
+  int64_t Dv() const { return kind == AttnKind::DiffV1 ? 2 * D : D; }
+  int64_t n_q() const { return q_heads() * D; }
+  int64_t n_k() const { return k_heads() * D; }
+  int64_t n_v() const { return G * Dv(); }
+  int64_t n_lam() const { return kind == AttnKind::DiffV2 ? H : 0; }
+  int64_t n_proj() const { return n_q() + n_k() + n_v() + n_lam(); }
+  int64_t n_out() const { return H * Dv(); }
+};
+
+// Pointers into a parameter (or gradient) buffer.
+template <typename F>
+struct AttnLayerTensors {
+  F* proj = nullptr;       // (n_proj, C): q_proj, k_proj, v_proj[, lambda_proj] stacked
+  F* out_proj = nullptr;   // (C, H*Dv)
+  F* lambda_q1 = nullptr;  // (D) V1
+  F* lambda_k1 = nullptr;  // (D) V1
+  F* lambda_q2 = nullptr;  // (D) V1
+  F* lambda_k2 = nullptr;  // (D) V1
+  F* subln = nullptr;      // (2D) V1
+};
+using AttnLayerWeights = AttnLayerTensors<const float>;
+using AttnLayerGrads = AttnLayerTensors<float>;
+
+// What the forward saves for the backward (sized by attn_acts_resize).
+struct AttnLayerActs {
+  std::vector<float> proj;      // (B, T, n_proj): q and k after RoPE, v, lambda logits
+  std::vector<float> lam;       // V1: (H) the layer's lambda broadcast; V2: (B, T, H) sigmoid
+  std::vector<float> att;       // (B, T, H, Dv) the operator's output
+  std::vector<float> lse;       // (B, maps*H, T)
+  std::vector<float> o2;        // (B, T, H, Dv) map 2's output (maps == 2)
+  std::vector<float> normed;    // V1: (B, T, H, 2D) (1 - lambda_init) * rmsnorm(att, subln)
+  std::vector<float> sub_rstd;  // V1: (B, T, H)
+  double lambda = 0;            // V1: the layer's lambda (Eq. 2)
+  double e1 = 0, e2 = 0;        // V1: exp(lambda_q1 . lambda_k1), exp(lambda_q2 . lambda_k2)
+};
+
+// A key/value cache with spare capacity for one layer: rows [0, len) are filled.
+struct KVCache {
+  int64_t B = 0, capacity = 0, len = 0;
+  std::vector<float> k;  // (B, capacity, k_heads, D)
+  std::vector<float> v;  // (B, capacity, G, Dv)
+  void reset(const AttnLayerShape& s, int64_t B, int64_t capacity);
+};
+
+// V1's lambda (Eq. 2): exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init; e1, e2 the exponentials.
+double v1_lambda(const AttnLayerWeights& w, const AttnLayerShape& s, double* e1 = nullptr,
+                 double* e2 = nullptr);
+
+// out (B, T, C) = attention layer of inp (B, T, C) (already normalised), causal. Positions of
+// the T rows start at pos0; cos_t/sin_t (T, D/2) their RoPE angles. With a cache, the new
+// keys/values are appended at cache->len and attention runs against the whole cache (prefill
+// when cache->len == 0, decode after); without, against the T rows themselves.
+// save_stats: keep lse and o2 for a backward (training); inference leaves them out.
+void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
+                    const AttnLayerWeights& w, const AttnLayerShape& s, int64_t B, int64_t T,
+                    const float* cos_t, const float* sin_t, KVCache* cache, bool save_stats);
+
+struct AttnLayerScratch {
+  std::vector<float> dnormed, datt, dproj, dlam;
+};
+
+// dinp (B, T, C) += d/dinp, grads += d/dweights, from dout (B, T, C) and the saved acts.
+void attn_layer_bwd(float* dinp, const AttnLayerGrads& g, const float* dout,
+                    const AttnLayerActs& acts, const float* inp, const AttnLayerWeights& w,
+                    const AttnLayerShape& s, int64_t B, int64_t T, const float* cos_t,
+                    const float* sin_t, AttnLayerScratch& scratch);
+
+}  // namespace diffattn::nn

@@ -1,0 +1,222 @@
+// The Differential Transformer language model of docs/FORMAT.md ("diffattn/1"): its config,
+// its weights in one flat buffer with a table of named tensors, the forward/backward over a
+// batch, KV-cache inference, the sampler, AdamW, and checkpoint I/O (safetensors + config.json).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "diffattn/attention_layer.h"
+#include "diffattn/error.h"
+
+namespace diffattn {
+
+// ---- config.json ----
+struct ModelConfig {
+  nn::AttnKind attention = nn::AttnKind::DiffV1;
+  int64_t vocab_size = 256;
+  int64_t d_model = 0;
+  int64_t n_layers = 0;
+  int64_t n_heads = 0;     // V1: pairs H; V2: output heads H (2H query heads); standard: heads
+  int64_t n_kv_heads = 0;  // G, divides n_heads
+  int64_t head_dim = 0;    // D
+  int64_t ffn_dim = 0;
+  int64_t max_seq_len = 0;
+  double rope_theta = 10000.0;
+  float norm_eps = 1e-5f;
+  bool tie_embeddings = false;
+  std::optional<double> lambda_init;  // absent: 0.8 - 0.6 exp(-0.3 l), l 0-based
+
+  // lambda_init of layer l (0-based): the fixed value or the paper's schedule
+  // (arXiv:2410.05258 section 2.1, with its 1-based l - 1 written as the 0-based l).
+  float layer_lambda_init(int64_t l) const;
+  nn::AttnLayerShape attn_shape(int64_t l) const;
+  // Throws InvalidArgument naming the key when a size is out of range or inconsistent.
+  void validate(const std::string& where = "config") const;
+  std::string to_json() const;
+  // Parses config.json text; unknown keys, missing keys and wrong types are errors naming the
+  // key and `where` (the file).
+  static ModelConfig from_json(const std::string& text, const std::string& where);
+};
+
+nn::AttnKind parse_attn_kind(const std::string& name, const std::string& where);
+
+// Presets "tiny" and "small" for each attention kind, of (nearly) equal parameter counts:
+// V1 matches standard exactly (H pairs of 2D replace 2H heads of D); V2's extra query heads
+// and lambda_proj are paid for by a smaller ffn_dim (see README).
+ModelConfig model_preset(const std::string& name, nn::AttnKind kind, int64_t vocab_size = 256);
+
+// ---- weights ----
+struct TensorInfo {
+  std::string name;  // FORMAT.md name, e.g. "layers.0.attn.q_proj.weight"
+  Shape shape;
+  int64_t offset = 0;  // into the flat buffer
+  int64_t numel = 0;
+  bool decay = false;  // AdamW weight decay applies (2-D tensors; see README)
+};
+
+// The tensors of a config in a fixed order, laid out so that each layer's q, k, v (and V2's
+// lambda) projections are contiguous (one stacked (n_proj, C) weight) and so are gate and up.
+std::vector<TensorInfo> tensor_table(const ModelConfig& cfg);
+
+struct LayerOffsets {
+  int64_t attn_norm, proj, out_proj, lambda_q1, lambda_k1, lambda_q2, lambda_k2, subln;
+  int64_t ffn_norm, gate_up, down;
+};
+
+class Model {
+ public:
+  explicit Model(const ModelConfig& cfg);
+
+  const ModelConfig& config() const { return cfg_; }
+  const std::vector<TensorInfo>& tensors() const { return table_; }
+  const TensorInfo& tensor(const std::string& name) const;  // throws naming the tensor
+  int64_t num_params() const { return static_cast<int64_t>(params.size()); }
+
+  // Seeded initialisation: linear weights and embeddings N(0, 0.02), norms 1, V1 lambda
+  // vectors N(0, 0.1) (the upstream code's convention). Same seed, same weights.
+  void init_weights(uint64_t seed);
+
+  // Forward over tokens (B, T). With targets (B, T) returns the mean cross-entropy over the
+  // positions whose target is >= 0; without, 0. Logits stay in logits() (B, T, V).
+  double forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T);
+  // After forward with targets: grads += d(dloss_scale * mean loss)/dparams.
+  void backward(float dloss_scale = 1.0f);
+  void zero_grads();
+  const std::vector<float>& logits() const { return logits_; }
+
+  // Per-layer lambda: V1 the layer's scalar (Eq. 2); V2 the mean of sigmoid(lambda_proj x) over
+  // the last forward's tokens and heads (NaN before any forward); standard: empty.
+  std::vector<double> layer_lambdas() const;
+
+  // ---- inference with a KV cache ----
+  void cache_reset(int64_t B, int64_t capacity);
+  int64_t cache_len() const;
+  // Appends tokens (B, Tn) at the cache's end and writes the logits of each sequence's last new
+  // position into logits_last (B, V). Tn > 1 is a prefill, Tn == 1 a decode step.
+  void infer(const int32_t* tokens, int64_t B, int64_t Tn, float* logits_last);
+
+  std::vector<float> params;  // flat, laid out by tensors()
+  std::vector<float> grads;   // same layout
+
+ private:
+  struct LayerActs {
+    std::vector<float> x_in, an, an_rstd, x_mid, fn, fn_rstd, gu, h, attn_out;
+    nn::AttnLayerActs attn;
+  };
+  nn::AttnLayerWeights attn_weights(int64_t l) const;
+  nn::AttnLayerGrads attn_grads(int64_t l);
+  void rope_for(int64_t pos0, int64_t T);
+  const float* lm_head() const;
+
+  ModelConfig cfg_;
+  std::vector<TensorInfo> table_;
+  std::map<std::string, size_t> index_;
+  std::vector<LayerOffsets> off_;
+  int64_t embed_off_ = 0, norm_off_ = 0, head_off_ = 0;
+
+  // training activations
+  int64_t B_ = 0, T_ = 0;
+  std::vector<int32_t> tokens_, targets_;
+  std::vector<LayerActs> acts_;
+  std::vector<float> x_final_, nf_, nf_rstd_, logits_, lse_, losses_;
+  int64_t counted_ = 0;
+  std::vector<float> cos_, sin_;
+  int64_t rope_pos0_ = -1, rope_T_ = -1;
+  nn::AttnLayerScratch scratch_;
+  std::vector<float> dx_, dbuf_, dbig_, dgu_, dlogits_;
+  // inference
+  std::vector<nn::KVCache> caches_;
+  std::vector<LayerActs> infer_acts_;
+};
+
+// ---- safetensors ----
+enum class DType { F32, BF16, F16 };
+
+struct SafeTensor {
+  DType dtype = DType::F32;
+  Shape shape;
+  std::vector<float> data;  // converted to float32
+};
+
+struct SafeTensorsFile {
+  std::map<std::string, SafeTensor> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+// Writes F32 tensors (name, shape, data) and metadata, atomically.
+struct SafeTensorRef {
+  std::string name;
+  Shape shape;
+  const float* data = nullptr;
+};
+void write_safetensors(const std::string& path, const std::vector<SafeTensorRef>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+// Reads and checks a whole file: header length, JSON, dtype, shapes, offsets within the data,
+// overlaps. Errors (IoError) name the file and the tensor.
+SafeTensorsFile read_safetensors(const std::string& path);
+
+// ---- files ----
+// Writes bytes to path atomically: a temporary file in the same directory, fsync, rename,
+// fsync of the directory. Throws IoError naming the path.
+void write_file_atomic(const std::string& path, const std::string& bytes);
+std::string read_file(const std::string& path);
+
+// ---- model directories ----
+// DIR/config.json + DIR/model.safetensors (F32). Creates DIR if needed.
+void save_model(const Model& m, const std::string& dir);
+// Loads a model directory; every FORMAT.md error is reported with the tensor or key and file.
+Model load_model(const std::string& dir);
+// Copies a model's tensors from a parsed file, checking names and shapes against the config.
+void load_weights(Model& m, const SafeTensorsFile& f, const std::string& where,
+                  const std::string& prefix = "", bool allow_extra = false);
+
+// ---- optimizer ----
+struct AdamWOptions {
+  double lr = 1e-3, min_lr = 1e-4;
+  int64_t warmup = 10, total_steps = 100;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  double clip = 1.0;  // global gradient-norm clip; 0 turns it off
+};
+
+// Learning rate at step (0-based): linear warmup to lr over `warmup` steps, then cosine decay
+// to min_lr at total_steps.
+double lr_at(const AdamWOptions& o, int64_t step);
+
+struct AdamW {
+  std::vector<float> m, v;  // first and second moments, laid out like Model::params
+  int64_t t = 0;            // updates taken
+  void reset(size_t n);
+  // Clips grads to o.clip (global L2 norm, summed in double in a fixed order), then takes one
+  // decoupled-weight-decay step. Returns the gradient norm before clipping.
+  double step(Model& m, const AdamWOptions& o, double lr);
+};
+
+double grad_norm(const std::vector<float>& g);
+
+// ---- sampling ----
+struct SamplerOptions {
+  double temperature = 1.0;  // 0: greedy (argmax)
+  int64_t top_k = 0;         // 0: no limit
+  double top_p = 1.0;        // nucleus: smallest set with probability >= top_p
+  uint64_t seed = 0;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplerOptions& o);
+  int32_t sample(const float* logits, int64_t V);
+
+ private:
+  SamplerOptions o_;
+  std::mt19937_64 rng_;
+};
+
+// Number of parameters of a config (all tensors).
+int64_t count_params(const ModelConfig& cfg);
+
+}  // namespace diffattn

@@ -1,0 +1,82 @@
+// The layers of the Differential Transformer as forward/backward pairs (docs/DESIGN.md, layer
+// `nn`). Argument order everywhere: outputs, saved statistics, inputs, weights, sizes
+// (docs/STYLE.md item 2). Every backward accumulates (+=) into its gradients, input gradients
+// included, so residual branches and gradient accumulation need no extra buffers; callers zero
+// gradient buffers before a step. Rows are independent and parallelised over num_threads();
+// nothing reduces across threads, so results do not depend on the thread count except
+// through BLAS (OpenBLAS is deterministic for a fixed thread count).
+#pragma once
+
+#include <cstdint>
+
+#include "diffattn/attention.h"
+
+namespace diffattn::nn {
+
+// ---- linear (BLAS sgemm) ----
+// out (N, OC) = inp (N, C) @ weight^T, weight (OC, C) as PyTorch stores nn.Linear.
+// ldo: out's row stride (>= OC), so the output may be a column block of a wider buffer.
+void linear_fwd(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
+                int64_t OC, int64_t ldo = 0);
+// dinp (N, C) += dout @ weight; dweight (OC, C) += dout^T @ inp. dinp may be null (skipped).
+// ldd: dout's row stride.
+void linear_bwd(float* dinp, float* dweight, const float* dout, const float* inp,
+                const float* weight, int64_t N, int64_t C, int64_t OC, int64_t ldd = 0);
+
+// ---- embedding ----
+// out (N, C) = table[tokens]; tokens checked against V.
+void embedding_fwd(float* out, const int32_t* tokens, const float* table, int64_t N, int64_t C,
+                   int64_t V);
+// dtable (V, C) += scatter of dout (N, C) (serial over rows: tokens repeat).
+void embedding_bwd(float* dtable, const float* dout, const int32_t* tokens, int64_t N,
+                   int64_t C);
+
+// ---- RMSNorm ----
+// out (N, C) = inp / sqrt(mean(inp^2) + eps) * weight; rstd (N) saved. Input and output rows
+// may be strided (ldi, ldo; 0 means C).
+void rmsnorm_fwd(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
+                 int64_t C, float eps, int64_t ldi = 0, int64_t ldo = 0);
+// dinp (N, C) += ..., dweight (C) += ...; rows of dout may be strided (ldd). dweight's sum over
+// rows is taken per thread block in a fixed order (deterministic).
+void rmsnorm_bwd(float* dinp, float* dweight, const float* dout, const float* inp,
+                 const float* weight, const float* rstd, int64_t N, int64_t C, int64_t ldd = 0,
+                 int64_t ldi = 0);
+
+// ---- interleaved RoPE ----
+// Angle table for positions [pos0, pos0 + T): cos/sin (T, D/2), theta_j = base^(-2j/D).
+void rope_table(float* cos_t, float* sin_t, int64_t pos0, int64_t T, int64_t D, double base);
+// In place on x (B, T, nh, D) with row stride ld (elements between consecutive t) and batch
+// stride lb: u'[2j] = u[2j] c - u[2j+1] s, u'[2j+1] = u[2j] s + u[2j+1] c. inverse = true
+// rotates by -angle: the backward of the forward rotation (it is orthogonal).
+void rope_apply(float* x, const float* cos_t, const float* sin_t, int64_t B, int64_t T,
+                int64_t nh, int64_t D, int64_t ld, int64_t lb, bool inverse);
+
+// ---- SwiGLU ----
+// out (N, F) = silu(gate) * up; gate and up may be column blocks of one buffer (ldg).
+void swiglu_fwd(float* out, const float* gate, const float* up, int64_t N, int64_t F,
+                int64_t ldg = 0);
+// dgate, dup (N, F) += ... (same strides as gate/up).
+void swiglu_bwd(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                int64_t N, int64_t F, int64_t ldg = 0);
+
+// ---- sigmoid (V2's per-token lambda) ----
+// out (N, H) contiguous = sigmoid(inp), inp rows strided by ldi.
+void sigmoid_fwd(float* out, const float* inp, int64_t N, int64_t H, int64_t ldi);
+// dinp (rows strided ldi) += dout * out * (1 - out).
+void sigmoid_bwd(float* dinp, const float* dout, const float* out, int64_t N, int64_t H,
+                 int64_t ldi);
+
+// ---- cross-entropy ----
+// losses (N) = lse(logits_i) - logits_i[target_i]; lse (N) saved. Targets checked against V;
+// a target < 0 is ignored (loss 0, no gradient).
+void cross_entropy_fwd(float* losses, float* lse, const float* logits, const int32_t* targets,
+                       int64_t N, int64_t V);
+// dlogits (N, V) = dloss * (softmax(logits) - onehot(target)), written (not accumulated), may
+// alias logits.
+void cross_entropy_bwd(float* dlogits, const float* logits, const float* lse,
+                       const int32_t* targets, float dloss, int64_t N, int64_t V);
+
+// Sets OpenBLAS's thread count to num_threads() (called before BLAS work).
+void sync_blas_threads();
+
+}  // namespace diffattn::nn

@@ -1,0 +1,39 @@
+// `diffattn eval --model DIR`: validation loss and perplexity on the corpus's held-out lines.
+#include <cmath>
+#include <cstdio>
+
+#include "cli/args.h"
+#include "diffattn/data.h"
+
+namespace diffattn::cli {
+
+namespace {
+
+int run_eval(const std::vector<std::string>& argv) {
+  Args a("eval", "Validation loss and perplexity of a model on its corpus's validation split\n"
+                 "(every 20th line of the text).");
+  a.option("--model", "DIR", "", "the model directory (required)")
+      .option("--corpus", "SPEC", "kjv", "kjv or the path of a text file")
+      .option("--batch", "B", "8", "sequences per batch")
+      .option("--seq-len", "T", "128", "tokens per sequence (at most the model's max_seq_len)")
+      .option("--batches", "N", "0", "at most N batches (0: the whole validation split)");
+  if (!a.parse(argv)) return 0;
+  if (!a.given("--model")) throw UsageError("--model DIR is required");
+  const std::string dir = a.str("--model");
+  Model m = load_model(dir);
+  const auto tok = data::tokenizer_for(dir);
+  const data::Corpus c = data::load_corpus(a.str("--corpus"), data::default_cache_dir());
+  const std::vector<int32_t> valid = tok->encode(c.valid);
+  const int64_t T = std::min(a.integer("--seq-len"), m.config().max_seq_len);
+  const double loss = data::eval_loss(m, valid, a.integer("--batch"), T, a.integer("--batches"));
+  std::printf("%s on %s validation (%zu tokens, T %lld): loss %.4f  perplexity %.3f  (%.4f bits per token)\n",
+              dir.c_str(), c.name.c_str(), valid.size(), static_cast<long long>(T), loss,
+              std::exp(loss), loss / std::log(2.0));
+  return 0;
+}
+
+const CommandRegistration reg({"eval", "validation loss and perplexity of a model", 30, run_eval});
+
+}  // namespace
+
+}  // namespace diffattn::cli

@@ -1,0 +1,80 @@
+// `diffattn generate --model DIR --prompt TEXT`: sampled continuation, streamed to stdout.
+// `--bench N` times N decode steps instead and prints tokens/s.
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include "cli/args.h"
+#include "diffattn/data.h"
+#include "diffattn/runtime.h"
+
+namespace diffattn::cli {
+
+namespace {
+
+int bench_decode(Model& m, int64_t prompt_len, int64_t n) {
+  const int64_t V = m.config().vocab_size;
+  if (prompt_len + n > m.config().max_seq_len) {
+    n = m.config().max_seq_len - prompt_len;
+  }
+  std::vector<int32_t> prompt(static_cast<size_t>(prompt_len));
+  for (int64_t i = 0; i < prompt_len; ++i) prompt[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % V);
+  std::vector<float> logits(static_cast<size_t>(V));
+  m.cache_reset(1, prompt_len + n);
+  const auto t0 = std::chrono::steady_clock::now();
+  m.infer(prompt.data(), 1, prompt_len, logits.data());
+  const auto t1 = std::chrono::steady_clock::now();
+  Sampler greedy({0.0, 0, 1.0, 0});
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t next = greedy.sample(logits.data(), V);
+    m.infer(&next, 1, 1, logits.data());
+  }
+  const auto t2 = std::chrono::steady_clock::now();
+  const double pre = std::chrono::duration<double>(t1 - t0).count();
+  const double dec = std::chrono::duration<double>(t2 - t1).count();
+  std::printf("bench generate: %s params %lld threads %d backend %s: prefill %lld tokens in %.4f s "
+              "(%.0f tokens/s), decode %lld tokens in %.4f s, %.1f tokens/s\n",
+              nn::attn_kind_name(m.config().attention), static_cast<long long>(m.num_params()),
+              num_threads(), backend_name(resolve_backend(Backend::Auto)),
+              static_cast<long long>(prompt_len), pre, static_cast<double>(prompt_len) / pre,
+              static_cast<long long>(n), dec, static_cast<double>(n) / dec);
+  return 0;
+}
+
+int run_generate(const std::vector<std::string>& argv) {
+  Args a("generate",
+         "Continue a prompt with a trained model: the prompt is prefilled through the KV cache,\n"
+         "then one token at a time is decoded and printed as it comes (streamed).");
+  a.option("--model", "DIR", "", "the model directory (required)")
+      .option("--prompt", "TEXT", "", "the text to continue")
+      .option("--max-new", "N", "200", "new tokens to generate")
+      .option("--temperature", "X", "0.8", "softmax temperature; 0 is greedy")
+      .option("--top-k", "K", "0", "sample from the K most likely tokens (0: all)")
+      .option("--top-p", "P", "1.0", "nucleus sampling: the smallest set with probability >= P")
+      .option("--seed", "N", "0", "sampling seed")
+      .option("--bench", "N", "0", "time N decode steps after a 64-token prompt instead");
+  if (!a.parse(argv)) return 0;
+  if (!a.given("--model")) throw UsageError("--model DIR is required");
+  const std::string dir = a.str("--model");
+  Model m = load_model(dir);
+  if (a.integer("--bench") > 0) return bench_decode(m, std::min<int64_t>(64, m.config().max_seq_len / 2), a.integer("--bench"));
+  const auto tok = data::tokenizer_for(dir);
+  data::GenerateOptions o;
+  o.max_new = a.integer("--max-new");
+  o.sampler.temperature = a.number("--temperature");
+  o.sampler.top_k = a.integer("--top-k");
+  o.sampler.top_p = a.number("--top-p");
+  o.sampler.seed = static_cast<uint64_t>(a.integer("--seed"));
+  const std::string prompt = a.str("--prompt");
+  std::cout << prompt << std::flush;
+  data::generate(m, *tok, prompt, o, [](const std::string& piece) { std::cout << piece << std::flush; });
+  std::cout << "\n";
+  return 0;
+}
+
+const CommandRegistration reg({"generate", "continue a prompt with a trained model (KV cache, sampling)", 40,
+                               run_generate});
+
+}  // namespace
+
+}  // namespace diffattn::cli

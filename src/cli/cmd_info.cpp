@@ -1,0 +1,62 @@
+// `diffattn info DIR`: a model directory's config, its tensors with their parameter counts,
+// and lambda per layer.
+#include <iostream>
+
+#include "cli/args.h"
+#include "cli/table.h"
+#include "diffattn/data.h"
+
+namespace diffattn::cli {
+
+namespace {
+
+int run_info(const std::vector<std::string>& argv) {
+  Args a("info", "Show a model directory: config, parameters per tensor, lambda per layer.");
+  a.positional("DIR", "the model directory (config.json, model.safetensors)");
+  if (!a.parse(argv)) return 0;
+  const std::string dir = a.str("DIR");
+  Model m = load_model(dir);
+  const ModelConfig& c = m.config();
+  const auto tok = data::tokenizer_for(dir);
+  std::cout << "model " << dir << " (" << tok->name() << " tokenizer)\n\nconfig.json\n"
+            << c.to_json() << "\n";
+  std::vector<std::vector<std::string>> rows;
+  for (const TensorInfo& t : m.tensors()) {
+    rows.push_back({t.name, shape_str(t.shape), std::to_string(t.numel), t.decay ? "yes" : "no"});
+  }
+  rows.push_back({"total", "", std::to_string(m.num_params()), ""});
+  print_table(std::cout, {"tensor", "shape", "parameters", "weight decay"}, rows);
+
+  if (c.attention == nn::AttnKind::Standard) {
+    std::cout << "\nlambda: none (standard attention)\n";
+    return 0;
+  }
+  std::vector<std::vector<std::string>> lrows;
+  if (c.attention == nn::AttnKind::DiffV1) {
+    const std::vector<double> lam = m.layer_lambdas();
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      lrows.push_back({std::to_string(l), fixed(c.layer_lambda_init(l)), fixed(lam[static_cast<size_t>(l)])});
+    }
+    std::cout << "\nlambda per layer (Eq. 2: exp(lq1.lk1) - exp(lq2.lk2) + lambda_init)\n";
+    print_table(std::cout, {"layer", "lambda_init", "lambda"}, lrows);
+  } else {
+    // V2's lambda is per token: show its mean over a fixed sample sentence.
+    const std::string sample = "In the beginning God created the heaven and the earth.";
+    std::vector<int32_t> ids = tok->encode(sample);
+    if (static_cast<int64_t>(ids.size()) > c.max_seq_len) ids.resize(static_cast<size_t>(c.max_seq_len));
+    m.forward(ids.data(), nullptr, 1, static_cast<int64_t>(ids.size()));
+    const std::vector<double> lam = m.layer_lambdas();
+    for (int64_t l = 0; l < c.n_layers; ++l) lrows.push_back({std::to_string(l), fixed(lam[static_cast<size_t>(l)])});
+    std::cout << "\nlambda per layer: sigmoid(lambda_proj x), mean over the tokens and heads of \""
+              << sample << "\"\n";
+    print_table(std::cout, {"layer", "mean lambda"}, lrows);
+  }
+  return 0;
+}
+
+const CommandRegistration reg({"info", "show a model: config, parameters per tensor, lambda per layer", 50,
+                               run_info});
+
+}  // namespace
+
+}  // namespace diffattn::cli

@@ -1,0 +1,214 @@
+// `diffattn train`: trains a Differential Transformer (V1, V2) or its standard twin on the KJV
+// corpus (or any text file) from a preset, flags or a JSON config; resumable with --resume.
+// `--bench N` times N training steps on the preset instead (no files written).
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli/args.h"
+#include "diffattn/data.h"
+#include "diffattn/runtime.h"
+
+namespace diffattn::cli {
+
+namespace {
+
+using json = nlohmann::json;
+
+bool exists(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+void print_summary(std::ostream& os, const Model& m, const data::TrainOptions& o,
+                   const std::string& data_desc) {
+  const ModelConfig& c = m.config();
+  os << "model: " << nn::attn_kind_name(c.attention) << ", " << c.n_layers << " layers, d_model "
+     << c.d_model << ", heads " << c.n_heads << " (kv " << c.n_kv_heads << "), head_dim "
+     << c.head_dim << ", ffn_dim " << c.ffn_dim << ", vocab " << c.vocab_size << ", "
+     << m.num_params() << " parameters\n"
+     << "train: " << o.steps << " steps x " << o.accum << " x (" << o.batch << " x " << o.seq_len
+     << ") tokens, lr " << o.adamw.lr << " (warmup " << o.adamw.warmup << ", cosine to "
+     << o.adamw.min_lr << "), weight decay " << o.adamw.weight_decay << ", clip " << o.adamw.clip
+     << ", seed " << o.seed << ", threads " << num_threads() << "\n"
+     << "data: " << data_desc << "\n";
+}
+
+int bench(const ModelConfig& cfg, const data::TrainOptions& o, int64_t steps) {
+  // Random tokens: throughput does not depend on the text.
+  std::vector<int32_t> toks(static_cast<size_t>(1 << 20));
+  uint64_t s = o.seed;
+  for (int32_t& t : toks) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    t = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(cfg.vocab_size));
+  }
+  data::TokenWindows ds(std::move(toks), o.seed, "random");
+  data::Trainer tr("", cfg, o);
+  tr.write_log = false;
+  tr.step(ds);  // warm-up: allocations, page faults, BLAS threads
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < steps; ++i) tr.step(ds);
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double tokens = static_cast<double>(steps * o.accum * o.batch * o.seq_len);
+  std::cout << "bench train: " << nn::attn_kind_name(cfg.attention) << " params "
+            << tr.model().num_params() << " batch " << o.batch << " seq_len " << o.seq_len
+            << " threads " << num_threads() << " backend "
+            << backend_name(resolve_backend(Backend::Auto)) << ": " << steps << " steps in "
+            << dt << " s, " << tokens / dt << " tokens/s\n";
+  return 0;
+}
+
+int run_train(const std::vector<std::string>& argv) {
+  Args a("train",
+         "Train a language model: DIFF V1, DIFF V2 or a standard Transformer of equal size, on the\n"
+         "King James Bible (Debian's bible-kjv) or a text file, with AdamW, warmup + cosine decay,\n"
+         "gradient clipping and accumulation. Writes DIR/config.json + model.safetensors (the model),\n"
+         "DIR/train_state.safetensors (the resume point) and DIR/train_log.jsonl (one line a step).");
+  a.option("--out", "DIR", "", "model directory to write (required unless --bench)")
+      .option("--preset", "NAME", "tiny", "model size: tiny or small")
+      .option("--attention", "KIND", "diff_v1", "diff_v1, diff_v2 or standard")
+      .option("--config", "FILE", "",
+              "JSON: {\"preset\", \"attention\", \"model\": {config.json keys}, and any training "
+              "key: steps, batch, seq_len, accum, lr, min_lr, warmup, beta1, beta2, eps, "
+              "weight_decay, clip, seed, eval_every, eval_batches, save_every, corpus, "
+              "tokenizer}; flags given on the command line win")
+      .option("--steps", "N", "200", "optimizer steps")
+      .option("--batch", "B", "8", "sequences per micro-batch")
+      .option("--seq-len", "T", "128", "tokens per sequence")
+      .option("--accum", "N", "1", "micro-batches per step (gradient accumulation)")
+      .option("--lr", "X", "0.001", "peak learning rate")
+      .option("--min-lr", "X", "0.0001", "learning rate at the end of the cosine decay")
+      .option("--warmup", "N", "20", "linear warmup steps")
+      .option("--weight-decay", "X", "0.1", "AdamW decoupled weight decay (2-D tensors only)")
+      .option("--clip", "X", "1.0", "clip the global gradient norm to X (0: off)")
+      .option("--seed", "N", "1", "seed of the weights and of the batches")
+      .option("--corpus", "SPEC", "kjv", "kjv (the King James Bible) or the path of a text file")
+      .option("--tokenizer", "KIND", "bytes",
+              "bytes, or sentencepiece (trained on the corpus, saved as DIR/tokenizer.model)")
+      .option("--vocab-size", "N", "1024", "SentencePiece vocabulary size")
+      .option("--eval-every", "N", "0", "validation loss every N steps (0: at the end only)")
+      .option("--eval-batches", "N", "8", "validation batches per evaluation")
+      .option("--save-every", "N", "50", "write the resume point every N steps")
+      .flag("--resume", "continue the run in --out from its train_state.safetensors")
+      .flag("--no-progress", "no progress bar on stderr")
+      .option("--bench", "N", "0", "time N training steps on random tokens and print tokens/s");
+  if (!a.parse(argv)) return 0;
+
+  json cfgj = json::object();
+  if (a.given("--config")) {
+    try {
+      cfgj = json::parse(read_file(a.str("--config")));
+    } catch (const json::exception& e) {
+      throw InvalidArgument(a.str("--config") + ": not valid JSON (" + e.what() + ")");
+    }
+    if (!cfgj.is_object()) throw InvalidArgument(a.str("--config") + ": expected a JSON object");
+  }
+  auto from_cfg = [&](const char* key, const std::string& flag) -> std::string {
+    if (!a.given(flag) && cfgj.contains(key)) {
+      const json v = cfgj.at(key);
+      cfgj.erase(key);
+      if (!v.is_string()) throw InvalidArgument(a.str("--config") + ": \"" + key + "\" must be a string");
+      return v.get<std::string>();
+    }
+    cfgj.erase(key);
+    return a.str(flag);
+  };
+  const std::string preset = from_cfg("preset", "--preset");
+  const std::string attention = from_cfg("attention", "--attention");
+  json model_j;
+  if (cfgj.contains("model")) {
+    model_j = cfgj.at("model");
+    cfgj.erase("model");
+  }
+
+  data::TrainOptions o = data::TrainOptions::from_json(cfgj.dump(), a.given("--config") ? a.str("--config") : "config");
+  // JSON keys use underscores; flags use dashes.
+  auto has = [&](const char* key) { return cfgj.contains(key); };
+  if (a.given("--steps") || !has("steps")) o.steps = a.integer("--steps");
+  if (a.given("--batch") || !has("batch")) o.batch = a.integer("--batch");
+  if (a.given("--seq-len") || !has("seq_len")) o.seq_len = a.integer("--seq-len");
+  if (a.given("--accum") || !has("accum")) o.accum = a.integer("--accum");
+  if (a.given("--lr") || !has("lr")) o.adamw.lr = a.number("--lr");
+  if (a.given("--min-lr") || !has("min_lr")) o.adamw.min_lr = a.number("--min-lr");
+  if (a.given("--warmup") || !has("warmup")) o.adamw.warmup = a.integer("--warmup");
+  if (a.given("--weight-decay") || !has("weight_decay")) o.adamw.weight_decay = a.number("--weight-decay");
+  if (a.given("--clip") || !has("clip")) o.adamw.clip = a.number("--clip");
+  if (a.given("--seed") || !has("seed")) o.seed = static_cast<uint64_t>(a.integer("--seed"));
+  if (a.given("--eval-every") || !has("eval_every")) o.eval_every = a.integer("--eval-every");
+  if (a.given("--eval-batches") || !has("eval_batches")) o.eval_batches = a.integer("--eval-batches");
+  if (a.given("--save-every") || !has("save_every")) o.save_every = a.integer("--save-every");
+  if (a.given("--corpus") || !has("corpus")) o.corpus = a.str("--corpus");
+  if (a.given("--tokenizer") || !has("tokenizer")) o.tokenizer = a.str("--tokenizer");
+  if (o.tokenizer != "bytes" && o.tokenizer != "sentencepiece") {
+    throw UsageError("--tokenizer is \"" + o.tokenizer + "\", expected bytes or sentencepiece");
+  }
+
+  const nn::AttnKind kind = parse_attn_kind(attention, "--attention");
+  if (a.integer("--bench") > 0) {
+    ModelConfig cfg = model_j.is_null() ? model_preset(preset, kind)
+                                        : ModelConfig::from_json(model_j.dump(), "--config model");
+    return bench(cfg, data::TrainOptions(o), a.integer("--bench"));
+  }
+  if (!a.given("--out")) throw UsageError("--out DIR is required (the model directory to write)");
+  const std::string dir = a.str("--out");
+  const std::string cache = data::default_cache_dir();
+
+  std::unique_ptr<data::Trainer> tr;
+  std::unique_ptr<data::Tokenizer> tok;
+  data::Corpus corpus;
+  if (a.on("--resume")) {
+    tr = std::make_unique<data::Trainer>(data::Trainer::resume(dir));
+    corpus = data::load_corpus(tr->options().corpus, cache);
+    tok = data::tokenizer_for(dir);
+    std::cerr << "resuming " << dir << " at step " << tr->steps_done() << "\n";
+  } else {
+    if (exists(dir + "/train_state.safetensors")) {
+      throw UsageError(dir + " already holds a training run; pass --resume to continue it, or "
+                       "choose another --out");
+    }
+    corpus = data::load_corpus(o.corpus, cache);
+    if (o.tokenizer == "sentencepiece") {
+      std::filesystem::create_directories(dir);
+      std::cerr << "training a SentencePiece tokenizer (" << a.integer("--vocab-size")
+                << " pieces) on " << corpus.name << "...\n";
+      data::train_sentencepiece(corpus.train, dir + "/tokenizer.model", a.integer("--vocab-size"),
+                                static_cast<uint32_t>(o.seed));
+      tok = data::load_sentencepiece(dir + "/tokenizer.model");
+    } else {
+      tok = data::byte_tokenizer();
+    }
+    ModelConfig cfg = model_j.is_null()
+                          ? model_preset(preset, kind, tok->vocab_size())
+                          : ModelConfig::from_json(model_j.dump(), a.str("--config") + " (model)");
+    if (cfg.vocab_size != tok->vocab_size()) {
+      throw InvalidArgument("config vocab_size = " + std::to_string(cfg.vocab_size) +
+                            " but the " + tok->name() + " tokenizer has " +
+                            std::to_string(tok->vocab_size()) + " tokens");
+    }
+    tr = std::make_unique<data::Trainer>(dir, cfg, o);
+  }
+  const data::TokenWindows train(tok->encode(corpus.train), tr->options().seed, corpus.name + " train");
+  const std::vector<int32_t> valid = tok->encode(corpus.valid);
+  print_summary(std::cerr, tr->model(), tr->options(), train.describe() + ", " + tok->name() + " tokenizer");
+  tr->progress = !a.on("--no-progress");
+  data::StepLog last;
+  tr->run(train, &valid, 0, [&](const data::StepLog& s) { last = s; });
+  const double val = data::eval_loss(tr->model(), valid, tr->options().batch, tr->options().seq_len,
+                                     tr->options().eval_batches);
+  std::printf("step %lld  train loss %.4f  val loss %.4f  val ppl %.2f  -> %s\n",
+              static_cast<long long>(tr->steps_done()), last.loss, val, std::exp(val), dir.c_str());
+  return 0;
+}
+
+const CommandRegistration reg({"train", "train a DIFF V1 / V2 or standard language model", 20,
+                               run_train});
+
+}  // namespace
+
+}  // namespace diffattn::cli

@@ -1,0 +1,41 @@
+// Text generation: the prompt goes through the KV cache in one prefill, then each new token
+// through a decode step (Tq = 1 against the cache). Text is streamed as it becomes known.
+#include <string>
+
+#include "diffattn/data.h"
+
+namespace diffattn::data {
+
+std::string generate(Model& m, const Tokenizer& tok, const std::string& prompt,
+                     const GenerateOptions& o,
+                     const std::function<void(const std::string&)>& on_text) {
+  std::vector<int32_t> ids = tok.encode(prompt.empty() ? std::string("\n") : prompt);
+  const int64_t V = m.config().vocab_size, cap = m.config().max_seq_len;
+  if (static_cast<int64_t>(ids.size()) >= cap) {
+    throw InvalidArgument("generate: the prompt has " + std::to_string(ids.size()) +
+                          " tokens, the model's max_seq_len is " + std::to_string(cap));
+  }
+  const int64_t n_new = std::min<int64_t>(o.max_new, cap - static_cast<int64_t>(ids.size()));
+  m.cache_reset(1, static_cast<int64_t>(ids.size()) + n_new);
+  Sampler sampler(o.sampler);
+  std::vector<float> logits(static_cast<size_t>(V));
+  m.infer(ids.data(), 1, static_cast<int64_t>(ids.size()), logits.data());
+  std::vector<int32_t> out;
+  std::string text;
+  for (int64_t i = 0; i < n_new; ++i) {
+    const int32_t next = sampler.sample(logits.data(), V);
+    out.push_back(next);
+    // Decode everything generated so far and emit what is new: SentencePiece pieces may merge.
+    const std::string now = tok.decode(out);
+    if (now.size() > text.size() && now.compare(0, text.size(), text) == 0) {
+      if (on_text) on_text(now.substr(text.size()));
+      text = now;
+    } else if (now != text) {
+      text = now;
+    }
+    if (i + 1 < n_new) m.infer(&next, 1, 1, logits.data());
+  }
+  return text;
+}
+
+}  // namespace diffattn::data

@@ -1,0 +1,238 @@
+// config.json of docs/FORMAT.md: parsing with every key checked (unknown keys are errors), the
+// derived per-layer attention shapes, the presets, and the table of tensors a config implies.
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "diffattn/model.h"
+
+namespace diffattn {
+
+using json = nlohmann::json;
+
+nn::AttnKind parse_attn_kind(const std::string& name, const std::string& where) {
+  if (name == "diff_v1") return nn::AttnKind::DiffV1;
+  if (name == "diff_v2") return nn::AttnKind::DiffV2;
+  if (name == "standard") return nn::AttnKind::Standard;
+  throw InvalidArgument(where + ": attention is \"" + name +
+                        "\", expected \"diff_v1\", \"diff_v2\" or \"standard\"");
+}
+
+float ModelConfig::layer_lambda_init(int64_t l) const {
+  if (lambda_init) return static_cast<float>(*lambda_init);
+  return static_cast<float>(0.8 - 0.6 * std::exp(-0.3 * static_cast<double>(l)));
+}
+
+nn::AttnLayerShape ModelConfig::attn_shape(int64_t l) const {
+  nn::AttnLayerShape s;
+  s.kind = attention;
+  s.C = d_model;
+  s.H = n_heads;
+  s.G = n_kv_heads;
+  s.D = head_dim;
+  s.eps = norm_eps;
+  s.lambda_init = attention == nn::AttnKind::DiffV1 ? layer_lambda_init(l) : 0.0f;
+  return s;
+}
+
+void ModelConfig::validate(const std::string& where) const {
+  auto positive = [&](const char* key, int64_t v) {
+    if (v < 1) {
+      throw InvalidArgument(where + ": " + key + " must be at least 1, got " + std::to_string(v));
+    }
+  };
+  positive("vocab_size", vocab_size);
+  positive("d_model", d_model);
+  positive("n_layers", n_layers);
+  positive("n_heads", n_heads);
+  positive("n_kv_heads", n_kv_heads);
+  positive("head_dim", head_dim);
+  positive("ffn_dim", ffn_dim);
+  positive("max_seq_len", max_seq_len);
+  if (n_heads % n_kv_heads != 0) {
+    throw InvalidArgument(where + ": n_kv_heads = " + std::to_string(n_kv_heads) +
+                          " does not divide n_heads = " + std::to_string(n_heads));
+  }
+  if (head_dim % 2 != 0) {
+    throw InvalidArgument(where + ": head_dim = " + std::to_string(head_dim) +
+                          " must be even (RoPE rotates pairs)");
+  }
+  if (!(rope_theta > 0) || !std::isfinite(rope_theta)) {
+    throw InvalidArgument(where + ": rope_theta must be a positive number");
+  }
+  if (!(norm_eps > 0) || !std::isfinite(norm_eps)) {
+    throw InvalidArgument(where + ": norm_eps must be a positive number");
+  }
+  if (lambda_init && !std::isfinite(*lambda_init)) {
+    throw InvalidArgument(where + ": lambda_init must be a finite number");
+  }
+  if (lambda_init && attention != nn::AttnKind::DiffV1) {
+    throw InvalidArgument(where + ": lambda_init applies to diff_v1 only, attention is \"" +
+                          nn::attn_kind_name(attention) + "\"");
+  }
+}
+
+std::string ModelConfig::to_json() const {
+  json j;
+  j["format"] = "diffattn/1";
+  j["attention"] = nn::attn_kind_name(attention);
+  j["vocab_size"] = vocab_size;
+  j["d_model"] = d_model;
+  j["n_layers"] = n_layers;
+  j["n_heads"] = n_heads;
+  j["n_kv_heads"] = n_kv_heads;
+  j["head_dim"] = head_dim;
+  j["ffn_dim"] = ffn_dim;
+  j["max_seq_len"] = max_seq_len;
+  j["rope_theta"] = rope_theta;
+  j["norm_eps"] = norm_eps;
+  j["tie_embeddings"] = tie_embeddings;
+  if (lambda_init) j["lambda_init"] = *lambda_init;
+  return j.dump(2) + "\n";
+}
+
+ModelConfig ModelConfig::from_json(const std::string& text, const std::string& where) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw InvalidArgument(where + ": not valid JSON (" + e.what() + ")");
+  }
+  if (!j.is_object()) throw InvalidArgument(where + ": expected a JSON object");
+  static const std::set<std::string> known = {
+      "format",  "attention", "vocab_size", "d_model",    "n_layers",       "n_heads",
+      "n_kv_heads", "head_dim", "ffn_dim",  "max_seq_len", "rope_theta",    "norm_eps",
+      "tie_embeddings", "lambda_init"};
+  for (const auto& [key, value] : j.items()) {
+    if (!known.count(key)) throw InvalidArgument(where + ": unknown key \"" + key + "\"");
+  }
+  auto need = [&](const char* key) -> const json& {
+    if (!j.contains(key)) throw InvalidArgument(where + ": missing key \"" + key + "\"");
+    return j.at(key);
+  };
+  auto integer = [&](const char* key) {
+    const json& v = need(key);
+    if (!v.is_number_integer()) {
+      throw InvalidArgument(where + ": \"" + key + "\" must be an integer, got " + v.dump());
+    }
+    return v.get<int64_t>();
+  };
+  auto number = [&](const char* key) {
+    const json& v = need(key);
+    if (!v.is_number()) {
+      throw InvalidArgument(where + ": \"" + key + "\" must be a number, got " + v.dump());
+    }
+    return v.get<double>();
+  };
+  const json& fmt = need("format");
+  if (!fmt.is_string() || fmt.get<std::string>() != "diffattn/1") {
+    throw InvalidArgument(where + ": \"format\" is " + fmt.dump() + ", expected \"diffattn/1\"");
+  }
+  const json& att = need("attention");
+  if (!att.is_string()) throw InvalidArgument(where + ": \"attention\" must be a string");
+  ModelConfig c;
+  c.attention = parse_attn_kind(att.get<std::string>(), where);
+  c.vocab_size = integer("vocab_size");
+  c.d_model = integer("d_model");
+  c.n_layers = integer("n_layers");
+  c.n_heads = integer("n_heads");
+  c.n_kv_heads = integer("n_kv_heads");
+  c.head_dim = integer("head_dim");
+  c.ffn_dim = integer("ffn_dim");
+  c.max_seq_len = integer("max_seq_len");
+  c.rope_theta = number("rope_theta");
+  c.norm_eps = static_cast<float>(number("norm_eps"));
+  const json& tie = need("tie_embeddings");
+  if (!tie.is_boolean()) throw InvalidArgument(where + ": \"tie_embeddings\" must be true or false");
+  c.tie_embeddings = tie.get<bool>();
+  if (j.contains("lambda_init") && !j.at("lambda_init").is_null()) {
+    c.lambda_init = number("lambda_init");
+  }
+  c.validate(where);
+  return c;
+}
+
+ModelConfig model_preset(const std::string& name, nn::AttnKind kind, int64_t vocab_size) {
+  // The standard model: n_std heads of size D; DIFF V1: n_std / 2 pairs of two D-sized
+  // sub-heads with 2D-sized values (arXiv:2410.05258 section 2.1, h = d_model / 2d).
+  ModelConfig c;
+  c.attention = kind;
+  c.vocab_size = vocab_size;
+  int64_t n_std = 0, ffn = 0;
+  if (name == "tiny") {
+    c.d_model = 64;
+    c.n_layers = 2;
+    c.max_seq_len = 128;
+    n_std = 4;
+    ffn = 176;
+  } else if (name == "small") {
+    c.d_model = 256;
+    c.n_layers = 6;
+    c.max_seq_len = 256;
+    n_std = 8;
+    ffn = 688;
+  } else {
+    throw InvalidArgument("preset is \"" + name + "\", expected \"tiny\" or \"small\"");
+  }
+  c.head_dim = c.d_model / n_std;
+  c.ffn_dim = ffn;
+  if (kind == nn::AttnKind::DiffV1) {
+    c.n_heads = n_std / 2;
+  } else {
+    c.n_heads = n_std;
+  }
+  c.n_kv_heads = c.n_heads;
+  if (kind == nn::AttnKind::DiffV2) {
+    // V2 adds H*D*C query weights and an (H, C) lambda_proj per layer; take the same number
+    // from the SwiGLU's three (ffn_dim, C) matrices, rounded to the nearest row.
+    const int64_t extra = c.n_heads * c.head_dim * c.d_model + c.n_heads * c.d_model;
+    c.ffn_dim = ffn - (extra + (3 * c.d_model) / 2) / (3 * c.d_model);
+  }
+  c.validate("preset " + name);
+  return c;
+}
+
+std::vector<TensorInfo> tensor_table(const ModelConfig& c) {
+  std::vector<TensorInfo> t;
+  int64_t off = 0;
+  auto add = [&](const std::string& name, Shape shape, bool decay) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    t.push_back({name, shape, off, n, decay});
+    off += n;
+  };
+  const int64_t C = c.d_model;
+  add("embed_tokens.weight", {c.vocab_size, C}, true);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const nn::AttnLayerShape s = c.attn_shape(l);
+    const std::string p = "layers." + std::to_string(l) + ".";
+    add(p + "attn_norm.weight", {C}, false);
+    add(p + "attn.q_proj.weight", {s.n_q(), C}, true);
+    add(p + "attn.k_proj.weight", {s.n_k(), C}, true);
+    add(p + "attn.v_proj.weight", {s.n_v(), C}, true);
+    if (c.attention == nn::AttnKind::DiffV2) add(p + "attn.lambda_proj.weight", {s.H, C}, true);
+    add(p + "attn.out_proj.weight", {C, s.n_out()}, true);
+    if (c.attention == nn::AttnKind::DiffV1) {
+      add(p + "attn.lambda_q1", {s.D}, false);
+      add(p + "attn.lambda_k1", {s.D}, false);
+      add(p + "attn.lambda_q2", {s.D}, false);
+      add(p + "attn.lambda_k2", {s.D}, false);
+      add(p + "attn.subln.weight", {2 * s.D}, false);
+    }
+    add(p + "ffn_norm.weight", {C}, false);
+    add(p + "ffn.gate_proj.weight", {c.ffn_dim, C}, true);
+    add(p + "ffn.up_proj.weight", {c.ffn_dim, C}, true);
+    add(p + "ffn.down_proj.weight", {C, c.ffn_dim}, true);
+  }
+  add("norm.weight", {C}, false);
+  if (!c.tie_embeddings) add("lm_head.weight", {c.vocab_size, C}, true);
+  return t;
+}
+
+int64_t count_params(const ModelConfig& cfg) {
+  int64_t n = 0;
+  for (const TensorInfo& t : tensor_table(cfg)) n += t.numel;
+  return n;
+}
+
+}  // namespace diffattn

@@ -1,0 +1,324 @@
+// The model's forward and backward over a batch (docs/FORMAT.md, "The computation"), and
+// KV-cache inference. Activations are kept per layer for the backward; every gradient
+// accumulates (+=) into Model::grads.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "diffattn/model.h"
+#include "diffattn/nn.h"
+
+namespace diffattn {
+
+namespace {
+
+// splitmix64: a small, fully specified generator, so seeded weights are the same everywhere.
+uint64_t splitmix64(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Standard normal by Box-Muller from two uniforms in (0, 1].
+double normal(uint64_t& s) {
+  const double u1 = (static_cast<double>(splitmix64(s) >> 11) + 1.0) * 0x1.0p-53;
+  const double u2 = static_cast<double>(splitmix64(s) >> 11) * 0x1.0p-53;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+void add_into(float* y, const float* x, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+}  // namespace
+
+Model::Model(const ModelConfig& cfg) : cfg_(cfg) {
+  cfg_.validate();
+  table_ = tensor_table(cfg_);
+  for (size_t i = 0; i < table_.size(); ++i) index_[table_[i].name] = i;
+  int64_t total = 0;
+  for (const TensorInfo& t : table_) total += t.numel;
+  params.assign(static_cast<size_t>(total), 0.0f);
+  grads.assign(static_cast<size_t>(total), 0.0f);
+  auto at = [&](const std::string& n) { return table_[index_.at(n)].offset; };
+  embed_off_ = at("embed_tokens.weight");
+  norm_off_ = at("norm.weight");
+  head_off_ = cfg_.tie_embeddings ? embed_off_ : at("lm_head.weight");
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    LayerOffsets o{};
+    o.attn_norm = at(p + "attn_norm.weight");
+    o.proj = at(p + "attn.q_proj.weight");
+    o.out_proj = at(p + "attn.out_proj.weight");
+    if (cfg_.attention == nn::AttnKind::DiffV1) {
+      o.lambda_q1 = at(p + "attn.lambda_q1");
+      o.lambda_k1 = at(p + "attn.lambda_k1");
+      o.lambda_q2 = at(p + "attn.lambda_q2");
+      o.lambda_k2 = at(p + "attn.lambda_k2");
+      o.subln = at(p + "attn.subln.weight");
+    }
+    o.ffn_norm = at(p + "ffn_norm.weight");
+    o.gate_up = at(p + "ffn.gate_proj.weight");
+    o.down = at(p + "ffn.down_proj.weight");
+    off_.push_back(o);
+  }
+  acts_.resize(static_cast<size_t>(cfg_.n_layers));
+}
+
+const TensorInfo& Model::tensor(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) throw InvalidArgument("model has no tensor \"" + name + "\"");
+  return table_[it->second];
+}
+
+void Model::init_weights(uint64_t seed) {
+  uint64_t s = seed ^ 0x6469666661747431ull;  // "diffatt1"
+  for (const TensorInfo& t : table_) {
+    float* w = params.data() + t.offset;
+    const bool gain = t.name.find("norm.weight") != std::string::npos ||
+                      t.name.find("subln.weight") != std::string::npos;
+    const bool lam = t.name.find("attn.lambda_") != std::string::npos &&
+                     t.name.find("lambda_proj") == std::string::npos;
+    for (int64_t i = 0; i < t.numel; ++i) {
+      if (gain) {
+        w[i] = 1.0f;
+      } else {
+        w[i] = static_cast<float>((lam ? 0.1 : 0.02) * normal(s));
+      }
+    }
+  }
+}
+
+nn::AttnLayerWeights Model::attn_weights(int64_t l) const {
+  const LayerOffsets& o = off_[static_cast<size_t>(l)];
+  const float* P = params.data();
+  nn::AttnLayerWeights w;
+  w.proj = P + o.proj;
+  w.out_proj = P + o.out_proj;
+  if (cfg_.attention == nn::AttnKind::DiffV1) {
+    w.lambda_q1 = P + o.lambda_q1;
+    w.lambda_k1 = P + o.lambda_k1;
+    w.lambda_q2 = P + o.lambda_q2;
+    w.lambda_k2 = P + o.lambda_k2;
+    w.subln = P + o.subln;
+  }
+  return w;
+}
+
+nn::AttnLayerGrads Model::attn_grads(int64_t l) {
+  const LayerOffsets& o = off_[static_cast<size_t>(l)];
+  float* P = grads.data();
+  nn::AttnLayerGrads g;
+  g.proj = P + o.proj;
+  g.out_proj = P + o.out_proj;
+  if (cfg_.attention == nn::AttnKind::DiffV1) {
+    g.lambda_q1 = P + o.lambda_q1;
+    g.lambda_k1 = P + o.lambda_k1;
+    g.lambda_q2 = P + o.lambda_q2;
+    g.lambda_k2 = P + o.lambda_k2;
+    g.subln = P + o.subln;
+  }
+  return g;
+}
+
+const float* Model::lm_head() const { return params.data() + head_off_; }
+
+void Model::rope_for(int64_t pos0, int64_t T) {
+  if (pos0 == rope_pos0_ && T == rope_T_) return;
+  const int64_t half = cfg_.head_dim / 2;
+  cos_.resize(static_cast<size_t>(T * half));
+  sin_.resize(static_cast<size_t>(T * half));
+  nn::rope_table(cos_.data(), sin_.data(), pos0, T, cfg_.head_dim, cfg_.rope_theta);
+  rope_pos0_ = pos0;
+  rope_T_ = T;
+}
+
+void Model::zero_grads() { std::fill(grads.begin(), grads.end(), 0.0f); }
+
+double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) {
+  if (B < 1 || T < 1) {
+    throw InvalidArgument("forward: tokens must be (B, T) with B, T >= 1, got (" +
+                          std::to_string(B) + ", " + std::to_string(T) + ")");
+  }
+  if (T > cfg_.max_seq_len) {
+    throw InvalidArgument("forward: tokens have T = " + std::to_string(T) +
+                          " positions, more than max_seq_len = " +
+                          std::to_string(cfg_.max_seq_len));
+  }
+  const int64_t C = cfg_.d_model, F = cfg_.ffn_dim, V = cfg_.vocab_size, BT = B * T;
+  const float* P = params.data();
+  B_ = B;
+  T_ = T;
+  tokens_.assign(tokens, tokens + BT);
+  if (targets) {
+    targets_.assign(targets, targets + BT);
+  } else {
+    targets_.clear();
+  }
+  rope_for(0, T);
+
+  std::vector<float> x(static_cast<size_t>(BT * C));
+  nn::embedding_fwd(x.data(), tokens, P + embed_off_, BT, C, V);
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    LayerActs& a = acts_[static_cast<size_t>(l)];
+    const LayerOffsets& o = off_[static_cast<size_t>(l)];
+    a.x_in = x;
+    // x = x + attn(rmsnorm(x, attn_norm))
+    a.an.resize(x.size());
+    a.an_rstd.resize(static_cast<size_t>(BT));
+    nn::rmsnorm_fwd(a.an.data(), a.an_rstd.data(), x.data(), P + o.attn_norm, BT, C,
+                    cfg_.norm_eps);
+    a.attn_out.resize(x.size());
+    nn::attn_layer_fwd(a.attn_out.data(), a.attn, a.an.data(), attn_weights(l),
+                       cfg_.attn_shape(l), B, T, cos_.data(), sin_.data(), nullptr, true);
+    add_into(x.data(), a.attn_out.data(), BT * C);
+    a.x_mid = x;
+    // x = x + down(silu(gate x) * up x), x = rmsnorm(x, ffn_norm)
+    a.fn.resize(x.size());
+    a.fn_rstd.resize(static_cast<size_t>(BT));
+    nn::rmsnorm_fwd(a.fn.data(), a.fn_rstd.data(), x.data(), P + o.ffn_norm, BT, C,
+                    cfg_.norm_eps);
+    a.gu.resize(static_cast<size_t>(BT * 2 * F));
+    nn::linear_fwd(a.gu.data(), a.fn.data(), P + o.gate_up, BT, C, 2 * F);
+    a.h.resize(static_cast<size_t>(BT * F));
+    nn::swiglu_fwd(a.h.data(), a.gu.data(), a.gu.data() + F, BT, F, 2 * F);
+    nn::linear_fwd(a.attn_out.data(), a.h.data(), P + o.down, BT, F, C);
+    add_into(x.data(), a.attn_out.data(), BT * C);
+  }
+  x_final_ = std::move(x);
+  nf_.resize(x_final_.size());
+  nf_rstd_.resize(static_cast<size_t>(BT));
+  nn::rmsnorm_fwd(nf_.data(), nf_rstd_.data(), x_final_.data(), P + norm_off_, BT, C,
+                  cfg_.norm_eps);
+  logits_.resize(static_cast<size_t>(BT * V));
+  nn::linear_fwd(logits_.data(), nf_.data(), lm_head(), BT, C, V);
+  if (!targets) return 0.0;
+  lse_.resize(static_cast<size_t>(BT));
+  losses_.resize(static_cast<size_t>(BT));
+  nn::cross_entropy_fwd(losses_.data(), lse_.data(), logits_.data(), targets, BT, V);
+  double sum = 0;
+  counted_ = 0;
+  for (int64_t i = 0; i < BT; ++i) {
+    if (targets[i] >= 0) {
+      sum += losses_[static_cast<size_t>(i)];
+      ++counted_;
+    }
+  }
+  return counted_ ? sum / static_cast<double>(counted_) : 0.0;
+}
+
+void Model::backward(float dloss_scale) {
+  if (targets_.empty()) throw InvalidArgument("backward: the last forward had no targets");
+  const int64_t B = B_, T = T_, C = cfg_.d_model, F = cfg_.ffn_dim, V = cfg_.vocab_size;
+  const int64_t BT = B * T;
+  const float* P = params.data();
+  float* Gr = grads.data();
+  dlogits_.resize(logits_.size());
+  const float dloss = counted_ ? dloss_scale / static_cast<float>(counted_) : 0.0f;
+  nn::cross_entropy_bwd(dlogits_.data(), logits_.data(), lse_.data(), targets_.data(), dloss, BT,
+                        V);
+  // logits = lm_head(nf)
+  dbuf_.assign(static_cast<size_t>(BT * C), 0.0f);
+  nn::linear_bwd(dbuf_.data(), Gr + head_off_, dlogits_.data(), nf_.data(), lm_head(), BT, C, V);
+  // nf = rmsnorm(x, norm)
+  dx_.assign(static_cast<size_t>(BT * C), 0.0f);
+  nn::rmsnorm_bwd(dx_.data(), Gr + norm_off_, dbuf_.data(), x_final_.data(), P + norm_off_,
+                  nf_rstd_.data(), BT, C);
+  for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
+    LayerActs& a = acts_[static_cast<size_t>(l)];
+    const LayerOffsets& o = off_[static_cast<size_t>(l)];
+    // x_out = x_mid + down(h): dx flows through unchanged, plus the branch
+    dbig_.assign(static_cast<size_t>(BT * F), 0.0f);
+    nn::linear_bwd(dbig_.data(), Gr + o.down, dx_.data(), a.h.data(), P + o.down, BT, F, C);
+    dgu_.assign(static_cast<size_t>(BT * 2 * F), 0.0f);
+    nn::swiglu_bwd(dgu_.data(), dgu_.data() + F, dbig_.data(), a.gu.data(), a.gu.data() + F, BT,
+                   F, 2 * F);
+    dbuf_.assign(static_cast<size_t>(BT * C), 0.0f);
+    nn::linear_bwd(dbuf_.data(), Gr + o.gate_up, dgu_.data(), a.fn.data(), P + o.gate_up, BT, C,
+                   2 * F);
+    nn::rmsnorm_bwd(dx_.data(), Gr + o.ffn_norm, dbuf_.data(), a.x_mid.data(), P + o.ffn_norm,
+                    a.fn_rstd.data(), BT, C);
+    // x_mid = x_in + attn(an)
+    dbuf_.assign(static_cast<size_t>(BT * C), 0.0f);
+    nn::attn_layer_bwd(dbuf_.data(), attn_grads(l), dx_.data(), a.attn, a.an.data(),
+                       attn_weights(l), cfg_.attn_shape(l), B, T, cos_.data(), sin_.data(),
+                       scratch_);
+    nn::rmsnorm_bwd(dx_.data(), Gr + o.attn_norm, dbuf_.data(), a.x_in.data(), P + o.attn_norm,
+                    a.an_rstd.data(), BT, C);
+  }
+  nn::embedding_bwd(Gr + embed_off_, dx_.data(), tokens_.data(), BT, C);
+}
+
+std::vector<double> Model::layer_lambdas() const {
+  std::vector<double> out;
+  if (cfg_.attention == nn::AttnKind::Standard) return out;
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    if (cfg_.attention == nn::AttnKind::DiffV1) {
+      out.push_back(nn::v1_lambda(attn_weights(l), cfg_.attn_shape(l)));
+    } else {
+      const std::vector<float>& lam = acts_[static_cast<size_t>(l)].attn.lam;
+      double s = 0;
+      for (float x : lam) s += x;
+      out.push_back(lam.empty() ? std::numeric_limits<double>::quiet_NaN()
+                                : s / static_cast<double>(lam.size()));
+    }
+  }
+  return out;
+}
+
+void Model::cache_reset(int64_t B, int64_t capacity) {
+  if (capacity > cfg_.max_seq_len) capacity = cfg_.max_seq_len;
+  caches_.resize(static_cast<size_t>(cfg_.n_layers));
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    caches_[static_cast<size_t>(l)].reset(cfg_.attn_shape(l), B, capacity);
+  }
+  infer_acts_.resize(static_cast<size_t>(cfg_.n_layers));
+}
+
+int64_t Model::cache_len() const { return caches_.empty() ? 0 : caches_[0].len; }
+
+void Model::infer(const int32_t* tokens, int64_t B, int64_t Tn, float* logits_last) {
+  if (caches_.empty() || caches_[0].B != B) {
+    throw InvalidArgument("infer: call cache_reset(B = " + std::to_string(B) + ", ...) first");
+  }
+  const int64_t pos0 = cache_len(), C = cfg_.d_model, F = cfg_.ffn_dim, V = cfg_.vocab_size;
+  if (pos0 + Tn > caches_[0].capacity) {
+    throw InvalidArgument("infer: " + std::to_string(pos0) + " cached positions plus " +
+                          std::to_string(Tn) + " new exceed the cache's " +
+                          std::to_string(caches_[0].capacity));
+  }
+  const int64_t BT = B * Tn;
+  const float* P = params.data();
+  const int64_t half = cfg_.head_dim / 2;
+  std::vector<float> cs(static_cast<size_t>(Tn * half)), sn(cs.size());
+  nn::rope_table(cs.data(), sn.data(), pos0, Tn, cfg_.head_dim, cfg_.rope_theta);
+  std::vector<float> x(static_cast<size_t>(BT * C)), an(x.size()), rstd(static_cast<size_t>(BT)),
+      tmp(x.size()), gu(static_cast<size_t>(BT * 2 * F)), h(static_cast<size_t>(BT * F));
+  nn::embedding_fwd(x.data(), tokens, P + embed_off_, BT, C, V);
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    const LayerOffsets& o = off_[static_cast<size_t>(l)];
+    nn::rmsnorm_fwd(an.data(), rstd.data(), x.data(), P + o.attn_norm, BT, C, cfg_.norm_eps);
+    nn::attn_layer_fwd(tmp.data(), infer_acts_[static_cast<size_t>(l)].attn, an.data(),
+                       attn_weights(l), cfg_.attn_shape(l), B, Tn, cs.data(), sn.data(),
+                       &caches_[static_cast<size_t>(l)], false);
+    add_into(x.data(), tmp.data(), BT * C);
+    nn::rmsnorm_fwd(an.data(), rstd.data(), x.data(), P + o.ffn_norm, BT, C, cfg_.norm_eps);
+    nn::linear_fwd(gu.data(), an.data(), P + o.gate_up, BT, C, 2 * F);
+    nn::swiglu_fwd(h.data(), gu.data(), gu.data() + F, BT, F, 2 * F);
+    nn::linear_fwd(tmp.data(), h.data(), P + o.down, BT, F, C);
+    add_into(x.data(), tmp.data(), BT * C);
+  }
+  // Only each sequence's last new row needs logits.
+  std::vector<float> last(static_cast<size_t>(B * C)), nl(last.size()), r(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    std::memcpy(&last[static_cast<size_t>(b * C)], &x[static_cast<size_t>((b * Tn + Tn - 1) * C)],
+                sizeof(float) * static_cast<size_t>(C));
+  }
+  nn::rmsnorm_fwd(nl.data(), r.data(), last.data(), P + norm_off_, B, C, cfg_.norm_eps);
+  nn::linear_fwd(logits_last, nl.data(), lm_head(), B, C, V);
+}
+
+}  // namespace diffattn

@@ -1,0 +1,211 @@
+// The attention layers (V1, V2, standard) over the kernel API. The stacked projection writes
+// q | k | v | lambda logits into one (B, T, n_proj) buffer; the operator reads q, k and v
+// from it through row strides, and writes its gradients back into the same layout, so one
+// sgemm serves the forward and two the backward.
+#include "diffattn/attention_layer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "diffattn/nn.h"
+
+namespace diffattn::nn {
+
+const char* attn_kind_name(AttnKind k) {
+  switch (k) {
+    case AttnKind::DiffV1: return "diff_v1";
+    case AttnKind::DiffV2: return "diff_v2";
+    case AttnKind::Standard: return "standard";
+  }
+  return "?";
+}
+
+void KVCache::reset(const AttnLayerShape& s, int64_t batch, int64_t cap) {
+  B = batch;
+  capacity = cap;
+  len = 0;
+  k.assign(static_cast<size_t>(B * cap * s.n_k()), 0.0f);
+  v.assign(static_cast<size_t>(B * cap * s.n_v()), 0.0f);
+}
+
+double v1_lambda(const AttnLayerWeights& w, const AttnLayerShape& s, double* e1, double* e2) {
+  double d1 = 0, d2 = 0;
+  for (int64_t i = 0; i < s.D; ++i) {
+    d1 += static_cast<double>(w.lambda_q1[i]) * w.lambda_k1[i];
+    d2 += static_cast<double>(w.lambda_q2[i]) * w.lambda_k2[i];
+  }
+  // arXiv:2410.05258 Eq. 2: lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init
+  const double x1 = std::exp(d1), x2 = std::exp(d2);
+  if (e1) *e1 = x1;
+  if (e2) *e2 = x2;
+  return x1 - x2 + s.lambda_init;
+}
+
+namespace {
+
+// The operator's params for q from `proj` (B, Tq rows, stride n_proj) and k, v either from
+// `proj` too or from a cache (Tk rows, batch stride capacity rows).
+AttnParams make_params(const AttnLayerShape& s, int64_t B, int64_t Tq, const float* proj,
+                       const float* lam, const KVCache* cache) {
+  const int64_t np = s.n_proj();
+  const int64_t Tk = cache ? cache->len : Tq;
+  const float* q = proj;
+  const float* k = cache ? cache->k.data() : proj + s.n_q();
+  const float* v = cache ? cache->v.data() : proj + s.n_q() + s.n_k();
+  AttnOptions opts;
+  opts.causal = true;
+  const ConstView qv{q, {B, Tq, s.q_heads(), s.D}};
+  const ConstView kv{k, {B, Tk, s.k_heads(), s.D}};
+  const ConstView vv{v, {B, Tk, s.G, s.Dv()}};
+  AttnParams p;
+  if (s.kind == AttnKind::Standard) {
+    p = attn_params(qv, kv, vv, opts);
+  } else {
+    const Shape lam_shape = s.kind == AttnKind::DiffV1 ? Shape{s.H} : Shape{B, Tq, s.H};
+    p = diff_attn_params(qv, kv, vv, {lam, lam_shape}, opts);
+  }
+  p.q_row_stride = np;
+  p.q_batch_stride = Tq * np;
+  if (cache) {
+    p.k_row_stride = s.n_k();
+    p.k_batch_stride = cache->capacity * s.n_k();
+    p.v_row_stride = s.n_v();
+    p.v_batch_stride = cache->capacity * s.n_v();
+  } else {
+    p.k_row_stride = p.v_row_stride = np;
+    p.k_batch_stride = p.v_batch_stride = Tq * np;
+  }
+  return p;
+}
+
+}  // namespace
+
+void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
+                    const AttnLayerWeights& w, const AttnLayerShape& s, int64_t B, int64_t T,
+                    const float* cos_t, const float* sin_t, KVCache* cache, bool save_stats) {
+  const int64_t BT = B * T, np = s.n_proj(), Dv = s.Dv();
+  acts.proj.resize(static_cast<size_t>(BT * np));
+  float* proj = acts.proj.data();
+  linear_fwd(proj, inp, w.proj, BT, s.C, np);
+  rope_apply(proj, cos_t, sin_t, B, T, s.q_heads(), s.D, np, T * np, false);
+  rope_apply(proj + s.n_q(), cos_t, sin_t, B, T, s.k_heads(), s.D, np, T * np, false);
+
+  if (s.kind == AttnKind::DiffV1) {
+    acts.lambda = v1_lambda(w, s, &acts.e1, &acts.e2);
+    acts.lam.assign(static_cast<size_t>(s.H), static_cast<float>(acts.lambda));
+  } else if (s.kind == AttnKind::DiffV2) {
+    // lambda[t, h] = sigmoid(lambda_proj x)[t, h], one per token and pair
+    acts.lam.resize(static_cast<size_t>(BT * s.H));
+    sigmoid_fwd(acts.lam.data(), proj + s.n_q() + s.n_k() + s.n_v(), BT, s.H, np);
+  }
+
+  if (cache) {
+    if (cache->len + T > cache->capacity) {
+      throw InvalidArgument("attention layer: the KV cache holds " +
+                            std::to_string(cache->capacity) + " positions; " +
+                            std::to_string(cache->len) + " used, " + std::to_string(T) +
+                            " more asked for");
+    }
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t t = 0; t < T; ++t) {
+        const float* row = proj + (b * T + t) * np;
+        const int64_t at = b * cache->capacity + cache->len + t;
+        std::memcpy(&cache->k[static_cast<size_t>(at * s.n_k())], row + s.n_q(),
+                    sizeof(float) * static_cast<size_t>(s.n_k()));
+        std::memcpy(&cache->v[static_cast<size_t>(at * s.n_v())], row + s.n_q() + s.n_k(),
+                    sizeof(float) * static_cast<size_t>(s.n_v()));
+      }
+    }
+    cache->len += T;
+  }
+
+  AttnParams p = make_params(s, B, T, proj, acts.lam.data(), cache);
+  acts.att.resize(static_cast<size_t>(BT * s.n_out()));
+  p.out = acts.att.data();
+  if (save_stats) {
+    acts.lse.resize(static_cast<size_t>(B * s.q_heads() * T));
+    p.lse = acts.lse.data();
+    if (s.maps() == 2) {
+      acts.o2.resize(acts.att.size());
+      p.o2 = acts.o2.data();
+    }
+  }
+  attention_fwd(p);
+
+  const float* src = acts.att.data();
+  if (s.kind == AttnKind::DiffV1) {
+    // Eq. 3: head_i = (1 - lambda_init) * RMSNorm(head_i), one subln weight for every pair
+    acts.normed.resize(acts.att.size());
+    acts.sub_rstd.resize(static_cast<size_t>(BT * s.H));
+    rmsnorm_fwd(acts.normed.data(), acts.sub_rstd.data(), acts.att.data(), w.subln, BT * s.H, Dv,
+                s.eps);
+    const float mult = 1.0f - s.lambda_init;
+    for (float& x : acts.normed) x *= mult;
+    src = acts.normed.data();
+  }
+  linear_fwd(out, src, w.out_proj, BT, s.n_out(), s.C);
+}
+
+void attn_layer_bwd(float* dinp, const AttnLayerGrads& g, const float* dout,
+                    const AttnLayerActs& acts, const float* inp, const AttnLayerWeights& w,
+                    const AttnLayerShape& s, int64_t B, int64_t T, const float* cos_t,
+                    const float* sin_t, AttnLayerScratch& sc) {
+  const int64_t BT = B * T, np = s.n_proj(), Dv = s.Dv(), no = s.n_out();
+  const bool v1 = s.kind == AttnKind::DiffV1;
+
+  // out = out_proj(src)
+  sc.dnormed.assign(static_cast<size_t>(BT * no), 0.0f);
+  const float* src = v1 ? acts.normed.data() : acts.att.data();
+  linear_bwd(sc.dnormed.data(), g.out_proj, dout, src, w.out_proj, BT, no, s.C);
+
+  const float* datt = sc.dnormed.data();
+  if (v1) {
+    // normed = (1 - lambda_init) * rmsnorm(att, subln)
+    const float mult = 1.0f - s.lambda_init;
+    for (float& x : sc.dnormed) x *= mult;
+    sc.datt.assign(sc.dnormed.size(), 0.0f);
+    rmsnorm_bwd(sc.datt.data(), g.subln, sc.dnormed.data(), acts.att.data(), w.subln,
+                acts.sub_rstd.data(), BT * s.H, Dv);
+    datt = sc.datt.data();
+  }
+
+  sc.dproj.assign(static_cast<size_t>(BT * np), 0.0f);
+  float* dproj = sc.dproj.data();
+  AttnBwdParams bp(make_params(s, B, T, acts.proj.data(), acts.lam.data(), nullptr));
+  bp.out = const_cast<float*>(acts.att.data());
+  bp.lse = const_cast<float*>(acts.lse.data());
+  bp.o2 = s.maps() == 2 ? const_cast<float*>(acts.o2.data()) : nullptr;
+  bp.dout = datt;
+  bp.dq = dproj;
+  bp.dk = dproj + s.n_q();
+  bp.dv = dproj + s.n_q() + s.n_k();
+  if (s.maps() == 2) {
+    sc.dlam.assign(acts.lam.size(), 0.0f);
+    bp.dlam = sc.dlam.data();
+  }
+  attention_bwd(bp);
+
+  if (v1) {
+    // The layer's lambda is broadcast to every pair: its gradient is the sum over pairs.
+    double dl = 0;
+    for (float x : sc.dlam) dl += x;
+    // Eq. 2: d/dlq1 = e1 lk1, d/dlk1 = e1 lq1, d/dlq2 = -e2 lk2, d/dlk2 = -e2 lq2
+    for (int64_t i = 0; i < s.D; ++i) {
+      g.lambda_q1[i] += static_cast<float>(dl * acts.e1 * w.lambda_k1[i]);
+      g.lambda_k1[i] += static_cast<float>(dl * acts.e1 * w.lambda_q1[i]);
+      g.lambda_q2[i] -= static_cast<float>(dl * acts.e2 * w.lambda_k2[i]);
+      g.lambda_k2[i] -= static_cast<float>(dl * acts.e2 * w.lambda_q2[i]);
+    }
+  } else if (s.kind == AttnKind::DiffV2) {
+    // lam = sigmoid(z): dz = dlam * lam * (1 - lam), into the lambda logits' columns
+    sigmoid_bwd(dproj + s.n_q() + s.n_k() + s.n_v(), sc.dlam.data(), acts.lam.data(), BT, s.H,
+                np);
+  }
+  // The operator saw q and k after RoPE; rotate their gradients back.
+  rope_apply(dproj, cos_t, sin_t, B, T, s.q_heads(), s.D, np, T * np, true);
+  rope_apply(dproj + s.n_q(), cos_t, sin_t, B, T, s.k_heads(), s.D, np, T * np, true);
+  linear_bwd(dinp, g.proj, dproj, inp, w.proj, BT, s.C, np);
+}
+
+}  // namespace diffattn::nn

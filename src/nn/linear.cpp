@@ -1,0 +1,48 @@
+// Linear layers on BLAS (OpenBLAS cblas_sgemm): PyTorch's nn.Linear without bias, weight
+// (OC, C). The forward and both backward products, gradients accumulated with beta = 1.
+#include <cblas.h>
+
+#include "diffattn/nn.h"
+#include "diffattn/runtime.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace diffattn::nn {
+
+void sync_blas_threads() {
+  static thread_local int current = 0;
+  const int n = num_threads();
+  if (n != current) {
+    openblas_set_num_threads(n);
+    current = n;
+  }
+}
+
+void linear_fwd(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
+                int64_t OC, int64_t ldo) {
+  if (N == 0) return;
+  sync_blas_threads();
+  // out (N, OC) = inp (N, C) @ weight^T (C, OC)
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(N), static_cast<int>(OC),
+              static_cast<int>(C), 1.0f, inp, static_cast<int>(C), weight, static_cast<int>(C),
+              0.0f, out, static_cast<int>(ldo ? ldo : OC));
+}
+
+void linear_bwd(float* dinp, float* dweight, const float* dout, const float* inp,
+                const float* weight, int64_t N, int64_t C, int64_t OC, int64_t ldd) {
+  if (N == 0) return;
+  sync_blas_threads();
+  const int ld = static_cast<int>(ldd ? ldd : OC);
+  if (dinp != nullptr) {
+    // dinp (N, C) += dout (N, OC) @ weight (OC, C)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(N),
+                static_cast<int>(C), static_cast<int>(OC), 1.0f, dout, ld, weight,
+                static_cast<int>(C), 1.0f, dinp, static_cast<int>(C));
+  }
+  // dweight (OC, C) += dout^T (OC, N) @ inp (N, C)
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(OC), static_cast<int>(C),
+              static_cast<int>(N), 1.0f, dout, ld, inp, static_cast<int>(C), 1.0f, dweight,
+              static_cast<int>(C));
+}
+
+}  // namespace diffattn::nn

@@ -1,0 +1,62 @@
+// SwiGLU feed-forward activation, silu(gate) * up, and the per-token sigmoid of V2's lambda.
+// Element-wise, so rows run in parallel without any reduction.
+#include <cmath>
+
+#include "diffattn/nn.h"
+
+namespace diffattn::nn {
+
+namespace {
+inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+}  // namespace
+
+void swiglu_fwd(float* out, const float* gate, const float* up, int64_t N, int64_t F,
+                int64_t ldg) {
+  if (!ldg) ldg = F;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const float* g = gate + i * ldg;
+    const float* u = up + i * ldg;
+    float* o = out + i * F;
+    for (int64_t f = 0; f < F; ++f) o[f] = g[f] * sigmoidf(g[f]) * u[f];
+  }
+}
+
+void swiglu_bwd(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                int64_t N, int64_t F, int64_t ldg) {
+  if (!ldg) ldg = F;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const float* g = gate + i * ldg;
+    const float* u = up + i * ldg;
+    const float* d = dout + i * F;
+    float* dg = dgate + i * ldg;
+    float* du = dup + i * ldg;
+    for (int64_t f = 0; f < F; ++f) {
+      // silu(g) = g s(g);  silu'(g) = s(g) (1 + g (1 - s(g)))
+      const float s = sigmoidf(g[f]);
+      du[f] += d[f] * g[f] * s;
+      dg[f] += d[f] * u[f] * s * (1.0f + g[f] * (1.0f - s));
+    }
+  }
+}
+
+void sigmoid_fwd(float* out, const float* inp, int64_t N, int64_t H, int64_t ldi) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    for (int64_t h = 0; h < H; ++h) out[i * H + h] = sigmoidf(inp[i * ldi + h]);
+  }
+}
+
+void sigmoid_bwd(float* dinp, const float* dout, const float* out, int64_t N, int64_t H,
+                 int64_t ldi) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    for (int64_t h = 0; h < H; ++h) {
+      const float s = out[i * H + h];
+      dinp[i * ldi + h] += dout[i * H + h] * s * (1.0f - s);
+    }
+  }
+}
+
+}  // namespace diffattn::nn
