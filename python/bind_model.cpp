@@ -1,0 +1,143 @@
+// Python bindings of the language model: diffattn.load_model(path) returns a Model with
+// forward(tokens) -> logits (B, T, vocab), loss(tokens, targets) -> float (mean cross-entropy
+// over all positions) and gradients(tokens, targets) -> {FORMAT.md name: array}. Tokens and
+// targets are int64 NumPy arrays (B, T); anything else is a ValueError naming the argument.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "bind_common.h"
+#include "diffattn/model.h"
+
+namespace py = pybind11;
+
+namespace diffattn::python {
+
+namespace {
+
+std::vector<int32_t> token_array(const char* op, const char* name, const py::handle& obj,
+                                 const Model& m, Shape& shape) {
+  if (!py::isinstance<py::array>(obj)) {
+    throw InvalidArgument(std::string(op) + ": " + name + " must be a NumPy int64 array (B, T), got " +
+                          std::string(py::str(py::type::of(obj).attr("__name__"))));
+  }
+  const auto a = py::reinterpret_borrow<py::array>(obj);
+  shape.assign(a.shape(), a.shape() + a.ndim());
+  if (!a.dtype().is(py::dtype::of<int64_t>())) {
+    throw InvalidArgument(std::string(op) + ": " + name + " must be int64, got " +
+                          std::string(py::str(a.dtype())) + " array of shape " + shape_str(shape));
+  }
+  if (a.ndim() != 2 || shape[0] < 1 || shape[1] < 1) {
+    throw InvalidArgument(std::string(op) + ": " + name + " has shape " + shape_str(shape) +
+                          ", expected (B, T) with B, T >= 1");
+  }
+  const auto c = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(obj);
+  const int64_t V = m.config().vocab_size;
+  std::vector<int32_t> out(static_cast<size_t>(shape[0] * shape[1]));
+  const int64_t* src = c.data();
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (src[i] < 0 || src[i] >= V) {
+      throw InvalidArgument(std::string(op) + ": " + name + "[" + std::to_string(i / static_cast<size_t>(shape[1])) +
+                            ", " + std::to_string(i % static_cast<size_t>(shape[1])) + "] = " +
+                            std::to_string(src[i]) + " is outside the vocabulary [0, " +
+                            std::to_string(V) + ")");
+    }
+    out[i] = static_cast<int32_t>(src[i]);
+  }
+  return out;
+}
+
+struct Batch {
+  std::vector<int32_t> tokens, targets;
+  int64_t B = 0, T = 0;
+};
+
+Batch batch_of(const char* op, const Model& m, const py::handle& tokens, const py::handle* targets) {
+  Batch b;
+  Shape ts;
+  b.tokens = token_array(op, "tokens", tokens, m, ts);
+  b.B = ts[0];
+  b.T = ts[1];
+  if (targets) {
+    Shape gs;
+    b.targets = token_array(op, "targets", *targets, m, gs);
+    if (gs != ts) {
+      throw InvalidArgument(std::string(op) + ": targets has shape " + shape_str(gs) +
+                            ", expected the shape of tokens " + shape_str(ts));
+    }
+  }
+  if (b.T > m.config().max_seq_len) {
+    throw InvalidArgument(std::string(op) + ": tokens has T = " + std::to_string(b.T) +
+                          " positions, more than max_seq_len = " + std::to_string(m.config().max_seq_len));
+  }
+  return b;
+}
+
+py::dict tensors_of(const Model& m, const std::vector<float>& buf) {
+  py::dict d;
+  for (const TensorInfo& t : m.tensors()) {
+    py::array_t<float> a = new_array(t.shape);
+    std::memcpy(a.mutable_data(), buf.data() + t.offset, sizeof(float) * static_cast<size_t>(t.numel));
+    d[py::str(t.name)] = a;
+  }
+  return d;
+}
+
+}  // namespace
+
+void bind_model(py::module_& m) {
+  py::class_<Model>(m, "Model", "A Differential Transformer language model (docs/FORMAT.md).")
+      .def(
+          "forward",
+          [](Model& self, const py::handle& tokens) {
+            const Batch b = batch_of("Model.forward", self, tokens, nullptr);
+            {
+              py::gil_scoped_release nogil;
+              self.forward(b.tokens.data(), nullptr, b.B, b.T);
+            }
+            py::array_t<float> out = new_array({b.B, b.T, self.config().vocab_size});
+            std::memcpy(out.mutable_data(), self.logits().data(), sizeof(float) * self.logits().size());
+            return out;
+          },
+          py::arg("tokens"), "logits (B, T, vocab) of int64 tokens (B, T)")
+      .def(
+          "loss",
+          [](Model& self, const py::handle& tokens, const py::handle& targets) {
+            const Batch b = batch_of("Model.loss", self, tokens, &targets);
+            py::gil_scoped_release nogil;
+            return self.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+          },
+          py::arg("tokens"), py::arg("targets"),
+          "mean cross-entropy over all (B, T) positions")
+      .def(
+          "gradients",
+          [](Model& self, const py::handle& tokens, const py::handle& targets) {
+            const Batch b = batch_of("Model.gradients", self, tokens, &targets);
+            {
+              py::gil_scoped_release nogil;
+              self.zero_grads();
+              self.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+              self.backward(1.0f);
+            }
+            return tensors_of(self, self.grads);
+          },
+          py::arg("tokens"), py::arg("targets"),
+          "gradients of the mean loss: {tensor name: array} for every FORMAT.md tensor")
+      .def("parameters", [](const Model& self) { return tensors_of(self, self.params); },
+           "the weights: {tensor name: array} (copies)")
+      .def("lambdas", &Model::layer_lambdas,
+           "lambda per layer: V1 the scalar of Eq. 2; V2 the mean sigmoid of the last forward")
+      .def_property_readonly("config", [](const Model& self) { return self.config().to_json(); },
+                             "config.json text")
+      .def_property_readonly("num_params", &Model::num_params);
+
+  m.def(
+      "load_model", [](const std::string& path) { return load_model(path); }, py::arg("path"),
+      "Load a model directory (config.json + model.safetensors, docs/FORMAT.md). Errors name the "
+      "file and the tensor or key: OSError for unreadable or corrupted files, ValueError for a "
+      "config that is not diffattn/1.");
+}
+
+}  // namespace diffattn::python

@@ -1,0 +1,105 @@
+"""The C++ model against the independent PyTorch implementation (torch_model.py, written from
+docs/FORMAT.md): logits, loss and every gradient, for random weights and all three attention
+kinds. Tolerances are relative to the error of the same PyTorch computation in float32
+(against float64), so they scale with how hard the numbers are."""
+
+import numpy as np
+import pytest
+import torch
+
+import diffattn
+import torch_model as tm
+
+
+def config(kind, tie=False, lambda_init=None):
+    c = {"format": "diffattn/1", "attention": kind, "vocab_size": 61, "d_model": 32,
+         "n_layers": 2, "ffn_dim": 48, "max_seq_len": 32, "rope_theta": 10000.0,
+         "norm_eps": 1e-5, "tie_embeddings": tie}
+    if kind == "diff_v1":
+        c.update(n_heads=2, n_kv_heads=1, head_dim=8)   # 2 pairs of 2x8, GQA: one K/V group
+    elif kind == "diff_v2":
+        c.update(n_heads=4, n_kv_heads=2, head_dim=8)   # 8 query heads, 2 K/V heads
+    else:
+        c.update(n_heads=4, n_kv_heads=2, head_dim=8)
+    if lambda_init is not None:
+        c["lambda_init"] = lambda_init
+    return c
+
+
+def within(got, ref64, ref32, name, factor=8.0):
+    """|got - ref64| <= factor * |ref32 - ref64| + a floor of 1e-6 of the tensor's scale."""
+    got = np.asarray(got, dtype=np.float64)
+    ref64 = np.asarray(ref64, dtype=np.float64)
+    ref32 = np.asarray(ref32, dtype=np.float64)
+    scale = max(np.abs(ref64).max(), 1e-30)
+    err = np.abs(got - ref64).max()
+    naive = np.abs(ref32 - ref64).max()
+    bound = factor * naive + 1e-6 * scale
+    assert err <= bound, f"{name}: max error {err:.3e} > bound {bound:.3e} (float32 torch error {naive:.3e}, scale {scale:.3e})"
+
+
+def torch_results(cfg, weights, tokens, targets, dtype):
+    P = tm.params_from(weights, dtype=dtype, grad=True)
+    t = torch.tensor(tokens)
+    logits = tm.forward(cfg, P, t)
+    loss = tm.loss(cfg, P, t, torch.tensor(targets))
+    loss.backward()
+    return logits.detach().numpy(), loss.item(), {k: v.grad.numpy() for k, v in P.items()}
+
+
+CASES = [("diff_v1", False, None), ("diff_v1", True, 0.5), ("diff_v2", False, None),
+         ("diff_v2", True, None), ("standard", False, None), ("standard", True, None)]
+
+
+@pytest.mark.parametrize("kind,tie,li", CASES)
+def test_logits_loss_gradients_match_torch(tmp_path, kind, tie, li):
+    cfg = config(kind, tie, li)
+    weights = tm.random_weights(cfg, seed=7)
+    tm.save_model_dir(str(tmp_path), cfg, weights)
+    m = diffattn.load_model(str(tmp_path))
+    rng = np.random.default_rng(3)
+    tokens = rng.integers(0, cfg["vocab_size"], size=(2, 13), dtype=np.int64)
+    targets = rng.integers(0, cfg["vocab_size"], size=(2, 13), dtype=np.int64)
+
+    l64, loss64, g64 = torch_results(cfg, weights, tokens, targets, torch.float64)
+    l32, loss32, g32 = torch_results(cfg, weights, tokens, targets, torch.float32)
+
+    logits = m.forward(tokens)
+    assert logits.shape == (2, 13, cfg["vocab_size"]) and logits.dtype == np.float32
+    within(logits, l64, l32, "logits")
+    within([m.loss(tokens, targets)], [loss64], [loss32], "loss")
+    grads = m.gradients(tokens, targets)
+    assert set(grads) == set(g64), "gradient names differ from FORMAT.md's tensors"
+    for name in sorted(g64):
+        assert grads[name].shape == g64[name].shape, name
+        within(grads[name], g64[name], g32[name], "gradient of " + name)
+
+
+def test_lambda_schedule_and_v1_lambda(tmp_path):
+    cfg = config("diff_v1")
+    cfg["n_layers"] = 3
+    weights = tm.random_weights(cfg, seed=1)
+    tm.save_model_dir(str(tmp_path), cfg, weights)
+    m = diffattn.load_model(str(tmp_path))
+    for l, lam in enumerate(m.lambdas()):
+        p = f"layers.{l}.attn."
+        want = (np.exp(np.dot(weights[p + "lambda_q1"].astype(np.float64), weights[p + "lambda_k1"]))
+                - np.exp(np.dot(weights[p + "lambda_q2"].astype(np.float64), weights[p + "lambda_k2"]))
+                + 0.8 - 0.6 * np.exp(-0.3 * l))
+        assert abs(lam - want) < 1e-6
+
+
+@pytest.mark.parametrize("dtype", ["F16", "BF16"])
+def test_reads_half_precision(tmp_path, dtype):
+    cfg = config("diff_v2")
+    weights = tm.random_weights(cfg, seed=5)
+    tm.save_model_dir(str(tmp_path), cfg, weights, dtype=dtype)
+    m = diffattn.load_model(str(tmp_path))
+    got = m.parameters()
+    back, _ = tm.read_safetensors(str(tmp_path / "model.safetensors"))
+    for name, arr in back.items():
+        np.testing.assert_array_equal(got[name], arr, err_msg=name)
+    # and the conversion is close to the float32 weights
+    for name, arr in weights.items():
+        tol = 1e-3 if dtype == "F16" else 1e-2
+        assert np.abs(got[name] - arr).max() <= tol * max(1.0, np.abs(arr).max()), name

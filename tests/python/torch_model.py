@@ -1,0 +1,232 @@
+"""An independent PyTorch implementation of the diffattn/1 language model, written from
+docs/FORMAT.md (and the paper's Eqs. 1-3 for DIFF V1), not from diffattn's C++: dense
+attention maps with an explicit causal mask, autograd for every gradient.
+
+Also a small pure-Python safetensors reader and writer (Debian has no python3-safetensors).
+"""
+
+import json
+import math
+import os
+import struct
+
+import numpy as np
+import torch
+
+# ---------------------------------------------------------------- safetensors
+
+_DTYPES = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (None, 2)}
+
+
+def write_safetensors(path, tensors, metadata=None, dtype="F32"):
+    """tensors: {name: array-like}; written in sorted name order as F32 (or F16/BF16)."""
+    header, blobs, off = {}, [], 0
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(np.asarray(tensors[name], dtype=np.float32))
+        if dtype == "F32":
+            raw = a.astype("<f4").tobytes()
+        elif dtype == "F16":
+            raw = a.astype("<f2").tobytes()
+        elif dtype == "BF16":
+            raw = (a.astype("<f4").view("<u4") >> 16).astype("<u2").tobytes()  # truncation
+        else:
+            raise ValueError(dtype)
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    if metadata:
+        header["__metadata__"] = metadata
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def read_safetensors(path):
+    """Returns ({name: float32 numpy array}, metadata dict)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    meta = header.pop("__metadata__", {})
+    body = data[8 + n :]
+    out = {}
+    for name, e in header.items():
+        b, end = e["data_offsets"]
+        raw = body[b:end]
+        if e["dtype"] == "F32":
+            a = np.frombuffer(raw, dtype="<f4")
+        elif e["dtype"] == "F16":
+            a = np.frombuffer(raw, dtype="<f2").astype(np.float32)
+        elif e["dtype"] == "BF16":
+            a = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            raise ValueError(e["dtype"])
+        out[name] = a.reshape(e["shape"]).copy()
+    return out, meta
+
+
+# ---------------------------------------------------------------- the model
+
+
+def lambda_init_of(cfg, layer):
+    if cfg.get("lambda_init") is not None:
+        return cfg["lambda_init"]
+    return 0.8 - 0.6 * math.exp(-0.3 * layer)
+
+
+def tensor_shapes(cfg):
+    """FORMAT.md's tensor table for a config: {name: shape}."""
+    C, V, F = cfg["d_model"], cfg["vocab_size"], cfg["ffn_dim"]
+    H, G, D = cfg["n_heads"], cfg["n_kv_heads"], cfg["head_dim"]
+    kind = cfg["attention"]
+    s = {"embed_tokens.weight": (V, C), "norm.weight": (C,)}
+    if not cfg["tie_embeddings"]:
+        s["lm_head.weight"] = (V, C)
+    for l in range(cfg["n_layers"]):
+        p = f"layers.{l}."
+        s[p + "attn_norm.weight"] = (C,)
+        s[p + "ffn_norm.weight"] = (C,)
+        s[p + "ffn.gate_proj.weight"] = (F, C)
+        s[p + "ffn.up_proj.weight"] = (F, C)
+        s[p + "ffn.down_proj.weight"] = (C, F)
+        if kind == "diff_v1":
+            s[p + "attn.q_proj.weight"] = (2 * H * D, C)
+            s[p + "attn.k_proj.weight"] = (2 * G * D, C)
+            s[p + "attn.v_proj.weight"] = (G * 2 * D, C)
+            s[p + "attn.out_proj.weight"] = (C, H * 2 * D)
+            for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+                s[p + "attn." + n] = (D,)
+            s[p + "attn.subln.weight"] = (2 * D,)
+        elif kind == "diff_v2":
+            s[p + "attn.q_proj.weight"] = (2 * H * D, C)
+            s[p + "attn.k_proj.weight"] = (G * D, C)
+            s[p + "attn.v_proj.weight"] = (G * D, C)
+            s[p + "attn.out_proj.weight"] = (C, H * D)
+            s[p + "attn.lambda_proj.weight"] = (H, C)
+        else:
+            s[p + "attn.q_proj.weight"] = (H * D, C)
+            s[p + "attn.k_proj.weight"] = (G * D, C)
+            s[p + "attn.v_proj.weight"] = (G * D, C)
+            s[p + "attn.out_proj.weight"] = (C, H * D)
+    return s
+
+
+def random_weights(cfg, seed, lam_std=0.1):
+    """Random weights for tests: N(0, 0.1)-ish projections, gains near 1."""
+    g = np.random.default_rng(seed)
+    w = {}
+    for name, shape in tensor_shapes(cfg).items():
+        if name.endswith("norm.weight") or name.endswith("subln.weight"):
+            w[name] = (1.0 + 0.1 * g.standard_normal(shape)).astype(np.float32)
+        elif ".attn.lambda_" in name and "lambda_proj" not in name:
+            w[name] = (lam_std * g.standard_normal(shape)).astype(np.float32)
+        else:
+            w[name] = (0.1 * g.standard_normal(shape)).astype(np.float32)
+    return w
+
+
+def save_model_dir(path, cfg, weights, dtype="F32"):
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    write_safetensors(os.path.join(path, "model.safetensors"), weights, dtype=dtype)
+
+
+def _rmsnorm(x, w, eps):
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _rope(u, theta):
+    """u (B, T, n, D): pairs (2j, 2j+1) rotate by t * theta^(-2j/D)."""
+    B, T, n, D = u.shape
+    j = torch.arange(D // 2, dtype=torch.float64)
+    freq = theta ** (-2.0 * j / D)
+    ang = torch.arange(T, dtype=torch.float64)[:, None] * freq[None, :]  # (T, D/2)
+    c = torch.cos(ang).to(u.dtype)[None, :, None, :]
+    s = torch.sin(ang).to(u.dtype)[None, :, None, :]
+    u0, u1 = u[..., 0::2], u[..., 1::2]
+    out = torch.stack((u0 * c - u1 * s, u0 * s + u1 * c), dim=-1)
+    return out.reshape(B, T, n, D)
+
+
+def _softmax_causal(q, k, scale):
+    """q (B, n, T, D), k (B, n, T, D) -> (B, n, T, T) causal softmax."""
+    T = q.shape[2]
+    s = (q @ k.transpose(-1, -2)) * scale
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    s = s.masked_fill(~mask, float("-inf"))
+    return torch.softmax(s, dim=-1)
+
+
+def _expand(x, rep):
+    """(B, T, G, D) -> (B, G*rep, T, D), group g serving heads g*rep .. g*rep+rep-1."""
+    return x.permute(0, 2, 1, 3).repeat_interleave(rep, dim=1)
+
+
+def attention(cfg, layer, P, x):
+    kind = cfg["attention"]
+    H, G, D = cfg["n_heads"], cfg["n_kv_heads"], cfg["head_dim"]
+    B, T, C = x.shape
+    p = f"layers.{layer}.attn."
+    q = x @ P[p + "q_proj.weight"].T
+    k = x @ P[p + "k_proj.weight"].T
+    v = x @ P[p + "v_proj.weight"].T
+    scale = 1.0 / math.sqrt(D)
+    theta = cfg["rope_theta"]
+    rep = H // G
+    if kind == "standard":
+        q = _rope(q.view(B, T, H, D), theta)
+        k = _rope(k.view(B, T, G, D), theta)
+        a = _softmax_causal(q.permute(0, 2, 1, 3), _expand(k, rep), scale)
+        o = a @ _expand(v.view(B, T, G, D), rep)  # (B, H, T, D)
+        o = o.permute(0, 2, 1, 3).reshape(B, T, H * D)
+        return o @ P[p + "out_proj.weight"].T
+    q = _rope(q.view(B, T, 2 * H, D), theta)
+    q1 = q[:, :, 0::2].permute(0, 2, 1, 3)  # sub-head 2h: map 1 of pair h
+    q2 = q[:, :, 1::2].permute(0, 2, 1, 3)
+    if kind == "diff_v1":
+        k = _rope(k.view(B, T, 2 * G, D), theta)
+        k1, k2 = _expand(k[:, :, 0::2], rep), _expand(k[:, :, 1::2], rep)
+        vv = _expand(v.view(B, T, G, 2 * D), rep)
+        li = lambda_init_of(cfg, layer)
+        # Eq. 2
+        lam = (torch.exp(torch.dot(P[p + "lambda_q1"], P[p + "lambda_k1"]))
+               - torch.exp(torch.dot(P[p + "lambda_q2"], P[p + "lambda_k2"])) + li)
+        o = (_softmax_causal(q1, k1, scale) - lam * _softmax_causal(q2, k2, scale)) @ vv
+        o = (1.0 - li) * _rmsnorm(o, P[p + "subln.weight"], cfg["norm_eps"])  # Eq. 3
+        o = o.permute(0, 2, 1, 3).reshape(B, T, H * 2 * D)
+    else:
+        k = _expand(_rope(k.view(B, T, G, D), theta), rep)
+        vv = _expand(v.view(B, T, G, D), rep)
+        lam = torch.sigmoid(x @ P[p + "lambda_proj.weight"].T)  # (B, T, H)
+        lam = lam.permute(0, 2, 1).unsqueeze(-1)  # (B, H, T, 1)
+        o = (_softmax_causal(q1, k, scale) - lam * _softmax_causal(q2, k, scale)) @ vv
+        o = o.permute(0, 2, 1, 3).reshape(B, T, H * D)
+    return o @ P[p + "out_proj.weight"].T
+
+
+def forward(cfg, P, tokens):
+    """tokens (B, T) int64 tensor -> logits (B, T, V). P: {name: tensor}."""
+    eps = cfg["norm_eps"]
+    x = P["embed_tokens.weight"][tokens]
+    for l in range(cfg["n_layers"]):
+        p = f"layers.{l}."
+        x = x + attention(cfg, l, P, _rmsnorm(x, P[p + "attn_norm.weight"], eps))
+        h = _rmsnorm(x, P[p + "ffn_norm.weight"], eps)
+        f = torch.nn.functional.silu(h @ P[p + "ffn.gate_proj.weight"].T) * (h @ P[p + "ffn.up_proj.weight"].T)
+        x = x + f @ P[p + "ffn.down_proj.weight"].T
+    head = P["embed_tokens.weight"] if cfg["tie_embeddings"] else P["lm_head.weight"]
+    return _rmsnorm(x, P["norm.weight"], eps) @ head.T
+
+
+def loss(cfg, P, tokens, targets):
+    logits = forward(cfg, P, tokens)
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def params_from(weights, dtype=torch.float64, grad=False):
+    return {k: torch.tensor(v, dtype=dtype, requires_grad=grad) for k, v in weights.items()}
