@@ -130,6 +130,8 @@ class Trainer {
  public:
   // A new run: model initialised from opts.seed.
   Trainer(const std::string& dir, const ModelConfig& cfg, const TrainOptions& opts);
+  // A new run from given weights (fine-tuning, or a run started from a saved model).
+  Trainer(const std::string& dir, Model model, const TrainOptions& opts);
   // Resumes DIR from its train_state.safetensors; the log is cut back to the saved step.
   static Trainer resume(const std::string& dir);
 
@@ -149,7 +151,6 @@ class Trainer {
   bool write_log = true;
 
  private:
-  Trainer(const std::string& dir, Model model, const TrainOptions& opts);
   std::string dir_;
   Model model_;
   TrainOptions opts_;

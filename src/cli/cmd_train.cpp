@@ -95,6 +95,8 @@ int run_train(const std::vector<std::string>& argv) {
       .option("--eval-every", "N", "0", "validation loss every N steps (0: at the end only)")
       .option("--eval-batches", "N", "8", "validation batches per evaluation")
       .option("--save-every", "N", "50", "write the resume point every N steps")
+      .option("--init", "DIR", "", "start from this model directory's weights and config "
+              "(and its tokenizer.model) instead of a preset")
       .flag("--resume", "continue the run in --out from its train_state.safetensors")
       .flag("--no-progress", "no progress bar on stderr")
       .option("--bench", "N", "0", "time N training steps on random tokens and print tokens/s");
@@ -173,25 +175,45 @@ int run_train(const std::vector<std::string>& argv) {
                        "choose another --out");
     }
     corpus = data::load_corpus(o.corpus, cache);
-    if (o.tokenizer == "sentencepiece") {
+    if (a.given("--init")) {
+      const std::string init = a.str("--init");
+      Model m = load_model(init);
+      tok = data::tokenizer_for(init);
       std::filesystem::create_directories(dir);
-      std::cerr << "training a SentencePiece tokenizer (" << a.integer("--vocab-size")
-                << " pieces) on " << corpus.name << "...\n";
-      data::train_sentencepiece(corpus.train, dir + "/tokenizer.model", a.integer("--vocab-size"),
-                                static_cast<uint32_t>(o.seed));
-      tok = data::load_sentencepiece(dir + "/tokenizer.model");
+      if (tok->name() == "sentencepiece") {
+        write_file_atomic(dir + "/tokenizer.model", read_file(init + "/tokenizer.model"));
+        o.tokenizer = "sentencepiece";
+      } else {
+        o.tokenizer = "bytes";
+      }
+      if (m.config().vocab_size != tok->vocab_size()) {
+        throw InvalidArgument(init + ": config vocab_size = " + std::to_string(m.config().vocab_size) +
+                              " but the " + tok->name() + " tokenizer has " +
+                              std::to_string(tok->vocab_size()) + " tokens");
+      }
+      tr = std::make_unique<data::Trainer>(dir, std::move(m), o);
     } else {
-      tok = data::byte_tokenizer();
+      if (o.tokenizer == "sentencepiece") {
+        std::filesystem::create_directories(dir);
+        std::cerr << "training a SentencePiece tokenizer (" << a.integer("--vocab-size")
+                  << " pieces) on " << corpus.name << "...\n";
+        data::train_sentencepiece(corpus.train, dir + "/tokenizer.model",
+                                  a.integer("--vocab-size"), static_cast<uint32_t>(o.seed));
+        tok = data::load_sentencepiece(dir + "/tokenizer.model");
+      } else {
+        tok = data::byte_tokenizer();
+      }
+      const ModelConfig cfg =
+          model_j.is_null()
+              ? model_preset(preset, kind, tok->vocab_size())
+              : ModelConfig::from_json(model_j.dump(), a.str("--config") + " (model)");
+      if (cfg.vocab_size != tok->vocab_size()) {
+        throw InvalidArgument("config vocab_size = " + std::to_string(cfg.vocab_size) +
+                              " but the " + tok->name() + " tokenizer has " +
+                              std::to_string(tok->vocab_size()) + " tokens");
+      }
+      tr = std::make_unique<data::Trainer>(dir, cfg, o);
     }
-    ModelConfig cfg = model_j.is_null()
-                          ? model_preset(preset, kind, tok->vocab_size())
-                          : ModelConfig::from_json(model_j.dump(), a.str("--config") + " (model)");
-    if (cfg.vocab_size != tok->vocab_size()) {
-      throw InvalidArgument("config vocab_size = " + std::to_string(cfg.vocab_size) +
-                            " but the " + tok->name() + " tokenizer has " +
-                            std::to_string(tok->vocab_size()) + " tokens");
-    }
-    tr = std::make_unique<data::Trainer>(dir, cfg, o);
   }
   const data::TokenWindows train(tok->encode(corpus.train), tr->options().seed, corpus.name + " train");
   const std::vector<int32_t> valid = tok->encode(corpus.valid);

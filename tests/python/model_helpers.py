@@ -1,0 +1,61 @@
+"""Helpers for the end-to-end model tests: the built CLI, a small text corpus written by the
+test, and the training data order of docs (README, "Training"), replicated in Python."""
+
+import json
+import os
+import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CLI = os.path.join(ROOT, "build", "diffattn")
+
+M64 = (1 << 64) - 1
+
+
+def corpus_text(lines=240):
+    words = ["light", "water", "earth", "heaven", "day", "night", "seed", "tree", "fruit",
+             "beast", "fowl", "sea", "moved", "created", "good", "said", "divided"]
+    out = []
+    for i in range(lines):
+        n = 5 + (i * 7) % 9
+        out.append("And " + " ".join(words[(i * 3 + j * j) % len(words)] for j in range(n)) + ".")
+    return "\n".join(out) + "\n"
+
+
+def split_lines(text, every=20):
+    """Every every-th line (the last of each group) is validation, the rest training."""
+    train, valid = [], []
+    for i, line in enumerate(text.splitlines(keepends=True)):
+        (valid if i % every == every - 1 else train).append(line)
+    return "".join(train), "".join(valid)
+
+
+def _mix(x):
+    x &= M64
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & M64
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & M64
+    return x ^ (x >> 31)
+
+
+def window_starts(seed, index, B, n, T):
+    """Start of window b of batch `index`: a counter-based hash, so batches need no state."""
+    out = []
+    for b in range(B):
+        h = _mix(_mix((seed + 0x9E3779B97F4A7C15 * (index + 1)) & M64) ^ b)
+        out.append(h % (n - T))
+    return out
+
+
+def run_cli(*args, check=True, env_extra=None, **kw):
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    p = subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, env=env, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"diffattn {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stderr}")
+    return p
+
+
+def read_log(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
