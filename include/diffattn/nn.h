@@ -13,6 +13,10 @@
 
 namespace diffattn::nn {
 
+// Loops over fewer elements than this run on one thread: below it a parallel region's start and
+// barrier cost more than the work, and far more when another process holds a core.
+inline constexpr int64_t kParallelMin = 1 << 15;
+
 // ---- linear (BLAS sgemm) ----
 // out (N, OC) = inp (N, C) @ weight^T, weight (OC, C) as PyTorch stores nn.Linear.
 // ldo: out's row stride (>= OC), so the output may be a column block of a wider buffer.

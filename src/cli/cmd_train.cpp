@@ -221,10 +221,17 @@ int run_train(const std::vector<std::string>& argv) {
   tr->progress = !a.on("--no-progress");
   data::StepLog last;
   tr->run(train, &valid, 0, [&](const data::StepLog& s) { last = s; });
-  const double val = data::eval_loss(tr->model(), valid, tr->options().batch, tr->options().seq_len,
-                                     tr->options().eval_batches);
-  std::printf("step %lld  train loss %.4f  val loss %.4f  val ppl %.2f  -> %s\n",
-              static_cast<long long>(tr->steps_done()), last.loss, val, std::exp(val), dir.c_str());
+  const int64_t T = tr->options().seq_len;
+  if (static_cast<int64_t>(valid.size()) > T) {
+    const double val = data::eval_loss(tr->model(), valid, tr->options().batch, T,
+                                       tr->options().eval_batches);
+    std::printf("step %lld  train loss %.4f  val loss %.4f  val ppl %.2f  -> %s\n",
+                static_cast<long long>(tr->steps_done()), last.loss, val, std::exp(val), dir.c_str());
+  } else {
+    std::printf("step %lld  train loss %.4f  (validation split too short for T = %lld)  -> %s\n",
+                static_cast<long long>(tr->steps_done()), last.loss, static_cast<long long>(T),
+                dir.c_str());
+  }
   return 0;
 }
 

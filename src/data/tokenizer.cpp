@@ -93,7 +93,7 @@ void train_sentencepiece(const std::string& text, const std::string& out_path, i
                            "/sp --vocab_size=" + std::to_string(vocab_size) +
                            " --model_type=unigram --character_coverage=1.0 --num_threads=1"
                            " --byte_fallback=true --input_sentence_size=200000"
-                           " --shuffle_input_sentence=false --minloglevel=2";
+                           " --shuffle_input_sentence=false --hard_vocab_limit=false --minloglevel=2";
   const auto st = sentencepiece::SentencePieceTrainer::Train(args);
   if (!st.ok()) {
     throw InvalidArgument("sentencepiece: training a " + std::to_string(vocab_size) +

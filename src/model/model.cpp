@@ -29,7 +29,7 @@ double normal(uint64_t& s) {
 }
 
 void add_into(float* y, const float* x, int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= nn::kParallelMin)
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 

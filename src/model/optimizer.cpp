@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "diffattn/model.h"
+#include "diffattn/nn.h"
 
 namespace diffattn {
 
@@ -46,7 +47,7 @@ double AdamW::step(Model& model, const AdamWOptions& o, double lr) {
     const float* g = model.grads.data() + ti.offset;
     float* mm = m.data() + ti.offset;
     float* vv = v.data() + ti.offset;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (ti.numel >= nn::kParallelMin)
     for (int64_t i = 0; i < ti.numel; ++i) {
       const float gi = g[i] * clip;
       mm[i] = b1 * mm[i] + (1.0f - b1) * gi;

@@ -17,7 +17,7 @@ void cross_entropy_fwd(float* losses, float* lse, const float* logits, const int
                             std::to_string(V) + ")");
     }
   }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * V >= kParallelMin)
   for (int64_t i = 0; i < N; ++i) {
     const float* l = logits + i * V;
     const float m = *std::max_element(l, l + V);
@@ -31,7 +31,7 @@ void cross_entropy_fwd(float* losses, float* lse, const float* logits, const int
 
 void cross_entropy_bwd(float* dlogits, const float* logits, const float* lse,
                        const int32_t* targets, float dloss, int64_t N, int64_t V) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * V >= kParallelMin)
   for (int64_t i = 0; i < N; ++i) {
     const float* l = logits + i * V;
     float* d = dlogits + i * V;

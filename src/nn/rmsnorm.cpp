@@ -17,7 +17,7 @@ void rmsnorm_fwd(float* out, float* rstd, const float* inp, const float* weight,
                  int64_t C, float eps, int64_t ldi, int64_t ldo) {
   if (!ldi) ldi = C;
   if (!ldo) ldo = C;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * C >= kParallelMin)
   for (int64_t i = 0; i < N; ++i) {
     const float* x = inp + i * ldi;
     double ss = 0;
@@ -36,7 +36,7 @@ void rmsnorm_bwd(float* dinp, float* dweight, const float* dout, const float* in
   if (!ldi) ldi = C;
   const int64_t nblocks = (N + kRowBlock - 1) / kRowBlock;
   std::vector<double> partial(static_cast<size_t>(nblocks * C), 0.0);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * C >= kParallelMin)
   for (int64_t blk = 0; blk < nblocks; ++blk) {
     double* pw = &partial[static_cast<size_t>(blk * C)];
     for (int64_t i = blk * kRowBlock; i < std::min(N, (blk + 1) * kRowBlock); ++i) {

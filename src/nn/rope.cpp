@@ -27,7 +27,7 @@ void rope_apply(float* x, const float* cos_t, const float* sin_t, int64_t B, int
                 int64_t nh, int64_t D, int64_t ld, int64_t lb, bool inverse) {
   const int64_t half = D / 2;
   const float sgn = inverse ? -1.0f : 1.0f;
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (B * T * nh * D >= kParallelMin)
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) {
       float* row = x + b * lb + t * ld;

@@ -13,7 +13,7 @@ inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 void swiglu_fwd(float* out, const float* gate, const float* up, int64_t N, int64_t F,
                 int64_t ldg) {
   if (!ldg) ldg = F;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * F >= kParallelMin)
   for (int64_t i = 0; i < N; ++i) {
     const float* g = gate + i * ldg;
     const float* u = up + i * ldg;
@@ -25,7 +25,7 @@ void swiglu_fwd(float* out, const float* gate, const float* up, int64_t N, int64
 void swiglu_bwd(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
                 int64_t N, int64_t F, int64_t ldg) {
   if (!ldg) ldg = F;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * F >= kParallelMin)
   for (int64_t i = 0; i < N; ++i) {
     const float* g = gate + i * ldg;
     const float* u = up + i * ldg;
@@ -42,7 +42,7 @@ void swiglu_bwd(float* dgate, float* dup, const float* dout, const float* gate, 
 }
 
 void sigmoid_fwd(float* out, const float* inp, int64_t N, int64_t H, int64_t ldi) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * H >= kParallelMin)
   for (int64_t i = 0; i < N; ++i) {
     for (int64_t h = 0; h < H; ++h) out[i * H + h] = sigmoidf(inp[i * ldi + h]);
   }
@@ -50,7 +50,7 @@ void sigmoid_fwd(float* out, const float* inp, int64_t N, int64_t H, int64_t ldi
 
 void sigmoid_bwd(float* dinp, const float* dout, const float* out, int64_t N, int64_t H,
                  int64_t ldi) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * H >= kParallelMin)
   for (int64_t i = 0; i < N; ++i) {
     for (int64_t h = 0; h < H; ++h) {
       const float s = out[i * H + h];

@@ -50,7 +50,7 @@ def window_starts(seed, index, B, n, T):
 def run_cli(*args, check=True, env_extra=None, **kw):
     env = dict(os.environ)
     env.update(env_extra or {})
-    p = subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, env=env, **kw)
+    p = subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, errors="replace", env=env, **kw)
     if check and p.returncode != 0:
         raise AssertionError(f"diffattn {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stderr}")
     return p
