@@ -1,0 +1,278 @@
+// The language model in C++: finite-difference gradient checks of every tensor for tiny V1, V2
+// and standard models, KV-cache decode against the full forward, save/load bit for bit,
+// the sampler, the schedule and the safetensors writer.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <random>
+
+#include "diffattn/model.h"
+#include "diffattn/runtime.h"
+
+namespace diffattn {
+namespace {
+
+ModelConfig tiny(nn::AttnKind kind, bool tie = false) {
+  ModelConfig c;
+  c.attention = kind;
+  c.vocab_size = 23;
+  c.d_model = 16;
+  c.n_layers = 2;
+  c.ffn_dim = 24;
+  c.max_seq_len = 16;
+  c.head_dim = 4;
+  c.tie_embeddings = tie;
+  if (kind == nn::AttnKind::DiffV1) {
+    c.n_heads = 2;
+    c.n_kv_heads = 1;
+  } else {
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+  }
+  return c;
+}
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t V, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int32_t& x : t) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(V));
+  return t;
+}
+
+// Larger-than-init weights so every path carries a gradient well above float32 noise.
+void scale_weights(Model& m, uint64_t seed) {
+  m.init_weights(seed);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  for (const TensorInfo& t : m.tensors()) {
+    for (int64_t i = 0; i < t.numel; ++i) {
+      float& w = m.params[static_cast<size_t>(t.offset + i)];
+      const bool lam = t.name.find("lambda_") != std::string::npos && !t.decay;
+      w = t.decay ? 0.3f * n(rng) : lam ? 0.6f * n(rng) : w + 0.3f * n(rng);
+    }
+  }
+}
+
+struct FdCase {
+  nn::AttnKind kind;
+  bool tie;
+};
+
+class GradCheck : public ::testing::TestWithParam<FdCase> {};
+
+// For each tensor, the directional derivative along a random direction u of that tensor:
+// analytic g.u against the central difference (L(w + h u) - L(w - h u)) / 2h of the float32
+// loss. Tolerance: the difference's own rounding error (loss eps / h) plus its O(h^2) term,
+// estimated from the gap between steps h and 2h.
+TEST_P(GradCheck, EveryTensorAgreesWithFiniteDifferences) {
+  const FdCase fc = GetParam();
+  set_num_threads(1);
+  Model m(tiny(fc.kind, fc.tie));
+  scale_weights(m, 3);
+  const int64_t B = 2, T = 7;
+  const auto tok = random_tokens(B * T, m.config().vocab_size, 1);
+  const auto tgt = random_tokens(B * T, m.config().vocab_size, 2);
+  m.zero_grads();
+  m.forward(tok.data(), tgt.data(), B, T);
+  m.backward(1.0f);
+  const std::vector<float> g = m.grads, w0 = m.params;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  int meaningful = 0;
+  for (const TensorInfo& t : m.tensors()) {
+    std::vector<float> u(static_cast<size_t>(t.numel));
+    for (float& x : u) x = n(rng);
+    double an = 0;
+    for (int64_t i = 0; i < t.numel; ++i) an += static_cast<double>(g[static_cast<size_t>(t.offset + i)]) * u[static_cast<size_t>(i)];
+    auto loss_at = [&](double h) {
+      m.params = w0;
+      for (int64_t i = 0; i < t.numel; ++i) {
+        m.params[static_cast<size_t>(t.offset + i)] += static_cast<float>(h * u[static_cast<size_t>(i)]);
+      }
+      return m.forward(tok.data(), tgt.data(), B, T);
+    };
+    const double h = 2e-3;
+    const double fd1 = (loss_at(h) - loss_at(-h)) / (2 * h);
+    const double fd2 = (loss_at(2 * h) - loss_at(-2 * h)) / (4 * h);
+    const double fd = (4 * fd1 - fd2) / 3;  // Richardson: cancels the h^2 term
+    const double noise = 1e-6 / h;  // a few float32 ulps of a loss near 3-4, over h
+    const double tol = 3 * noise + 0.02 * std::abs(fd1 - fd2) + 1e-3 * std::abs(an);
+    EXPECT_NEAR(an, fd, tol) << t.name << " (fd at h: " << fd1 << ", at 2h: " << fd2 << ")";
+    meaningful += std::abs(an) > 10 * noise;
+  }
+  // A check against zero means little: most tensors must carry a gradient well above the noise
+  // (a few of V1's lambda vectors in the last layer may not; the PyTorch comparison covers them
+  // with float64 references).
+  EXPECT_GE(meaningful, static_cast<int>(m.tensors().size()) - 3);
+  m.params = w0;
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, GradCheck,
+                         ::testing::Values(FdCase{nn::AttnKind::DiffV1, false},
+                                           FdCase{nn::AttnKind::DiffV2, false},
+                                           FdCase{nn::AttnKind::Standard, false},
+                                           FdCase{nn::AttnKind::DiffV1, true}),
+                         [](const auto& info) {
+                           return std::string(nn::attn_kind_name(info.param.kind)) +
+                                  (info.param.tie ? "_tied" : "");
+                         });
+
+class ModelKinds : public ::testing::TestWithParam<nn::AttnKind> {};
+
+TEST_P(ModelKinds, KvCacheDecodeMatchesFullForward) {
+  Model m(tiny(GetParam()));
+  scale_weights(m, 4);
+  const int64_t T = 11, V = m.config().vocab_size;
+  const auto tok = random_tokens(T, V, 9);
+  m.forward(tok.data(), nullptr, 1, T);
+  const std::vector<float> full = m.logits();
+  // prefill 5, then decode the rest one at a time
+  m.cache_reset(1, T);
+  std::vector<float> last(static_cast<size_t>(V));
+  m.infer(tok.data(), 1, 5, last.data());
+  auto check = [&](int64_t pos) {
+    double err = 0, scale = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      err = std::max(err, std::abs(static_cast<double>(last[static_cast<size_t>(v)]) - full[static_cast<size_t>(pos * V + v)]));
+      scale = std::max(scale, std::abs(static_cast<double>(full[static_cast<size_t>(pos * V + v)])));
+    }
+    EXPECT_LT(err, 2e-6 * scale + 1e-6) << "position " << pos;
+  };
+  check(4);
+  for (int64_t t = 5; t < T; ++t) {
+    m.infer(&tok[static_cast<size_t>(t)], 1, 1, last.data());
+    check(t);
+  }
+  EXPECT_EQ(m.cache_len(), T);
+  EXPECT_THROW(m.infer(tok.data(), 1, 1, last.data()), InvalidArgument);  // cache full
+}
+
+TEST_P(ModelKinds, SaveThenLoadReproducesLogitsBitForBit) {
+  Model m(tiny(GetParam()));
+  scale_weights(m, 6);
+  const std::string dir = ::testing::TempDir() + "/diffattn_model_" + std::to_string(::getpid()) +
+                          nn::attn_kind_name(GetParam());
+  save_model(m, dir);
+  Model back = load_model(dir);
+  const auto tok = random_tokens(2 * 9, m.config().vocab_size, 3);
+  m.forward(tok.data(), nullptr, 2, 9);
+  back.forward(tok.data(), nullptr, 2, 9);
+  ASSERT_EQ(m.logits().size(), back.logits().size());
+  EXPECT_EQ(0, std::memcmp(m.logits().data(), back.logits().data(), sizeof(float) * m.logits().size()));
+  EXPECT_EQ(back.config().to_json(), m.config().to_json());
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << "temporary file left: " << e.path();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_P(ModelKinds, SeededInitIsReproducibleAndTrainingStepsAreDeterministic) {
+  auto run = [&]() {
+    Model m(tiny(GetParam()));
+    m.init_weights(11);
+    AdamW opt;
+    AdamWOptions o;
+    o.lr = 1e-2;
+    std::vector<double> losses;
+    const auto tok = random_tokens(3 * 8, m.config().vocab_size, 5);
+    const auto tgt = random_tokens(3 * 8, m.config().vocab_size, 6);
+    for (int s = 0; s < 4; ++s) {
+      m.zero_grads();
+      losses.push_back(m.forward(tok.data(), tgt.data(), 3, 8));
+      m.backward();
+      opt.step(m, o, lr_at(o, s));
+    }
+    return losses;
+  };
+  const auto a = run(), b = run();
+  EXPECT_EQ(a, b);
+  EXPECT_LT(a.back(), a.front());
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, ModelKinds,
+                         ::testing::Values(nn::AttnKind::DiffV1, nn::AttnKind::DiffV2,
+                                           nn::AttnKind::Standard),
+                         [](const auto& info) { return std::string(nn::attn_kind_name(info.param)); });
+
+TEST(Presets, EqualSizes) {
+  for (const char* p : {"tiny", "small"}) {
+    const int64_t s = count_params(model_preset(p, nn::AttnKind::Standard));
+    // V1: the same projections; plus, per layer, four lambda vectors (D) and subln (2D).
+    const ModelConfig v1 = model_preset(p, nn::AttnKind::DiffV1);
+    EXPECT_EQ(count_params(v1), s + v1.n_layers * 6 * v1.head_dim) << p;
+    // V2 pays for its extra query heads and lambda_proj with a smaller ffn_dim: within a row.
+    const int64_t v2 = count_params(model_preset(p, nn::AttnKind::DiffV2));
+    EXPECT_LE(std::abs(v2 - s), 3 * model_preset(p, nn::AttnKind::DiffV2).d_model) << p;
+  }
+  const ModelConfig small = model_preset("small", nn::AttnKind::DiffV1);
+  EXPECT_EQ(small.n_layers, 6);
+  EXPECT_EQ(small.d_model, 256);
+  EXPECT_EQ(small.head_dim * 2 * small.n_heads, small.d_model);
+}
+
+TEST(Schedule, WarmupThenCosine) {
+  AdamWOptions o;
+  o.lr = 1.0;
+  o.min_lr = 0.1;
+  o.warmup = 4;
+  o.total_steps = 14;
+  EXPECT_DOUBLE_EQ(lr_at(o, 0), 0.25);
+  EXPECT_DOUBLE_EQ(lr_at(o, 3), 1.0);
+  EXPECT_DOUBLE_EQ(lr_at(o, 4), 1.0);
+  EXPECT_NEAR(lr_at(o, 9), 0.55, 1e-12);  // half way down the cosine
+  EXPECT_NEAR(lr_at(o, 14), 0.1, 1e-12);
+  EXPECT_NEAR(lr_at(o, 100), 0.1, 1e-12);
+}
+
+TEST(SamplerTest, GreedyTopKTopPAndSeed) {
+  const std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.9f, 0.0f};
+  EXPECT_EQ(Sampler({0.0, 0, 1.0, 1}).sample(logits.data(), 5), 1);
+  EXPECT_EQ(Sampler({5.0, 1, 1.0, 1}).sample(logits.data(), 5), 1);
+  EXPECT_EQ(Sampler({1.0, 0, 1e-6, 1}).sample(logits.data(), 5), 1);
+  // top-k 2 only ever gives the two best tokens; temperature 1 matches the softmax of the two
+  Sampler s({1.0, 2, 1.0, 42});
+  int count1 = 0;
+  const int N = 20000;
+  for (int i = 0; i < N; ++i) {
+    const int32_t t = s.sample(logits.data(), 5);
+    ASSERT_TRUE(t == 1 || t == 3);
+    count1 += t == 1;
+  }
+  const double p1 = 1.0 / (1.0 + std::exp(1.9 - 2.0));
+  EXPECT_NEAR(count1 / static_cast<double>(N), p1, 4 * std::sqrt(p1 * (1 - p1) / N));
+  Sampler a({1.0, 0, 0.9, 7}), b({1.0, 0, 0.9, 7});
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(a.sample(logits.data(), 5), b.sample(logits.data(), 5));
+  EXPECT_THROW(Sampler({-1.0, 0, 1.0, 0}), InvalidArgument);
+  EXPECT_THROW(Sampler({1.0, 0, 0.0, 0}), InvalidArgument);
+}
+
+TEST(SafeTensors, RoundTripWithMetadata) {
+  const std::string path = ::testing::TempDir() + "/diffattn_st_" + std::to_string(::getpid()) + ".safetensors";
+  const std::vector<float> a = {1, -2, 3.5f, 1e-30f, -0.0f, 7};
+  const std::vector<float> b = {42};
+  write_safetensors(path, {{"a", {2, 3}, a.data()}, {"b.c", {1}, b.data()}}, {{"k", "v"}});
+  const SafeTensorsFile f = read_safetensors(path);
+  EXPECT_EQ(f.metadata.at("k"), "v");
+  EXPECT_EQ(f.tensors.at("a").shape, (Shape{2, 3}));
+  EXPECT_EQ(0, std::memcmp(f.tensors.at("a").data.data(), a.data(), sizeof(float) * a.size()));
+  EXPECT_EQ(f.tensors.at("b.c").data, b);
+  std::filesystem::remove(path);
+}
+
+TEST(Config, JsonRoundTripAndLambdaSchedule) {
+  ModelConfig c = tiny(nn::AttnKind::DiffV1);
+  EXPECT_NEAR(c.layer_lambda_init(0), 0.2, 1e-7);
+  EXPECT_NEAR(c.layer_lambda_init(1), 0.8 - 0.6 * std::exp(-0.3), 1e-7);
+  c.lambda_init = 0.5;
+  EXPECT_FLOAT_EQ(c.layer_lambda_init(3), 0.5f);
+  const ModelConfig back = ModelConfig::from_json(c.to_json(), "test");
+  EXPECT_EQ(back.to_json(), c.to_json());
+  EXPECT_THROW(ModelConfig::from_json("{\"format\": \"diffattn/1\", \"bogus\": 1}", "x"), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace diffattn
