@@ -7,6 +7,13 @@ The operators take NumPy float32, C-contiguous arrays in (batch, seq, head, dim)
     out = diffattn.attention(q, k, v, causal=False)
     dq, dk, dv = diffattn.attention_backward(q, k, v, dout, causal=False)
 
+A trained model directory (docs/FORMAT.md) loads as
+
+    m = diffattn.load_model(path)
+    logits = m.forward(tokens)            # int64 (B, T) -> float32 (B, T, vocab)
+    loss = m.loss(tokens, targets)        # mean cross-entropy over all positions
+    grads = m.gradients(tokens, targets)  # {FORMAT.md tensor name: array}
+
 Anything else (another dtype, a strided view, inconsistent shapes, a NaN lambda) raises
 ValueError naming the tensor, the expected and the actual shape. backend="reference" (or the
 environment variable DIFFATTN_BACKEND=reference) forces the reference implementation.

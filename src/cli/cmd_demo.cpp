@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cli/args.h"
+#include "cli/demo.h"
 #include "cli/table.h"
 #include "diffattn/attention.h"
 #include "diffattn/textbook.h"
@@ -176,10 +177,12 @@ int run_demo(const std::vector<std::string>& argv) {
   Args args("demo",
             "Run the main job on built-in defaults: the textbook's worked example computed by\n"
             "the library (both maps, the differential map, clamp and renormalisation, the output\n"
-            "beside standard attention), the paper's signed result, and Exercise 1.");
+            "beside standard attention), the paper's signed result, and Exercise 1; then a tiny\n"
+            "DIFF V1 language model and its standard twin trained on the King James Bible.");
   if (!args.parse(argv)) return 0;
   worked_example(std::cout);
   exercise_one(std::cout);
+  demo_language_model(std::cout, 4);
   return 0;
 }
 
