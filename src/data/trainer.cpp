@@ -171,6 +171,17 @@ Trainer Trainer::resume(const std::string& dir) {
       std::copy(it->second.data.begin(), it->second.data.end(), dst.begin() + ti.offset);
     }
   }
+  // A kill during an atomic write leaves its temporary file (NAME.tmp.PID.N) behind; the file it
+  // would have replaced is intact, so the leftover is removed.
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.find(".tmp.") != std::string::npos &&
+        (n.rfind("train_state.safetensors", 0) == 0 || n.rfind("model.safetensors", 0) == 0 ||
+         n.rfind("config.json", 0) == 0 || n.rfind("train_log.jsonl", 0) == 0)) {
+      std::filesystem::remove(e.path(), ec);
+    }
+  }
   // Cut the log back to the saved step; a line cut short by a kill is dropped with the rest.
   const std::string log_path = dir + kLogFile;
   std::string kept;
