@@ -33,6 +33,12 @@ void add_into(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
+// out = a + b (the residual stream's next value, written where the backward will read it).
+void add3(float* out, const float* a, const float* b, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= nn::kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
 }  // namespace
 
 Model::Model(const ModelConfig& cfg) : cfg_(cfg) {
@@ -160,35 +166,40 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, 
   }
   rope_for(0, T);
 
-  std::vector<float> x(static_cast<size_t>(BT * C));
-  nn::embedding_fwd(x.data(), tokens, P + embed_off_, BT, C, V);
+  // The residual stream: layer l reads x_in, writes x_mid = x_in + attn and the next layer's
+  // x_in (x_final_ after the last) = x_mid + ffn; each is kept for the backward.
+  const size_t nx = static_cast<size_t>(BT * C);
+  acts_[0].x_in.resize(nx);
+  x_final_.resize(nx);
+  nn::embedding_fwd(acts_[0].x_in.data(), tokens, P + embed_off_, BT, C, V);
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     LayerActs& a = acts_[static_cast<size_t>(l)];
     const LayerOffsets& o = off_[static_cast<size_t>(l)];
-    a.x_in = x;
-    // x = x + attn(rmsnorm(x, attn_norm))
-    a.an.resize(x.size());
+    // x_mid = x_in + attn(rmsnorm(x_in, attn_norm))
+    a.an.resize(nx);
     a.an_rstd.resize(static_cast<size_t>(BT));
-    nn::rmsnorm_fwd(a.an.data(), a.an_rstd.data(), x.data(), P + o.attn_norm, BT, C,
+    nn::rmsnorm_fwd(a.an.data(), a.an_rstd.data(), a.x_in.data(), P + o.attn_norm, BT, C,
                     cfg_.norm_eps);
-    a.attn_out.resize(x.size());
+    a.attn_out.resize(nx);
     nn::attn_layer_fwd(a.attn_out.data(), a.attn, a.an.data(), attn_weights(l),
                        cfg_.attn_shape(l), B, T, cos_.data(), sin_.data(), nullptr, true);
-    add_into(x.data(), a.attn_out.data(), BT * C);
-    a.x_mid = x;
-    // x = x + down(silu(gate x) * up x), x = rmsnorm(x, ffn_norm)
-    a.fn.resize(x.size());
+    a.x_mid.resize(nx);
+    add3(a.x_mid.data(), a.x_in.data(), a.attn_out.data(), BT * C);
+    // x_out = x_mid + down(silu(gate f) * up f), f = rmsnorm(x_mid, ffn_norm)
+    a.fn.resize(nx);
     a.fn_rstd.resize(static_cast<size_t>(BT));
-    nn::rmsnorm_fwd(a.fn.data(), a.fn_rstd.data(), x.data(), P + o.ffn_norm, BT, C,
+    nn::rmsnorm_fwd(a.fn.data(), a.fn_rstd.data(), a.x_mid.data(), P + o.ffn_norm, BT, C,
                     cfg_.norm_eps);
     a.gu.resize(static_cast<size_t>(BT * 2 * F));
     nn::linear_fwd(a.gu.data(), a.fn.data(), P + o.gate_up, BT, C, 2 * F);
     a.h.resize(static_cast<size_t>(BT * F));
     nn::swiglu_fwd(a.h.data(), a.gu.data(), a.gu.data() + F, BT, F, 2 * F);
     nn::linear_fwd(a.attn_out.data(), a.h.data(), P + o.down, BT, F, C);
-    add_into(x.data(), a.attn_out.data(), BT * C);
+    std::vector<float>& next =
+        l + 1 < cfg_.n_layers ? acts_[static_cast<size_t>(l + 1)].x_in : x_final_;
+    next.resize(nx);
+    add3(next.data(), a.x_mid.data(), a.attn_out.data(), BT * C);
   }
-  x_final_ = std::move(x);
   nf_.resize(x_final_.size());
   nf_rstd_.resize(static_cast<size_t>(BT));
   nn::rmsnorm_fwd(nf_.data(), nf_rstd_.data(), x_final_.data(), P + norm_off_, BT, C,

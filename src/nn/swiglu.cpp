@@ -3,12 +3,9 @@
 #include <cmath>
 
 #include "diffattn/nn.h"
+#include "nn/fastmath.h"
 
 namespace diffattn::nn {
-
-namespace {
-inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-}  // namespace
 
 void swiglu_fwd(float* out, const float* gate, const float* up, int64_t N, int64_t F,
                 int64_t ldg) {
@@ -18,7 +15,8 @@ void swiglu_fwd(float* out, const float* gate, const float* up, int64_t N, int64
     const float* g = gate + i * ldg;
     const float* u = up + i * ldg;
     float* o = out + i * F;
-    for (int64_t f = 0; f < F; ++f) o[f] = g[f] * sigmoidf(g[f]) * u[f];
+#pragma omp simd
+    for (int64_t f = 0; f < F; ++f) o[f] = g[f] * sigmoid_fast(g[f]) * u[f];
   }
 }
 
@@ -32,9 +30,10 @@ void swiglu_bwd(float* dgate, float* dup, const float* dout, const float* gate, 
     const float* d = dout + i * F;
     float* dg = dgate + i * ldg;
     float* du = dup + i * ldg;
+#pragma omp simd
     for (int64_t f = 0; f < F; ++f) {
       // silu(g) = g s(g);  silu'(g) = s(g) (1 + g (1 - s(g)))
-      const float s = sigmoidf(g[f]);
+      const float s = sigmoid_fast(g[f]);
       du[f] += d[f] * g[f] * s;
       dg[f] += d[f] * u[f] * s * (1.0f + g[f] * (1.0f - s));
     }
@@ -44,7 +43,7 @@ void swiglu_bwd(float* dgate, float* dup, const float* dout, const float* gate, 
 void sigmoid_fwd(float* out, const float* inp, int64_t N, int64_t H, int64_t ldi) {
 #pragma omp parallel for schedule(static) if (N * H >= kParallelMin)
   for (int64_t i = 0; i < N; ++i) {
-    for (int64_t h = 0; h < H; ++h) out[i * H + h] = sigmoidf(inp[i * ldi + h]);
+    for (int64_t h = 0; h < H; ++h) out[i * H + h] = sigmoid_fast(inp[i * ldi + h]);
   }
 }
 
