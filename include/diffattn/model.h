@@ -104,8 +104,17 @@ class Model {
   std::vector<float> grads;   // same layout
 
  private:
+  // What one layer's forward keeps for the backward (N = B*T rows).
   struct LayerActs {
-    std::vector<float> x_in, an, an_rstd, x_mid, fn, fn_rstd, gu, h, attn_out;
+    std::vector<float> x_in;      // (N, C) the residual stream entering the layer
+    std::vector<float> an;        // (N, C) rmsnorm(x_in, attn_norm)
+    std::vector<float> an_rstd;   // (N)
+    std::vector<float> x_mid;     // (N, C) x_in + attn(an)
+    std::vector<float> fn;        // (N, C) rmsnorm(x_mid, ffn_norm)
+    std::vector<float> fn_rstd;   // (N)
+    std::vector<float> gu;        // (N, 2F) [gate_proj fn | up_proj fn]
+    std::vector<float> h;         // (N, F) silu(gate) * up
+    std::vector<float> attn_out;  // (N, C) scratch: the attention, then the FFN branch output
     nn::AttnLayerActs attn;
   };
   nn::AttnLayerWeights attn_weights(int64_t l) const;
@@ -123,12 +132,16 @@ class Model {
   int64_t B_ = 0, T_ = 0;
   std::vector<int32_t> tokens_, targets_;
   std::vector<LayerActs> acts_;
-  std::vector<float> x_final_, nf_, nf_rstd_, logits_, lse_, losses_;
+  std::vector<float> x_final_, nf_;      // (N, C) the last layer's output, rmsnorm(., norm)
+  std::vector<float> nf_rstd_, lse_, losses_;  // (N)
+  std::vector<float> logits_;             // (N, V)
   int64_t counted_ = 0;
   std::vector<float> cos_, sin_;
   int64_t rope_pos0_ = -1, rope_T_ = -1;
   nn::AttnLayerScratch scratch_;
-  std::vector<float> dx_, dbuf_, dbig_, dgu_, dlogits_;
+  std::vector<float> dx_, dbuf_;  // (N, C) gradient of the residual stream; scratch
+  std::vector<float> dbig_, dgu_;  // (N, F), (N, 2F)
+  std::vector<float> dlogits_;     // (N, V)
   // inference
   std::vector<nn::KVCache> caches_;
   std::vector<LayerActs> infer_acts_;
