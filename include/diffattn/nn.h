@@ -23,9 +23,11 @@ inline constexpr int64_t kParallelMin = 1 << 15;
 void linear_fwd(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
                 int64_t OC, int64_t ldo = 0);
 // dinp (N, C) += dout @ weight; dweight (OC, C) += dout^T @ inp. dinp may be null (skipped).
-// ldd: dout's row stride.
+// ldd: dout's row stride. dinp_overwrite: dinp = dout @ weight instead (a fresh buffer needs no
+// zeroing first).
 void linear_bwd(float* dinp, float* dweight, const float* dout, const float* inp,
-                const float* weight, int64_t N, int64_t C, int64_t OC, int64_t ldd = 0);
+                const float* weight, int64_t N, int64_t C, int64_t OC, int64_t ldd = 0,
+                bool dinp_overwrite = false);
 
 // ---- embedding ----
 // out (N, C) = table[tokens]; tokens checked against V.

@@ -232,8 +232,9 @@ void Model::backward(float dloss_scale) {
   nn::cross_entropy_bwd(dlogits_.data(), logits_.data(), lse_.data(), targets_.data(), dloss, BT,
                         V);
   // logits = lm_head(nf)
-  dbuf_.assign(static_cast<size_t>(BT * C), 0.0f);
-  nn::linear_bwd(dbuf_.data(), Gr + head_off_, dlogits_.data(), nf_.data(), lm_head(), BT, C, V);
+  dbuf_.resize(static_cast<size_t>(BT * C));
+  nn::linear_bwd(dbuf_.data(), Gr + head_off_, dlogits_.data(), nf_.data(), lm_head(), BT, C, V,
+                 0, true);
   // nf = rmsnorm(x, norm)
   dx_.assign(static_cast<size_t>(BT * C), 0.0f);
   nn::rmsnorm_bwd(dx_.data(), Gr + norm_off_, dbuf_.data(), x_final_.data(), P + norm_off_,
@@ -242,14 +243,14 @@ void Model::backward(float dloss_scale) {
     LayerActs& a = acts_[static_cast<size_t>(l)];
     const LayerOffsets& o = off_[static_cast<size_t>(l)];
     // x_out = x_mid + down(h): dx flows through unchanged, plus the branch
-    dbig_.assign(static_cast<size_t>(BT * F), 0.0f);
-    nn::linear_bwd(dbig_.data(), Gr + o.down, dx_.data(), a.h.data(), P + o.down, BT, F, C);
+    dbig_.resize(static_cast<size_t>(BT * F));
+    nn::linear_bwd(dbig_.data(), Gr + o.down, dx_.data(), a.h.data(), P + o.down, BT, F, C, 0,
+                   true);
     dgu_.assign(static_cast<size_t>(BT * 2 * F), 0.0f);
     nn::swiglu_bwd(dgu_.data(), dgu_.data() + F, dbig_.data(), a.gu.data(), a.gu.data() + F, BT,
                    F, 2 * F);
-    dbuf_.assign(static_cast<size_t>(BT * C), 0.0f);
     nn::linear_bwd(dbuf_.data(), Gr + o.gate_up, dgu_.data(), a.fn.data(), P + o.gate_up, BT, C,
-                   2 * F);
+                   2 * F, 0, true);
     nn::rmsnorm_bwd(dx_.data(), Gr + o.ffn_norm, dbuf_.data(), a.x_mid.data(), P + o.ffn_norm,
                     a.fn_rstd.data(), BT, C);
     // x_mid = x_in + attn(an)

@@ -155,9 +155,9 @@ void attn_layer_bwd(float* dinp, const AttnLayerGrads& g, const float* dout,
   const bool v1 = s.kind == AttnKind::DiffV1;
 
   // out = out_proj(src)
-  sc.dnormed.assign(static_cast<size_t>(BT * no), 0.0f);
+  sc.dnormed.resize(static_cast<size_t>(BT * no));
   const float* src = v1 ? acts.normed.data() : acts.att.data();
-  linear_bwd(sc.dnormed.data(), g.out_proj, dout, src, w.out_proj, BT, no, s.C);
+  linear_bwd(sc.dnormed.data(), g.out_proj, dout, src, w.out_proj, BT, no, s.C, 0, true);
 
   const float* datt = sc.dnormed.data();
   if (v1) {
@@ -170,8 +170,14 @@ void attn_layer_bwd(float* dinp, const AttnLayerGrads& g, const float* dout,
     datt = sc.datt.data();
   }
 
-  sc.dproj.assign(static_cast<size_t>(BT * np), 0.0f);
+  // The operator overwrites the q, k and v columns; only V2's lambda columns accumulate.
+  sc.dproj.resize(static_cast<size_t>(BT * np));
   float* dproj = sc.dproj.data();
+  if (s.n_lam() > 0) {
+    for (int64_t i = 0; i < BT; ++i) {
+      std::fill_n(dproj + i * np + (np - s.n_lam()), s.n_lam(), 0.0f);
+    }
+  }
   AttnBwdParams bp(make_params(s, B, T, acts.proj.data(), acts.lam.data(), nullptr));
   bp.out = const_cast<float*>(acts.att.data());
   bp.lse = const_cast<float*>(acts.lse.data());

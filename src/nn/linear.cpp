@@ -29,7 +29,8 @@ void linear_fwd(float* out, const float* inp, const float* weight, int64_t N, in
 }
 
 void linear_bwd(float* dinp, float* dweight, const float* dout, const float* inp,
-                const float* weight, int64_t N, int64_t C, int64_t OC, int64_t ldd) {
+                const float* weight, int64_t N, int64_t C, int64_t OC, int64_t ldd,
+                bool dinp_overwrite) {
   if (N == 0) return;
   sync_blas_threads();
   const int ld = static_cast<int>(ldd ? ldd : OC);
@@ -37,7 +38,7 @@ void linear_bwd(float* dinp, float* dweight, const float* dout, const float* inp
     // dinp (N, C) += dout (N, OC) @ weight (OC, C)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(N),
                 static_cast<int>(C), static_cast<int>(OC), 1.0f, dout, ld, weight,
-                static_cast<int>(C), 1.0f, dinp, static_cast<int>(C));
+                static_cast<int>(C), dinp_overwrite ? 0.0f : 1.0f, dinp, static_cast<int>(C));
   }
   // dweight (OC, C) += dout^T (OC, N) @ inp (N, C)
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(OC), static_cast<int>(C),

@@ -24,6 +24,7 @@ void rmsnorm_fwd(float* out, float* rstd, const float* inp, const float* weight,
     for (int64_t c = 0; c < C; ++c) ss += static_cast<double>(x[c]) * x[c];
     const float r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(C) + eps));
     float* y = out + i * ldo;
+#pragma omp simd
     for (int64_t c = 0; c < C; ++c) y[c] = x[c] * r * weight[c];
     rstd[i] = r;
   }
@@ -44,16 +45,15 @@ void rmsnorm_bwd(float* dinp, float* dweight, const float* dout, const float* in
       const float* dy = dout + i * ldd;
       const double r = rstd[i];
       // y = x r w:  dx = r (dy w) - r^3 / C * x * sum(dy w x)
-      double dot = 0;
-      for (int64_t c = 0; c < C; ++c) {
-        dot += static_cast<double>(dy[c]) * weight[c] * x[c];
-        pw[c] += static_cast<double>(dy[c]) * x[c] * r;
-      }
-      const double k = r * r * r * dot / static_cast<double>(C);
+      double dot = 0;  // in order, in double: the one reduction along the row
+      for (int64_t c = 0; c < C; ++c) dot += static_cast<double>(dy[c]) * weight[c] * x[c];
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) pw[c] += static_cast<double>(dy[c]) * x[c] * r;
+      const float rf = static_cast<float>(r);
+      const float k = static_cast<float>(r * r * r * dot / static_cast<double>(C));
       float* dx = dinp + i * C;
-      for (int64_t c = 0; c < C; ++c) {
-        dx[c] += static_cast<float>(r * dy[c] * weight[c] - k * x[c]);
-      }
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) dx[c] += rf * dy[c] * weight[c] - k * x[c];
     }
   }
   for (int64_t blk = 0; blk < nblocks; ++blk) {
