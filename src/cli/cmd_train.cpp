@@ -14,6 +14,7 @@
 #include "cli/args.h"
 #include "diffattn/data.h"
 #include "diffattn/runtime.h"
+#include "model/json_util.h"
 
 namespace diffattn::cli {
 
@@ -104,12 +105,7 @@ int run_train(const std::vector<std::string>& argv) {
 
   json cfgj = json::object();
   if (a.given("--config")) {
-    try {
-      cfgj = json::parse(read_file(a.str("--config")));
-    } catch (const json::exception& e) {
-      throw InvalidArgument(a.str("--config") + ": not valid JSON (" + e.what() + ")");
-    }
-    if (!cfgj.is_object()) throw InvalidArgument(a.str("--config") + ": expected a JSON object");
+    cfgj = parse_json_object(read_file(a.str("--config")), a.str("--config"));
   }
   auto from_cfg = [&](const char* key, const std::string& flag) -> std::string {
     if (!a.given(flag) && cfgj.contains(key)) {

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "diffattn/data.h"
+#include "model/json_util.h"
 
 namespace diffattn::data {
 
@@ -65,13 +66,7 @@ std::string TrainOptions::to_json() const {
 }
 
 TrainOptions TrainOptions::from_json(const std::string& text, const std::string& where) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw InvalidArgument(where + ": not valid JSON (" + e.what() + ")");
-  }
-  if (!j.is_object()) throw InvalidArgument(where + ": expected a JSON object");
+  const json j = parse_json_object(text, where);
   TrainOptions o;
   for (const auto& [k, v] : j.items()) {
     auto integer = [&]() {

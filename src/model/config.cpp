@@ -5,6 +5,7 @@
 #include <set>
 
 #include "diffattn/model.h"
+#include "model/json_util.h"
 
 namespace diffattn {
 
@@ -92,13 +93,7 @@ std::string ModelConfig::to_json() const {
 }
 
 ModelConfig ModelConfig::from_json(const std::string& text, const std::string& where) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw InvalidArgument(where + ": not valid JSON (" + e.what() + ")");
-  }
-  if (!j.is_object()) throw InvalidArgument(where + ": expected a JSON object");
+  const json j = parse_json_object(text, where);
   static const std::set<std::string> known = {
       "format",  "attention", "vocab_size", "d_model",    "n_layers",       "n_heads",
       "n_kv_heads", "head_dim", "ffn_dim",  "max_seq_len", "rope_theta",    "norm_eps",

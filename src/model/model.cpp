@@ -98,36 +98,34 @@ void Model::init_weights(uint64_t seed) {
   }
 }
 
-nn::AttnLayerWeights Model::attn_weights(int64_t l) const {
-  const LayerOffsets& o = off_[static_cast<size_t>(l)];
-  const float* P = params.data();
-  nn::AttnLayerWeights w;
-  w.proj = P + o.proj;
-  w.out_proj = P + o.out_proj;
-  if (cfg_.attention == nn::AttnKind::DiffV1) {
-    w.lambda_q1 = P + o.lambda_q1;
-    w.lambda_k1 = P + o.lambda_k1;
-    w.lambda_q2 = P + o.lambda_q2;
-    w.lambda_k2 = P + o.lambda_k2;
-    w.subln = P + o.subln;
+namespace {
+
+// The attention tensors of one layer inside a flat buffer (weights or gradients).
+template <typename F>
+nn::AttnLayerTensors<F> attn_tensors(F* base, const LayerOffsets& o, bool v1) {
+  nn::AttnLayerTensors<F> t;
+  t.proj = base + o.proj;
+  t.out_proj = base + o.out_proj;
+  if (v1) {
+    t.lambda_q1 = base + o.lambda_q1;
+    t.lambda_k1 = base + o.lambda_k1;
+    t.lambda_q2 = base + o.lambda_q2;
+    t.lambda_k2 = base + o.lambda_k2;
+    t.subln = base + o.subln;
   }
-  return w;
+  return t;
+}
+
+}  // namespace
+
+nn::AttnLayerWeights Model::attn_weights(int64_t l) const {
+  return attn_tensors<const float>(params.data(), off_[static_cast<size_t>(l)],
+                                   cfg_.attention == nn::AttnKind::DiffV1);
 }
 
 nn::AttnLayerGrads Model::attn_grads(int64_t l) {
-  const LayerOffsets& o = off_[static_cast<size_t>(l)];
-  float* P = grads.data();
-  nn::AttnLayerGrads g;
-  g.proj = P + o.proj;
-  g.out_proj = P + o.out_proj;
-  if (cfg_.attention == nn::AttnKind::DiffV1) {
-    g.lambda_q1 = P + o.lambda_q1;
-    g.lambda_k1 = P + o.lambda_k1;
-    g.lambda_q2 = P + o.lambda_q2;
-    g.lambda_k2 = P + o.lambda_k2;
-    g.subln = P + o.subln;
-  }
-  return g;
+  return attn_tensors<float>(grads.data(), off_[static_cast<size_t>(l)],
+                             cfg_.attention == nn::AttnKind::DiffV1);
 }
 
 const float* Model::lm_head() const { return params.data() + head_off_; }
