@@ -69,6 +69,12 @@ def test_errors_are_clear(tmp_path):
     assert p.returncode != 0 and "diff_v3" in p.stderr
     p = mh.run_cli("train", "--out", tmp_path / "o", "--tokenizer", "words", check=False)
     assert p.returncode != 0 and "words" in p.stderr
+    (tmp_path / "bad.json").write_text('{"steps": 3, "stepz": 4}')
+    p = mh.run_cli("train", "--out", tmp_path / "o", "--config", tmp_path / "bad.json", check=False)
+    assert p.returncode != 0 and 'unknown key "stepz"' in p.stderr and "bad.json" in p.stderr
+    (tmp_path / "bad.json").write_text('{"model": {"format": "diffattn/1", "attention": "standard"}}')
+    p = mh.run_cli("train", "--out", tmp_path / "o", "--config", tmp_path / "bad.json", check=False)
+    assert p.returncode != 0 and 'missing key "vocab_size"' in p.stderr
 
 
 def test_sentencepiece_tokenizer(tmp_path):
