@@ -22,6 +22,13 @@ void linear_fwd(float* out, const float* inp, const float* weight, int64_t N, in
                 int64_t OC, int64_t ldo) {
   if (N == 0) return;
   sync_blas_threads();
+  if (N == 1) {
+    // One row (a decode step): a matrix-vector product, which reads the weight once, as gemm
+    // with M = 1 does not on every path.
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(OC), static_cast<int>(C), 1.0f,
+                weight, static_cast<int>(C), inp, 1, 0.0f, out, 1);
+    return;
+  }
   // out (N, OC) = inp (N, C) @ weight^T (C, OC)
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(N), static_cast<int>(OC),
               static_cast<int>(C), 1.0f, inp, static_cast<int>(C), weight, static_cast<int>(C),
