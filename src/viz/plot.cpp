@@ -279,7 +279,7 @@ Canvas render_line_chart(const std::vector<Series>& series, const ChartSpec& spe
   double ax0 = tx(x0), ax1 = tx(x1), ay0 = ty(y0), ay1 = ty(y1);
   if (ax1 - ax0 < 1e-12) { ax0 -= 0.5; ax1 += 0.5; }
   if (ay1 - ay0 < 1e-12) { ay0 -= 0.5; ay1 += 0.5; }
-  if (std::isnan(spec.ymin) && std::isnan(spec.ymax) && !spec.log_y) {
+  if (std::isnan(spec.ymin) && std::isnan(spec.ymax)) {
     const double m = (ay1 - ay0) * 0.05;  // a little air above and below the data
     ay0 -= m;
     ay1 += m;
@@ -289,6 +289,13 @@ Canvas render_line_chart(const std::vector<Series>& series, const ChartSpec& spe
   auto ticks_for = [](bool log, double a0, double a1) {
     std::vector<double> t;
     if (!log) return nice_ticks(a0, a1, 6);
+    // Less than a decade or so: plain 1-2-5 steps between the end values read better.
+    if (a1 - a0 < 0.7) {
+      for (double v : nice_ticks(std::pow(10.0, a0), std::pow(10.0, a1), 5)) {
+        if (v > 0) t.push_back(v);
+      }
+      return t;
+    }
     const bool fine = a1 - a0 < 2.5;
     for (int e = static_cast<int>(std::floor(a0)); e <= static_cast<int>(std::ceil(a1)); ++e) {
       for (double m : fine ? std::vector<double>{1, 2, 5} : std::vector<double>{1}) {
@@ -362,13 +369,39 @@ Canvas render_line_chart(const std::vector<Series>& series, const ChartSpec& spe
     draw_text(c, static_cast<int>(px(v.x)) + 4, top + 4, v.label, tick_px, kGrey, HAlign::Left,
               VAlign::Top);
   }
-  // Legend in the top-right corner of the plot.
+  // Legend in the corner of the plot that covers the fewest data points (and marker labels).
   int lw = 0;
   for (const Series& s : series) lw = std::max(lw, measure_text(s.name, tick_px).width);
-  const int row_h = tick_px + 7, lx = left + pw - lw - 44, ly = top + 8;
-  const int lh = static_cast<int>(series.size()) * row_h + 8;
-  c.fill_rect(lx, ly, lw + 36, lh, kWhite);
-  c.rect_outline(lx, ly, lw + 36, lh, kGrey);
+  const int row_h = tick_px + 7;
+  const int lh = static_cast<int>(series.size()) * row_h + 8, lbw = lw + 36;
+  int lx = left + pw - lbw - 8, ly = top + 8;
+  int best = -1;
+  for (int corner = 0; corner < 4; ++corner) {
+    const int cx = corner % 2 ? left + 8 : left + pw - lbw - 8;
+    const int cy = corner / 2 ? top + ph - lh - 8 : top + 8;
+    int hits = 0;
+    for (const Series& s : series) {
+      for (size_t i = 0; i < s.x.size(); ++i) {
+        if (!inside(s.x[i], s.y[i])) continue;
+        const double X = px(s.x[i]), Y = py(s.y[i]);
+        hits += X >= cx && X <= cx + lbw && Y >= cy && Y <= cy + lh;
+      }
+    }
+    for (const VLine& v : spec.vlines) {
+      if (std::isfinite(v.x) && (!spec.log_x || v.x > 0)) {
+        const double X = px(v.x);
+        const int label_w = measure_text(v.label, tick_px).width;
+        if (X + label_w + 4 >= cx && X <= cx + lbw) hits += cy < top + 30 ? 1000 : 10;
+      }
+    }
+    if (best < 0 || hits < best) {
+      best = hits;
+      lx = cx;
+      ly = cy;
+    }
+  }
+  c.fill_rect(lx, ly, lbw, lh, kWhite);
+  c.rect_outline(lx, ly, lbw, lh, kGrey);
   for (size_t i = 0; i < series.size(); ++i) {
     const int y = ly + 4 + static_cast<int>(i) * row_h + row_h / 2;
     c.line(lx + 6, y, lx + 24, y, colors[i], 2.0, series[i].dashed ? 4.0 : 0.0);
