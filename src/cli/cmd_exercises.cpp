@@ -74,10 +74,10 @@ void three(std::ostream& os) {
      << (s3.zeros_clamp > s2.zeros_clamp ? "More sparsity than the textbook's two-way split"
                                          : "No more sparsity than the textbook's two-way split")
      << (s3.zeros_clamp > s25.zeros_clamp
-             ? ", and more than a two-way split that subtracts as much."
+             ? ",\nand more than a two-way split that subtracts as much."
              : s3.zeros_clamp == s25.zeros_clamp
-                   ? ", but no more than a two-way split that subtracts as much (lambda = 0.5)."
-                   : ", and less than a two-way split that subtracts as much (lambda = 0.5).")
+                   ? ",\nbut no more than a two-way split that subtracts as much (lambda = 0.5)."
+                   : ",\nand less than a two-way split that subtracts as much (lambda = 0.5).")
      << "\n";
 }
 
@@ -116,8 +116,8 @@ void five(std::ostream& os) {
   const Exercise5 e = exercise5();
   os << "\n== Exercise 5: the FLOPs behind \"6.8B DIFF matches 11B standard\" ==\n\n"
      << "DIFF V1 at " << e.diff.config.n_layers << " layers (" << fixed(e.diff.params / 1e9, 3)
-     << "B parameters) against standard at " << e.standard.config.n_layers << " layers ("
-     << fixed(e.standard.params / 1e9, 3) << "B), d_model 4096, a causal 4096-token sequence: "
+     << "B parameters)\nagainst standard at " << e.standard.config.n_layers << " layers ("
+     << fixed(e.standard.params / 1e9, 3) << "B), d_model 4096, a causal 4096-token sequence:\n"
      << fixed(e.diff_seq_flops / 1e12, 2) << " against " << fixed(e.standard_seq_flops / 1e12, 2)
      << " TFLOP forward, " << fixed(100.0 * (1.0 - e.diff_seq_flops / e.standard_seq_flops), 1)
      << "% fewer.\n(Taking the paper's equivalence as given; `diffattn params --exercise5` shows "
