@@ -37,7 +37,7 @@ void two(std::ostream& os) {
      << fixed(e.dlam_clamp) << ",\n"
      << (e.dlam_clamp < 0 ? "negative: descent would increase lambda"
                           : "positive: descent would decrease lambda")
-     << ". Both are checked against central\ndifferences of the forward (h = 1e-3) and, in "
+     << ". Both are checked against central\ndifferences of the forward (h = 1e-2) and, in "
         "tests/python, against PyTorch autograd.\n";
 }
 
