@@ -169,7 +169,7 @@ int run_params(const std::vector<std::string>& argv) {
             "tensors docs/FORMAT.md lists. Without size options: the 7B-class example of seed 001\n"
             "(hidden 4096, 32 heads of 128, 32 layers; vocab 32000 and ffn 11008 assumed, as in\n"
             "LLaMA-7B) with and without GQA (8 KV heads).");
-  args.option("--config", "PATH", "", "a model's config.json, or a model directory holding one")
+  args.option("--model", "DIR", "", "a model directory (or its config.json, docs/FORMAT.md): its version and the other two")
       .option("--vocab", "N", "32000", "vocabulary size")
       .option("--d-model", "N", "4096", "hidden size")
       .option("--layers", "N", "32", "layers")
@@ -190,9 +190,9 @@ int run_params(const std::vector<std::string>& argv) {
   const int64_t T = args.integer("--context");
   const double bytes = args.number("--kv-bytes");
   const bool match = args.on("--v2-match-ffn");
-  if (args.given("--config")) {
-    const ArchConfig c = read_arch_config(args.str("--config"));
-    report(std::cout, args.str("--config") + " (" + c.attention + ") and its other versions",
+  if (args.given("--model")) {
+    const ArchConfig c = read_arch_config(args.str("--model"));
+    report(std::cout, args.str("--model") + " (" + c.attention + ") and its other versions",
            base_of(c), T, bytes, match);
     return 0;
   }

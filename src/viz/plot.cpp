@@ -112,15 +112,16 @@ Canvas render_heatmap(const float* data, int rows, int cols, const HeatmapSpec& 
 
   // Labels: token labels when the cells are tall enough to hold a line of text.
   const int label_px = std::clamp(cell - 4, 9, 13);
-  const bool show_rows = cell >= 10 || spec.row_labels.empty();
-  const bool show_cols = cell >= 10 || spec.col_labels.empty();
+  // Small cells show every k-th label only (see label_step), each with its index.
+  const bool show_rows = true, show_cols = true;
   std::vector<std::string> rl(rows), cl(cols);
-  for (int i = 0; i < rows; ++i) {
-    rl[i] = spec.row_labels.empty() ? std::to_string(i) : display_label(spec.row_labels[i]);
-  }
-  for (int j = 0; j < cols; ++j) {
-    cl[j] = spec.col_labels.empty() ? std::to_string(j) : display_label(spec.col_labels[j]);
-  }
+  const bool indexed = cell < 10;
+  auto label = [indexed](const std::vector<std::string>& labels, int i) {
+    if (labels.empty()) return std::to_string(i);
+    return indexed ? std::to_string(i) + " " + display_label(labels[i], 10) : display_label(labels[i]);
+  };
+  for (int i = 0; i < rows; ++i) rl[i] = label(spec.row_labels, i);
+  for (int j = 0; j < cols; ++j) cl[j] = label(spec.col_labels, j);
   // Index ticks for small cells: every k-th row or column (a 1-2-5 step) so labels do not collide.
   auto label_step = [cell](int count) {
     if (cell >= 10) return 1;
