@@ -1,13 +1,14 @@
 // The explorer's HTTP server: httplib on a loopback address, every request handed to the pure
-// API (api.cpp). SIGINT and SIGTERM are taken by a thread (sigwait), which stops the server, so
-// no work happens inside a signal handler.
+// API (api.cpp). SIGINT and SIGTERM only write to a pipe; a thread reading it stops the server,
+// so no work happens inside a signal handler.
 #include <arpa/inet.h>
-#include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <httplib.h>
 
-#include <atomic>
 #include <thread>
 
 #include "diffattn/error.h"
@@ -21,6 +22,16 @@ bool is_loopback(const std::string& host) {
   if (host == "localhost" || host == "::1") return true;
   in_addr a{};
   return inet_pton(AF_INET, host.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
+
+int g_stop_pipe[2] = {-1, -1};
+
+volatile sig_atomic_t g_signalled = 0;  // set by a real signal, not by the wake-up below
+
+void on_stop_signal(int sig) {
+  if (sig != 0) g_signalled = 1;
+  const char c = 1;
+  [[maybe_unused]] const ssize_t n = ::write(g_stop_pipe[1], &c, 1);
 }
 
 void answer(const httplib::Request& req, httplib::Response& res) {
@@ -41,14 +52,6 @@ void serve(const std::string& host, int port, void (*ready)(const std::string& h
   if (port < 0 || port > 65535) {
     throw InvalidArgument("--port must be 0..65535, got " + std::to_string(port));
   }
-  // Block the stop signals in every thread (httplib's workers inherit the mask); one thread
-  // waits for them.
-  sigset_t stop_set;
-  sigemptyset(&stop_set);
-  sigaddset(&stop_set, SIGINT);
-  sigaddset(&stop_set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_set, nullptr);
-
   httplib::Server svr;
   svr.set_payload_max_length(kMaxBodyBytes);
   svr.set_read_timeout(10, 0);
@@ -79,20 +82,31 @@ void serve(const std::string& host, int port, void (*ready)(const std::string& h
     throw IoError("cannot listen on " + host + ":" + std::to_string(port) +
                   " (in use, or not an address of this machine)");
   }
-  std::atomic<bool> signalled{false};
-  std::thread stopper([&svr, &signalled, stop_set] {
-    int sig = 0;
-    sigwait(&stop_set, &sig);
-    signalled = true;
+  // SIGINT and SIGTERM write a byte to a pipe (the only thing a handler may safely do); a
+  // thread waiting on the pipe stops the server. Any thread may receive the signal.
+  if (::pipe(g_stop_pipe) != 0) throw IoError("cannot create the explorer's stop pipe");
+  struct sigaction sa {}, old_int {}, old_term {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  g_signalled = 0;
+  std::thread stopper([&svr] {
+    char c = 0;
+    while (::read(g_stop_pipe[0], &c, 1) < 0 && errno == EINTR) {
+    }
     svr.stop();
   });
   ready(host, bound);
   const bool ok = svr.listen_after_bind();
-  // The server ended by itself: wake the stopper, still in sigwait, which consumes the signal.
-  // (The stop signals stay blocked: the process is about to return from the command.)
-  if (!signalled) pthread_kill(stopper.native_handle(), SIGTERM);
+  on_stop_signal(0);  // the server may have ended by itself: wake the stopper either way
   stopper.join();
-  if (!ok) throw IoError("the server on " + host + ":" + std::to_string(bound) + " stopped with an error");
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  ::close(g_stop_pipe[0]);
+  ::close(g_stop_pipe[1]);
+  // A stop that comes before listening starts makes listen fail: that is still a clean stop.
+  if (!ok && !g_signalled) throw IoError("the server on " + host + ":" + std::to_string(bound) + " stopped with an error");
 }
 
 }  // namespace diffattn::explorer
