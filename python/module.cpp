@@ -55,4 +55,5 @@ PYBIND11_MODULE(_core, m) {
     }
   });
   diffattn::python::bind_kernels(m);
+  diffattn::python::bind_eval(m);
 }
