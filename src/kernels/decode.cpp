@@ -66,44 +66,54 @@ void AccumulateRows(const float* HWY_RESTRICT v, size_t n, const float* HWY_REST
   }
 }
 
+// One chunk of keys of batch b for every group: partial m (M), l (L) and O of each row.
+// s: (G * Rg, Bk) scores of one tile.
 void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, int64_t ch,
                  float* s, float* M, float* L, float* O) {
   const Rows r(p);
-  const int64_t Bk = DecodeTiles::kBk, Rg = f.Rg;
+  const int64_t Bk = DecodeTiles::kBk, Rg = f.Rg, R = p.G * Rg;
   const int64_t kend = p.causal ? std::clamp<int64_t>(p.last_key(p.Tq - 1) + 1, 0, p.Tk) : p.Tk;
   const int64_t j_begin = ch * f.chunk, j_end = std::min(kend, j_begin + f.chunk);
-  std::fill(M, M + p.G * Rg, kNegInf);
-  std::fill(L, L + p.G * Rg, 0.0f);
-  std::fill(O, O + p.G * Rg * f.Dvp, 0.0f);
+  std::fill(M, M + R, kNegInf);
+  std::fill(L, L + R, 0.0f);
+  std::fill(O, O + R * f.Dvp, 0.0f);
+  // Row rr of group g: its query and key head.
+  auto row_of = [&](int64_t g, int64_t rr, const float*& q, int64_t& kh) {
+    const int64_t t = rr % p.Tq, hm = rr / p.Tq;
+    const int64_t h = g * f.gs + hm / p.maps;
+    const int m = static_cast<int>(hm % p.maps);
+    q = r.q(b, t, r.q_head(h, m));
+    kh = r.key_head(h, m);
+  };
   for (int64_t j0 = j_begin; j0 < j_end; j0 += Bk) {
     const int64_t nk = std::min(Bk, j_end - j0);
-    // Groups inside the tile loop: the tile's rows (every head) are read front to back.
-    for (int64_t g = 0; g < p.G; ++g) {
-      float* Mg = M + g * Rg;
-      float* Lg = L + g * Rg;
-      float* Og = O + g * Rg * f.Dvp;
-      for (int64_t rr = 0; rr < Rg; ++rr) {
-        const int64_t t = rr % p.Tq, hm = rr / p.Tq;
-        const int64_t h = g * f.gs + hm / p.maps;
-        const int m = static_cast<int>(hm % p.maps);
-        const float* q = r.q(b, t, r.q_head(h, m));
-        const float* k = r.k(b, j0, r.key_head(h, m));
-        float* srow = s + rr * Bk;
-        for (int64_t j = 0; j < nk; ++j) {
-          srow[j] = Dot(q, k + j * p.k_row_stride, static_cast<size_t>(p.D));
-        }
-        std::fill(srow + nk, srow + Bk, 0.0f);
-        const float alpha = OnlineSoftmaxRow(srow, Bk, fused::visible_in_tile(p, t, j0, nk), f.c,
-                                             Mg[rr], Lg[rr]);
-        if (alpha != 1.0f) {
-          float* o = Og + rr * f.Dvp;
-          for (int64_t d = 0; d < p.Dv; ++d) o[d] *= alpha;
+    // Scores key by key, every head of the key row in turn: the cache streams front to back.
+    for (int64_t j = 0; j < nk; ++j) {
+      for (int64_t g = 0; g < p.G; ++g) {
+        for (int64_t rr = 0; rr < Rg; ++rr) {
+          const float* q;
+          int64_t kh;
+          row_of(g, rr, q, kh);
+          s[(g * Rg + rr) * Bk + j] = Dot(q, r.k(b, j0 + j, kh), static_cast<size_t>(p.D));
         }
       }
-      const float* v = r.v(b, j0, g);
-      for (int64_t j = 0; j < nk; ++j) {
-        AccumulateRows(v + j * p.v_row_stride, static_cast<size_t>(p.Dv), s + j,
-                       static_cast<size_t>(Bk), static_cast<size_t>(Rg), Og,
+    }
+    for (int64_t row = 0; row < R; ++row) {
+      float* srow = s + row * Bk;
+      std::fill(srow + nk, srow + Bk, 0.0f);
+      const int64_t t = (row % Rg) % p.Tq;
+      const float alpha = OnlineSoftmaxRow(srow, Bk, fused::visible_in_tile(p, t, j0, nk), f.c,
+                                           M[row], L[row]);
+      if (alpha != 1.0f) {
+        float* o = O + row * f.Dvp;
+        for (int64_t d = 0; d < p.Dv; ++d) o[d] *= alpha;
+      }
+    }
+    // O += P V, each value row read once for all the rows of its group.
+    for (int64_t j = 0; j < nk; ++j) {
+      for (int64_t g = 0; g < p.G; ++g) {
+        AccumulateRows(r.v(b, j0 + j, g), static_cast<size_t>(p.Dv), s + g * Rg * Bk + j,
+                       static_cast<size_t>(Bk), static_cast<size_t>(Rg), O + g * Rg * f.Dvp,
                        static_cast<size_t>(f.Dvp));
       }
     }
@@ -122,7 +132,7 @@ void FusedDecode(const AttnDecodeParams& p) {
                 O = fused::alloc(items * G * Rg * f.Dvp);
 #pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(threads, items)))
   {
-    fused::Buffer s = fused::alloc(Rg * DecodeTiles::kBk);
+    fused::Buffer s = fused::alloc(G * Rg * DecodeTiles::kBk);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
       DecodeChunk(p, f, it / f.nch, it % f.nch, s.get(), M.get() + it * G * Rg,
