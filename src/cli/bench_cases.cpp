@@ -36,7 +36,7 @@ int64_t numel(const Shape& s) {
 
 }  // namespace
 
-Tensors::Tensors(const ShapeSpec& spec, uint32_t seed) : s(spec) {
+Tensors::Tensors(const ShapeSpec& spec, uint32_t seed, bool with_grads) : s(spec) {
   const int64_t kh = (spec.maps == 2 && !spec.shared_keys) ? 2 * spec.G : spec.G;
   const Shape qs{spec.B, spec.Tq, spec.maps * spec.H, spec.D}, ks{spec.B, spec.Tk, kh, spec.D},
       vs{spec.B, spec.Tk, spec.G, spec.Dv};
@@ -54,15 +54,17 @@ Tensors::Tensors(const ShapeSpec& spec, uint32_t seed) : s(spec) {
   }
   out.resize(static_cast<size_t>(p.numel(p.out_shape())));
   lse.resize(static_cast<size_t>(p.numel(p.lse_shape())));
-  dout = randn(static_cast<int64_t>(out.size()), seed + 3);
-  dq.resize(q.size());
-  dk.resize(k.size());
-  dv.resize(v.size());
+  if (with_grads) {
+    dout = randn(static_cast<int64_t>(out.size()), seed + 3);
+    dq.resize(q.size());
+    dk.resize(k.size());
+    dv.resize(v.size());
+  }
   p.out = out.data();
   p.lse = lse.data();
   if (spec.maps == 2) {
     o2.resize(out.size());
-    dlam.resize(lam.size());
+    if (with_grads) dlam.resize(lam.size());
     p.o2 = o2.data();
   }
 }

@@ -24,7 +24,8 @@ struct Tensors {
   AttnParams p;  // points into the vectors below
   std::vector<float> q, k, v, lam, out, lse, o2, dout, dq, dk, dv, dlam;
 
-  explicit Tensors(const ShapeSpec& spec, uint32_t seed = 1);
+  // with_grads: allocate dout and the gradients too (a forward-only run leaves them out).
+  explicit Tensors(const ShapeSpec& spec, uint32_t seed = 1, bool with_grads = true);
   Tensors(const Tensors&) = delete;
   Tensors& operator=(const Tensors&) = delete;
   AttnBwdParams bwd() const;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -49,8 +50,20 @@ double median_of(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// Peak resident memory (VmHWM) of this process, in MB; -1 when /proc cannot tell.
+double own_peak_rss_mb() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;  // kB
+  }
+  return -1;
+}
+
 // Peak resident memory of a forward at sequence length T, in a fresh process (this one's peak
-// already holds every other row's buffers): the child is this binary, `bench --rss-child T`.
+// already holds every other row's buffers): the child is this binary, `bench --rss-child T`,
+// which prints its own VmHWM (the high-water mark of its address space after exec; the
+// rusage of a spawned child would also count the parent's pages it started from).
 double child_peak_rss_mb(int64_t T, const ShapeSpec& base) {
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -58,27 +71,43 @@ double child_peak_rss_mb(int64_t T, const ShapeSpec& base) {
   self[n] = '\0';
   std::vector<std::string> args{self, "--threads", std::to_string(num_threads()), "bench",
                                 "--rss-child", std::to_string(T),
-                                "--H", std::to_string(base.H), "--G", std::to_string(base.G),
-                                "--D", std::to_string(base.D), "--Dv", std::to_string(base.Dv)};
+                                "--B", std::to_string(base.B), "--H", std::to_string(base.H),
+                                "--G", std::to_string(base.G), "--D", std::to_string(base.D),
+                                "--Dv", std::to_string(base.Dv)};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  int fd[2];
+  if (pipe(fd) != 0) return -1;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fd[1], 1);
+  posix_spawn_file_actions_addclose(&actions, fd[0]);
   pid_t pid = 0;
-  if (posix_spawn(&pid, self, nullptr, nullptr, argv.data(), environ) != 0) return -1;
+  const int rc = posix_spawn(&pid, self, &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fd[1]);
+  std::string out;
+  char buf[256];
+  for (ssize_t got; rc == 0 && (got = read(fd[0], buf, sizeof(buf))) > 0;) out.append(buf, got);
+  close(fd[0]);
+  if (rc != 0) return -1;
   int status = 0;
-  struct rusage ru {};
-  if (wait4(pid, &status, 0, &ru) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return -1;
+  try {
+    return std::stod(out);
+  } catch (const std::exception&) {
     return -1;
   }
-  return static_cast<double>(ru.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB
 }
 
 int rss_child(int64_t T, const ShapeSpec& base) {
   ShapeSpec s = base;
   s.Tq = s.Tk = T;
   s.causal = true;
-  Tensors t(s);
+  Tensors t(s, 1, /*with_grads=*/false);
   attention_fwd(t.p);
+  std::cout << own_peak_rss_mb() << "\n";
   return 0;
 }
 
@@ -184,6 +213,9 @@ int run_bench(const std::vector<std::string>& argv) {
   std::vector<double> sgemm, bandwidth;
   for (int r = 0; r <= rounds; ++r) {
     const double g = bench::sgemm_gflops(sn, threads);
+    // OpenBLAS's worker threads spin for a while after a call before they sleep; on a
+    // machine with few cores they would steal the next rows' cycles. Let them settle.
+    usleep(300000);
     const double b = bw.measure(threads);
     if (r > 0) sgemm.push_back(g), bandwidth.push_back(b);
     for (Variant& v : rows) {
@@ -229,7 +261,11 @@ int run_bench(const std::vector<std::string>& argv) {
       }
       j["rows"].push_back(row);
     }
-    if (rssT > 0) j["peak_rss"] = {{"T", rssT}, {"mb", rss_mb}, {"shape", "fwd causal, as above"}};
+    if (rssT > 0) {
+      ShapeSpec rs = base;
+      rs.Tq = rs.Tk = rssT;
+      j["peak_rss"] = {{"op", "fwd"}, {"causal", true}, {"shape", rs.str()}, {"mb", rss_mb}};
+    }
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -251,12 +287,16 @@ int run_bench(const std::vector<std::string>& argv) {
                           "time / diff fused"},
               body);
   if (rssT > 0) {
-    std::cout << "\npeak RSS of a causal forward at T=" << rssT << " (" << base.str()
-              << ", fresh process): "
+    ShapeSpec rs = base;
+    rs.Tq = rs.Tk = rssT;
+    std::cout << "\npeak RSS of a causal forward at T=" << rssT << " (" << rs.str()
+              << ", inputs and outputs included, fresh process): "
               << (rss_mb >= 0 ? fixed(rss_mb, 1) + " MB" : std::string("not measured")) << "\n";
   }
-  std::cout << "\nThe reference (double accumulation, plain loops) is timed at T=" << Tr
-            << " only: at T=" << T << " one call takes minutes.\n";
+  if (Tr > 0 && Tr != T) {
+    std::cout << "\nThe reference (double accumulation, plain loops) is timed at T=" << Tr
+              << " only: at T=" << T << " one call takes minutes.\n";
+  }
   return 0;
 }
 

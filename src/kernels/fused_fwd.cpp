@@ -31,7 +31,7 @@ using fused::round_up;
 // How one call is cut into items (b, g, query block) and how an item stacks its rows: row set
 // s = hh * maps + m holds map m of pair g * gs + hh for the block's Bq query rows.
 struct FwdLayout {
-  int64_t gs, sets, Bq, nqb, nkh, Dvp, R;
+  int64_t gs, sets, Bq, nqb, nkh, Dvp, R, ntiles, tile_floats;
   float c;  // scale * log2(e): scores in log2 units, so exp is exp2
 
   explicit FwdLayout(const AttnParams& p) {
@@ -44,12 +44,34 @@ struct FwdLayout {
     Dvp = round_up(p.Dv, kColPad);
     R = sets * Bq;
     c = p.scale * kLog2e;
+    ntiles = (p.Tk + FwdTiles::kBk - 1) / FwdTiles::kBk;
+    tile_floats = nkh * p.D * FwdTiles::kBk + FwdTiles::kBk * Dvp;
   }
 };
 
+// The keys and values of every K/V tile, packed once per call (every query block of a group
+// reads them): per (b, g, tile) the keys of each key head of the group transposed
+// (nkh, D, Bk), then the values (Bk, Dvp), zero beyond Tk and Dv. O(Tk) memory, a copy of K
+// and V; it saves re-transposing each key tile for every query block.
+void PackKV(const AttnParams& p, const FwdLayout& f, float* packed, int threads) {
+  const Rows r(p);
+  const int64_t Bk = FwdTiles::kBk, n = p.B * p.G * f.ntiles;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t x = 0; x < n; ++x) {
+    const int64_t tile = x % f.ntiles, bg = x / f.ntiles, b = bg / p.G, g = bg % p.G;
+    const int64_t j0 = tile * Bk, nk = std::min(Bk, p.Tk - j0);
+    float* dst = packed + x * f.tile_floats;
+    for (int64_t kl = 0; kl < f.nkh; ++kl) {
+      const int64_t kh = f.nkh == 2 ? 2 * g + kl : g;
+      fused::pack_transposed(dst + kl * p.D * Bk, Bk, r.k(b, j0, kh), p.k_row_stride, nk, p.D);
+    }
+    fused::pack_rows(dst + f.nkh * p.D * Bk, f.Dvp, Bk, r.v(b, j0, g), p.v_row_stride, nk, p.Dv);
+  }
+}
+
 // Per-thread scratch of one item.
 struct FwdScratch {
-  fused::Buffer q, s, o, m, l, alpha, L, wsum, kt, v;
+  fused::Buffer q, s, o, m, l, alpha, L, wsum;
   FwdScratch(const AttnParams& p, const FwdLayout& f) {
     const int64_t Bk = FwdTiles::kBk;
     q = fused::alloc(f.R * p.D);       // (R, D) the rows' queries
@@ -60,16 +82,15 @@ struct FwdScratch {
     alpha = fused::alloc(f.R);         // rescale of this tile
     L = fused::alloc(f.R);             // clamp: log2-sum-exp after the first pass
     wsum = fused::alloc(f.R);          // clamp: sum of the clamped weights
-    kt = fused::alloc(f.nkh * p.D * Bk);  // (nkh, D, Bk) the tile's keys, transposed
-    v = fused::alloc(Bk * f.Dvp);      // (Bk, Dvp) the tile's values
   }
 };
 
 class FwdItem {
  public:
-  FwdItem(const AttnParams& p, const FwdLayout& f, FwdScratch& w, int64_t b, int64_t g,
-          int64_t i0)
-      : p_(p), r_(p), f_(f), w_(w), b_(b), g_(g), i0_(i0), nq_(std::min(f.Bq, p.Tq - i0)) {}
+  FwdItem(const AttnParams& p, const FwdLayout& f, FwdScratch& w, const float* packed, int64_t b,
+          int64_t g, int64_t i0)
+      : p_(p), r_(p), f_(f), w_(w), packed_(packed + (b * p.G + g) * f.ntiles * f.tile_floats),
+        b_(b), g_(g), i0_(i0), nq_(std::min(f.Bq, p.Tq - i0)) {}
 
   void run() {
     pack_queries();
@@ -96,28 +117,21 @@ class FwdItem {
     }
   }
 
-  // The tile's keys (transposed, per key head of the group) and values, zero beyond nk.
-  void pack_tile(int64_t j0, int64_t nk, bool values) {
-    for (int64_t kl = 0; kl < f_.nkh; ++kl) {
-      const int64_t kh = f_.nkh == 2 ? 2 * g_ + kl : g_;
-      fused::pack_transposed(w_.kt.get() + kl * p_.D * Bk(), Bk(), r_.k(b_, j0, kh),
-                             p_.k_row_stride, nk, p_.D);
-    }
-    if (values) {
-      fused::pack_rows(w_.v.get(), f_.Dvp, Bk(), r_.v(b_, j0, g_), p_.v_row_stride, nk, p_.Dv);
-    }
-  }
+  // The packed tile starting at key j0: keys (nkh, D, Bk) transposed, then values (Bk, Dvp).
+  const float* kt(int64_t j0) const { return packed_ + (j0 / Bk()) * f_.tile_floats; }
+  const float* vt(int64_t j0) const { return kt(j0) + f_.nkh * p_.D * Bk(); }
 
   // S (R, Bk) = Q K^T for every row set against its map's keys.
-  void scores() {
+  void scores(int64_t j0) {
+    const float* kt0 = kt(j0);
     if (f_.nkh == 1) {  // shared keys or standard: one product over all stacked rows
-      Gemm(f_.R, Bk(), p_.D, w_.q.get(), p_.D, 1, w_.kt.get(), Bk(), w_.s.get(), Bk(), false);
+      Gemm(f_.R, Bk(), p_.D, w_.q.get(), p_.D, 1, kt0, Bk(), w_.s.get(), Bk(), false);
       return;
     }
     for (int64_t s = 0; s < f_.sets; ++s) {
       const int64_t kl = s % 2;
-      Gemm(f_.Bq, Bk(), p_.D, w_.q.get() + s * f_.Bq * p_.D, p_.D, 1,
-           w_.kt.get() + kl * p_.D * Bk(), Bk(), w_.s.get() + s * f_.Bq * Bk(), Bk(), false);
+      Gemm(f_.Bq, Bk(), p_.D, w_.q.get() + s * f_.Bq * p_.D, p_.D, 1, kt0 + kl * p_.D * Bk(),
+           Bk(), w_.s.get() + s * f_.Bq * Bk(), Bk(), false);
     }
   }
 
@@ -131,15 +145,14 @@ class FwdItem {
     bool first = true;
     for (int64_t j0 = 0; j0 < kend_; j0 += Bk()) {
       const int64_t nk = std::min(Bk(), p_.Tk - j0);
-      pack_tile(j0, nk, true);
-      scores();
+      scores(j0);
       for (int64_t row = 0; row < f_.R; ++row) {
         w_.alpha[row] = OnlineSoftmaxRow(w_.s.get() + row * Bk(), Bk(), visible(row, j0, nk),
                                          f_.c, w_.m[row], w_.l[row]);
       }
       // O = alpha O + P V: one product for both maps and every pair (V read once).
-      Gemm(f_.R, f_.Dvp, nk, w_.s.get(), Bk(), 1, w_.v.get(), f_.Dvp, w_.o.get(), f_.Dvp,
-           !first, w_.alpha.get());
+      Gemm(f_.R, f_.Dvp, nk, w_.s.get(), Bk(), 1, vt(j0), f_.Dvp, w_.o.get(), f_.Dvp, !first,
+           w_.alpha.get());
       first = false;
     }
     for (int64_t hh = 0; hh < f_.gs; ++hh) {
@@ -187,8 +200,7 @@ class FwdItem {
   void clamp_passes() {
     for (int64_t j0 = 0; j0 < kend_; j0 += Bk()) {
       const int64_t nk = std::min(Bk(), p_.Tk - j0);
-      pack_tile(j0, nk, false);
-      scores();
+      scores(j0);
       for (int64_t row = 0; row < f_.R; ++row) {
         OnlineSoftmaxRow(w_.s.get() + row * Bk(), Bk(), visible(row, j0, nk), f_.c, w_.m[row],
                          w_.l[row]);
@@ -202,8 +214,7 @@ class FwdItem {
     bool first = true;
     for (int64_t j0 = 0; j0 < kend_; j0 += Bk()) {
       const int64_t nk = std::min(Bk(), p_.Tk - j0);
-      pack_tile(j0, nk, true);
-      scores();
+      scores(j0);
       for (int64_t row = 0; row < f_.R; ++row) {
         NormalisedRow(w_.s.get() + row * Bk(), Bk(), visible(row, j0, nk), f_.c, w_.L[row]);
       }
@@ -222,8 +233,7 @@ class FwdItem {
         }
       }
       // Map-1 rows now hold the clamped weights, map-2 rows A2 (for o2).
-      Gemm(f_.R, f_.Dvp, nk, w_.s.get(), Bk(), 1, w_.v.get(), f_.Dvp, w_.o.get(), f_.Dvp,
-           !first);
+      Gemm(f_.R, f_.Dvp, nk, w_.s.get(), Bk(), 1, vt(j0), f_.Dvp, w_.o.get(), f_.Dvp, !first);
       first = false;
     }
     for (int64_t hh = 0; hh < f_.gs; ++hh) {
@@ -251,6 +261,7 @@ class FwdItem {
   const Rows r_;
   const FwdLayout& f_;
   FwdScratch& w_;
+  const float* packed_;  // this (b, g)'s packed tiles
   const int64_t b_, g_, i0_, nq_;
   int64_t kend_ = 0;
 };
@@ -262,6 +273,8 @@ void FusedForward(const AttnParams& p) {
   const FwdLayout f(p);
   const int64_t items = p.B * p.G * f.nqb;
   const int threads = static_cast<int>(std::min<int64_t>(num_threads(), items));
+  fused::Buffer packed = fused::alloc(p.B * p.G * f.ntiles * f.tile_floats);
+  PackKV(p, f, packed.get(), num_threads());
 #pragma omp parallel num_threads(threads)
   {
     FwdScratch scratch(p, f);
@@ -270,7 +283,7 @@ void FusedForward(const AttnParams& p) {
     for (int64_t it = 0; it < items; ++it) {
       const int64_t qb = f.nqb - 1 - it / (p.B * p.G);
       const int64_t bg = it % (p.B * p.G);
-      FwdItem(p, f, scratch, bg / p.G, bg % p.G, qb * f.Bq).run();
+      FwdItem(p, f, scratch, packed.get(), bg / p.G, bg % p.G, qb * f.Bq).run();
     }
   }
 }
