@@ -32,6 +32,7 @@ using bench::Tensors;
 
 // One timed variant: what it is, how to run it once, and what one run does (FLOPs or bytes).
 struct Variant {
+  int group = 0;  // rows of one comparison (the same operator and problem)
   std::string op, variant, shape;
   bool causal = false;
   double flops = 0;  // compute-bound rows
@@ -128,7 +129,7 @@ int run_bench(const std::vector<std::string>& argv) {
       .option("--decode-T", "N", "32768", "cached keys of the decode rows")
       .option("--ref-T", "N", "512", "sequence length of the rows that include the reference")
       .option("--rss-T", "N", "16384", "sequence length of the peak-memory row (0: skip)")
-      .option("--rounds", "N", "5", "timed rounds (after one warm-up round)")
+      .option("--rounds", "N", "7", "timed rounds (after one warm-up round)")
       .option("--sgemm-n", "N", "2048", "size of the sgemm that measures the BLAS rate")
       .option("--bandwidth-mb", "N", "1024", "size of the buffer that measures read bandwidth")
       .option("--rss-child", "T", "0", "(internal) run one forward of length T and exit")
@@ -157,9 +158,11 @@ int run_bench(const std::vector<std::string>& argv) {
     owned.push_back(std::make_unique<Tensors>(s));
     return *owned.back();
   };
+  int group = 0;
   auto add = [&](const std::string& op, const std::string& variant, const Tensors& t,
                  double flops, double bytes, std::function<void()> run) {
-    rows.push_back({op, variant, t.s.str(), t.s.causal, flops, bytes, std::move(run), {}});
+    if (variant == "diff fused") ++group;
+    rows.push_back({group, op, variant, t.s.str(), t.s.causal, flops, bytes, std::move(run), {}});
   };
 
   // Forward and backward: the differential operator, its standard peer of equal parameters,
@@ -212,6 +215,9 @@ int run_bench(const std::vector<std::string>& argv) {
   const int64_t sn = args.integer("--sgemm-n");
   std::vector<double> sgemm, bandwidth;
   for (int r = 0; r <= rounds; ++r) {
+    // Idle OpenMP workers spin a while before they sleep: let them sleep so sgemm has the
+    // cores to itself, as the kernels have them after it.
+    usleep(300000);
     const double g = bench::sgemm_gflops(sn, threads);
     // OpenBLAS's worker threads spin for a while after a call before they sleep; on a
     // machine with few cores they would steal the next rows' cycles. Let them settle.
@@ -227,21 +233,36 @@ int run_bench(const std::vector<std::string>& argv) {
   const int64_t rssT = args.integer("--rss-T");
   const double rss_mb = rssT > 0 ? child_peak_rss_mb(rssT, base) : 0;
 
-  // Ratios within a group: each variant's time over the fused differential kernel's.
-  auto fused_time = [&](const Variant& v) {
+  // Ratios are taken round by round, then their median: a drift of the machine's speed
+  // between rounds cancels. x limit: the rate over the sgemm rate (or read bandwidth) of the
+  // same round; time / diff fused: over the fused differential kernel's time in the round.
+  auto fused_of = [&](const Variant& v) -> const Variant& {
     for (const Variant& w : rows) {
-      if (w.op == v.op && w.variant == "diff fused" && w.shape == v.shape) return w.median();
+      if (w.group == v.group && w.variant == "diff fused") return w;
     }
-    for (const Variant& w : rows) {  // the standard peer has its own shape string
-      if (w.op == v.op && w.variant == "diff fused" && w.causal == v.causal) return w.median();
+    return v;
+  };
+  auto x_limit = [&](const Variant& v) {
+    std::vector<double> x;
+    for (size_t r = 0; r < v.times.size(); ++r) {
+      x.push_back(v.flops > 0 ? v.flops / v.times[r] * 1e-9 / sgemm[r]
+                              : v.bytes / v.times[r] * 1e-9 / bandwidth[r]);
     }
-    return 0.0;
+    return median_of(x);
+  };
+  auto vs_fused = [&](const Variant& v) {
+    const Variant& f = fused_of(v);
+    std::vector<double> x;
+    for (size_t r = 0; r < v.times.size(); ++r) x.push_back(v.times[r] / f.times[r]);
+    return median_of(x);
   };
   if (args.on("--json")) {
     nlohmann::json j;
     j["machine"] = {{"threads", threads},
                     {"simd_target", fused_simd_target()},
                     {"sgemm_gflops", sgemm_rate},
+                    {"sgemm_gflops_all", sgemm},
+                    {"read_bandwidth_gbs_all", bandwidth},
                     {"sgemm_n", sn},
                     {"read_bandwidth_gbs", bw_rate},
                     {"rounds", rounds}};
@@ -250,14 +271,14 @@ int run_bench(const std::vector<std::string>& argv) {
       const double t = v.median();
       nlohmann::json row = {{"op", v.op}, {"variant", v.variant}, {"shape", v.shape},
                             {"causal", v.causal}, {"seconds", t},
-                            {"seconds_all", v.times}, {"time_vs_diff_fused", t / fused_time(v)}};
+                            {"seconds_all", v.times}, {"time_vs_diff_fused", vs_fused(v)}};
       if (v.flops > 0) {
         row["gflops"] = v.flops / t * 1e-9;
-        row["x_sgemm"] = v.flops / t * 1e-9 / sgemm_rate;
+        row["x_sgemm"] = x_limit(v);
       }
       if (v.bytes > 0) {
         row["gbs"] = v.bytes / t * 1e-9;
-        row["x_bandwidth"] = v.bytes / t * 1e-9 / bw_rate;
+        row["x_bandwidth"] = x_limit(v);
       }
       j["rows"].push_back(row);
     }
@@ -270,18 +291,17 @@ int run_bench(const std::vector<std::string>& argv) {
     return 0;
   }
   std::cout << "threads " << threads << ", SIMD target " << fused_simd_target()
-            << ", medians of " << rounds << " interleaved rounds\n"
+            << ", medians of " << rounds << " interleaved rounds (ratios: per round, then median)\n"
             << "OpenBLAS sgemm " << sn << "^3: " << fixed(sgemm_rate, 1) << " GFLOP/s;  "
             << "memory read bandwidth: " << fixed(bw_rate, 1) << " GB/s\n\n";
   std::vector<std::vector<std::string>> body;
   for (const Variant& v : rows) {
     const double t = v.median();
     const double rate = v.flops > 0 ? v.flops / t * 1e-9 : v.bytes / t * 1e-9;
-    const double limit = v.flops > 0 ? sgemm_rate : bw_rate;
     body.push_back({v.op, v.variant, v.shape, v.causal ? "yes" : "no", fixed(t * 1e3, 2),
                     fixed(rate, 1) + (v.flops > 0 ? " GFLOP/s" : " GB/s"),
-                    fixed(rate / limit, 2) + (v.flops > 0 ? " sgemm" : " bw"),
-                    fixed(t / fused_time(v), 2)});
+                    fixed(x_limit(v), 2) + (v.flops > 0 ? " sgemm" : " bw"),
+                    fixed(vs_fused(v), 2)});
   }
   print_table(std::cout, {"op", "variant", "shape", "causal", "ms", "rate", "x limit",
                           "time / diff fused"},

@@ -124,7 +124,10 @@ void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, in
 
 void FusedDecode(const AttnDecodeParams& p) {
   if (p.B == 0 || p.Tq == 0) return;
-  const int threads = num_threads();
+  const double bytes =
+      4.0 * static_cast<double>(p.B * p.Tk) * static_cast<double>(p.key_heads() * p.D + p.G * p.Dv);
+  const int threads =
+      fused::Parallel::threads_for(bytes, fused::Parallel::kMinBytesPerThread, num_threads());
   const DecodeLayout f(p, threads);
   const int64_t Rg = f.Rg, G = p.G, items = p.B * f.nch;
   // Partial states of every (batch, chunk): M, L (B, nch, G, Rg), O (B, nch, G, Rg, Dvp).

@@ -160,7 +160,8 @@ void FusedBackward(const AttnBwdParams& p) {
   if (p.B == 0) return;
   const Rows r(p);
   const BwdLayout f(p);
-  const int threads = num_threads();
+  const int threads = fused::Parallel::threads_for(
+      2.5 * attention_fwd_flops(p), fused::Parallel::kMinFlopsPerThread, num_threads());
   const int64_t H = p.H, Tq = p.Tq;
 
   // Row statistics: D_i per map and the saved lse in log2 units; dlam = -D2.

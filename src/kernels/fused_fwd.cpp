@@ -272,9 +272,12 @@ void FusedForward(const AttnParams& p) {
   if (p.B == 0 || p.Tq == 0) return;
   const FwdLayout f(p);
   const int64_t items = p.B * p.G * f.nqb;
-  const int threads = static_cast<int>(std::min<int64_t>(num_threads(), items));
+  const int threads = static_cast<int>(std::min<int64_t>(
+      fused::Parallel::threads_for(attention_fwd_flops(p), fused::Parallel::kMinFlopsPerThread,
+                                   num_threads()),
+      items));
   fused::Buffer packed = fused::alloc(p.B * p.G * f.ntiles * f.tile_floats);
-  PackKV(p, f, packed.get(), num_threads());
+  PackKV(p, f, packed.get(), threads);
 #pragma omp parallel num_threads(threads)
   {
     FwdScratch scratch(p, f);

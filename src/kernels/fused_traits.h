@@ -15,6 +15,18 @@ inline constexpr int64_t kColPad = 16;
 
 inline constexpr int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
+// Threads a call gets: no more than its work keeps busy. A parallel region costs a wake-up and
+// a barrier (microseconds on a quiet machine, up to milliseconds on an over-committed VM whose
+// idle threads spin), so a small call runs on fewer threads, down to one.
+struct Parallel {
+  static constexpr double kMinFlopsPerThread = 4e6;      // forward / backward
+  static constexpr double kMinBytesPerThread = 1 << 20;  // decode: K/V bytes streamed
+  static int threads_for(double work, double per_thread, int available) {
+    const double n = work / per_thread;
+    return n >= available ? available : (n < 1 ? 1 : static_cast<int>(n));
+  }
+};
+
 struct FwdTiles {
   // Query rows an item stacks over all its row sets (pairs of the group x maps): 128 rows of
   // scores (128 x kBk x 4 B = 32 KiB) and accumulators (128 x Dv) stay in L2 next to one K/V tile.
