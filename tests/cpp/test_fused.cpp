@@ -160,6 +160,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"lambda_outside_unit", 2, 1, 40, 40, 2, 2, 8, 16, false, true, false, -0.9f, 1.8f},
         Case{"standard", 1, 2, 70, 70, 4, 4, 16, 16, false, false, false},
         Case{"standard_causal_gqa", 1, 1, 97, 97, 4, 1, 8, 12, false, false, true},
+        // big enough for the work-per-thread bound to give them two threads
+        Case{"t300_gqa_two_threads", 2, 2, 300, 300, 4, 2, 16, 32, false, true, true},
+        Case{"decode_two_threads", 2, 1, 1, 12000, 2, 1, 16, 32, false, false, true},
         Case{"decode_v1", 2, 2, 1, 700, 2, 1, 16, 32, false, false, true},
         Case{"decode_v2_tq3", 2, 1, 3, 600, 4, 2, 8, 8, true, true, true},
         Case{"decode_standard_tq3", 1, 1, 3, 300, 4, 2, 8, 8, false, false, false}),
