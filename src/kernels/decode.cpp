@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "diffattn/runtime.h"
 #include "kernels/fused.h"

@@ -36,10 +36,11 @@ inline constexpr float kLog2e = 1.44269504088896340736f;
 inline constexpr float kLn2 = 0.69314718055994530942f;
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// 2^x, relative error below 2e-7 for x in [-126, 127]; 0 for x <= -127 (exactly, so a
-// masked score of -inf gives a weight of 0). x = n + f with n = round(x), |f| <= 1/2;
-// 2^f by a degree-6 polynomial (the minimax coefficients of Cephes' exp2f), 2^n by building
-// the float's exponent field.
+// 2^x with a relative error of about 1e-7 (measured: 1.0e-7 over [-126, 10]) for x in
+// [-126.5, 127]; exactly 0 below -126.5, so a masked score of -inf gives a weight of 0 (and
+// weights under 2^-126, below the smallest normal float, vanish). x = n + f with
+// n = round(x), |f| <= 1/2; 2^f by a degree-6 polynomial (the minimax coefficients of
+// Cephes' exp2f), 2^n by building the float's exponent field.
 HWY_INLINE VF Exp2(DF d, VF x) {
   x = hn::Min(hn::Max(x, hn::Set(d, -127.0f)), hn::Set(d, 127.0f));
   const VF n = hn::Round(x);
