@@ -110,8 +110,17 @@ void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, in
         for (int64_t d = 0; d < p.Dv; ++d) o[d] *= alpha;
       }
     }
-    // O += P V, each value row read once for all the rows of its group.
-    for (int64_t j = 0; j < nk; ++j) {
+    // O += P V, each value row read once for all the rows of its group. When a value row
+    // is a whole number of vectors, the tile is multiplied straight from the cache with the
+    // rows' accumulators held in registers across the tile's keys.
+    const bool direct = p.Dv % static_cast<int64_t>(hn::Lanes(DF())) == 0;
+    for (int64_t g = 0; g < p.G && direct; ++g) {
+      GemmAnyRows(static_cast<size_t>(Rg), static_cast<size_t>(p.Dv), static_cast<size_t>(nk),
+                  s + g * Rg * Bk, static_cast<size_t>(Bk), 1, r.v(b, j0, g),
+                  static_cast<size_t>(p.v_row_stride), O + g * Rg * f.Dvp,
+                  static_cast<size_t>(f.Dvp), true);
+    }
+    for (int64_t j = 0; j < nk && !direct; ++j) {
       for (int64_t g = 0; g < p.G; ++g) {
         AccumulateRows(r.v(b, j0 + j, g), static_cast<size_t>(p.Dv), s + g * Rg * Bk + j,
                        static_cast<size_t>(Bk), static_cast<size_t>(Rg), O + g * Rg * f.Dvp,

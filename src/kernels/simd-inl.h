@@ -116,6 +116,33 @@ HWY_INLINE void Gemm(size_t rows, size_t cols, size_t kdim, const float* a, size
   }
 }
 
+// The same for any number of rows (tails of 2 and 1 rows): for products with few rows, such
+// as decode's query rows against a V tile read straight from the cache (no accumulate
+// row_scale there). cols % Lanes == 0; B's rows must hold cols readable floats.
+HWY_INLINE void GemmAnyRows(size_t rows, size_t cols, size_t kdim, const float* a, size_t a_rs,
+                            size_t a_cs, const float* b, size_t ldb, float* c, size_t ldc,
+                            bool accumulate) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  constexpr int NV = Micro::kNV;
+  const size_t nvec = cols / N;
+  size_t r = 0;
+  auto block = [&]<int MR>(size_t r0) {
+    size_t v = 0;
+    for (; v + NV <= nvec; v += NV) {
+      MicroKernel<MR, NV>(d, kdim, a + r0 * a_rs, a_rs, a_cs, b + v * N, ldb, c + r0 * ldc + v * N,
+                          ldc, accumulate, nullptr);
+    }
+    for (; v < nvec; ++v) {
+      MicroKernel<MR, 1>(d, kdim, a + r0 * a_rs, a_rs, a_cs, b + v * N, ldb, c + r0 * ldc + v * N,
+                         ldc, accumulate, nullptr);
+    }
+  };
+  for (; r + 4 <= rows; r += 4) block.template operator()<4>(r);
+  for (; r + 2 <= rows; r += 2) block.template operator()<2>(r);
+  for (; r < rows; ++r) block.template operator()<1>(r);
+}
+
 // Online softmax over one row of raw scores s[0, n) (n % Lanes == 0), the first `visible`
 // of which count. In log2 units: x = c * s with c = scale * log2(e). m is the running max
 // and l the running sum of 2^(x - m); on return s holds p = 2^(x - m_new) (0 where masked),
