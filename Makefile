@@ -4,8 +4,12 @@ BUILD   ?= build
 JOBS    ?= $(shell nproc)
 PYTHON  ?= /usr/bin/python3
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
+# The kernel tests again under AddressSanitizer and UndefinedBehaviorSanitizer, in their own
+# build tree (only the kernels and their tests are built there).
+SAN_BUILD ?= $(BUILD)/asan
+SAN_TESTS := test_fused test_reference
 
-.PHONY: all setup configure build test test-cpp test-python demo clean
+.PHONY: all setup configure build test test-cpp test-python test-sanitize demo clean
 
 all: build
 
@@ -21,13 +25,24 @@ build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 test: build
-	$(MAKE) --no-print-directory test-cpp test-python
+	$(MAKE) --no-print-directory test-cpp test-python test-sanitize
 
 test-cpp:
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 test-python:
 	PYTHONPATH=$(BUILD)/python $(PYTHON) -m pytest -q tests/python
+
+$(SAN_BUILD)/CMakeCache.txt:
+	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDIFFATTN_SANITIZE=ON \
+	  -DDIFFATTN_PYTHON=OFF -DDIFFATTN_BENCH=OFF
+
+test-sanitize: setup $(SAN_BUILD)/CMakeCache.txt
+	cmake --build $(SAN_BUILD) -j $(JOBS) --target $(SAN_TESTS)
+	@set -e; for t in $(SAN_TESTS); do \
+	  echo "== $$t under ASan + UBSan"; \
+	  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 $(SAN_BUILD)/tests/cpp/$$t --gtest_brief=1; \
+	done
 
 demo: build
 	$(BUILD)/diffattn demo

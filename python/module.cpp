@@ -56,4 +56,5 @@ PYBIND11_MODULE(_core, m) {
   });
   diffattn::python::bind_kernels(m);
   diffattn::python::bind_model(m);
+  diffattn::python::bind_eval(m);
 }

@@ -99,6 +99,17 @@ struct AttnBwdParams : AttnParams {
   explicit AttnBwdParams(const AttnParams& fwd) : AttnParams(fwd) {}
 };
 
+// Decode: a few query rows (Tq small, e.g. the newest token) against a long key/value cache.
+// The same fields as a forward; the cache is split into chunks of keys processed in parallel,
+// whose partial (max, sum, output) states are merged exactly. k and v are usually strided
+// views of a cache with spare capacity (batch stride > Tk * row stride).
+struct AttnDecodeParams : AttnParams {
+  int64_t key_chunk = 0;  // keys per split; 0 picks from Tk and the thread count
+
+  AttnDecodeParams() = default;
+  explicit AttnDecodeParams(const AttnParams& fwd) : AttnParams(fwd) {}
+};
+
 // Build and validate the params of differential attention from the caller's tensors.
 // The key layout is told by k's head count: 2G (separate keys, V1) or G (shared, V2), G being
 // v's head count. Throws InvalidArgument naming the tensor, the expected and the actual shape.
@@ -119,6 +130,14 @@ void check_params(const AttnBwdParams& p, const char* op);
 void attention_fwd(const AttnParams& p, Backend backend = Backend::Auto);
 // Backward of signed differential attention or standard attention (clamp mode has none).
 void attention_bwd(const AttnBwdParams& p, Backend backend = Backend::Auto);
+// Forward by the split-KV decode path. attention_fwd takes it by itself for at most 4 query
+// rows against at least 256 keys; this entry point takes it for any shape. Clamp mode (two
+// passes) runs the tiled forward instead.
+void attention_decode(const AttnDecodeParams& p, Backend backend = Backend::Auto);
+
+// The fused kernels written by Highway for several instruction sets, chosen at run time on
+// the first call: the name of the one this CPU runs ("AVX3" = AVX-512, "AVX2", "EMU128", ...).
+const char* fused_simd_target();
 
 // The reference (oracle): plain loops, double accumulation.
 void attention_fwd_ref(const AttnParams& p);

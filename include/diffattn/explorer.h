@@ -1,0 +1,43 @@
+// The explorer behind `diffattn serve`: a JSON API over the library and a page (plain HTML, JS
+// and CSS compiled into the binary) that draws the four views of a head, a lambda slider and
+// the distribution of a clicked row. The API is a pure function of (method, path, body), so it
+// is tested without a network; the server only moves bytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace diffattn::explorer {
+
+// Bounds on what a request may ask for; anything larger is a 400 (413 for the body).
+inline constexpr size_t kMaxBodyBytes = 16 * 1024;
+inline constexpr int64_t kMaxLength = 64;      // tokens of a random example
+inline constexpr int64_t kMaxHeadDim = 64;
+inline constexpr size_t kMaxPromptBytes = 2048;  // for model prompts (phase 2)
+inline constexpr double kMaxAbsLambda = 4.0;
+
+struct Response {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+};
+
+// GET  /                  the page; /app.js, /style.css its parts
+// GET  /api/info          sources, limits and defaults
+// POST /api/views         {"source": "textbook" | "random", "lambda": 0.4,
+//                          "mode": "signed" | "clamp", "causal": false,
+//                          "length": 12, "head_dim": 4, "seed": 0}   (length .. seed: random only)
+//                         -> {"tokens": [...], "views": {"map1", "map2", "diff", "standard"}
+//                             as T x T arrays, "outputs": {"diff", "standard"} as T x Dv, ...}
+// Bad input: 400 with {"error": "..."} naming the field; unknown paths 404; wrong methods 405.
+Response handle(const std::string& method, const std::string& path, const std::string& body);
+
+// {"error": message} with the status.
+Response error_response(int status, const std::string& message);
+
+// Serves on host:port until SIGINT or SIGTERM. host must be a loopback address (127.0.0.0/8,
+// ::1 or "localhost"); port 0 picks a free port. Calls ready(port) once listening.
+void serve(const std::string& host, int port, void (*ready)(const std::string& host, int port));
+
+}  // namespace diffattn::explorer

@@ -1,0 +1,328 @@
+// `diffattn bench`: times the fused kernels beside their peers and this machine's limits, all
+// measured in one run, in interleaved rounds (every variant once per round, medians quoted),
+// so a drift of the machine's speed moves every figure alike and the ratios hold.
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/args.h"
+#include "cli/bench_cases.h"
+#include "cli/table.h"
+#include "diffattn/attention.h"
+#include "diffattn/runtime.h"
+
+extern char** environ;
+
+namespace diffattn::cli {
+
+namespace {
+
+using bench::ShapeSpec;
+using bench::Tensors;
+
+// One timed variant: what it is, how to run it once, and what one run does (FLOPs or bytes).
+struct Variant {
+  int group = 0;  // rows of one comparison (the same operator and problem)
+  std::string op, variant, shape;
+  bool causal = false;
+  double flops = 0;  // compute-bound rows
+  double bytes = 0;  // memory-bound rows (decode): K/V bytes read
+  std::function<void()> run;
+  std::vector<double> times;
+  double median() const {
+    std::vector<double> t = times;
+    std::sort(t.begin(), t.end());
+    return t.empty() ? 0 : t[t.size() / 2];
+  }
+};
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Peak resident memory (VmHWM) of this process, in MB; -1 when /proc cannot tell.
+double own_peak_rss_mb() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;  // kB
+  }
+  return -1;
+}
+
+// Peak resident memory of a forward at sequence length T, in a fresh process (this one's peak
+// already holds every other row's buffers): the child is this binary, `bench --rss-child T`,
+// which prints its own VmHWM (the high-water mark of its address space after exec; the
+// rusage of a spawned child would also count the parent's pages it started from).
+double child_peak_rss_mb(int64_t T, const ShapeSpec& base) {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return -1;
+  self[n] = '\0';
+  std::vector<std::string> args{self, "--threads", std::to_string(num_threads()), "bench",
+                                "--rss-child", std::to_string(T),
+                                "--B", std::to_string(base.B), "--H", std::to_string(base.H),
+                                "--G", std::to_string(base.G), "--D", std::to_string(base.D),
+                                "--Dv", std::to_string(base.Dv)};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int fd[2];
+  if (pipe(fd) != 0) return -1;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fd[1], 1);
+  posix_spawn_file_actions_addclose(&actions, fd[0]);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, self, &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fd[1]);
+  std::string out;
+  char buf[256];
+  for (ssize_t got; rc == 0 && (got = read(fd[0], buf, sizeof(buf))) > 0;) out.append(buf, got);
+  close(fd[0]);
+  if (rc != 0) return -1;
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return -1;
+  try {
+    return std::stod(out);
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+int rss_child(int64_t T, const ShapeSpec& base) {
+  ShapeSpec s = base;
+  s.Tq = s.Tk = T;
+  s.causal = true;
+  Tensors t(s, 1, /*with_grads=*/false);
+  attention_fwd(t.p);
+  std::cout << own_peak_rss_mb() << "\n";
+  return 0;
+}
+
+int run_bench(const std::vector<std::string>& argv) {
+  Args args("bench",
+            "Time the fused kernels beside their peers, with this machine's OpenBLAS sgemm rate\n"
+            "and memory read bandwidth measured in the same run. Compute-bound rows (forward,\n"
+            "backward) report GFLOP/s counted as FlashAttention counts (backward = 2.5 x forward)\n"
+            "and the ratio to sgemm; decode rows report K/V bytes read per second and the ratio\n"
+            "to the read bandwidth. Each row's time is the median over the rounds; every variant\n"
+            "runs once per round, interleaved.");
+  args.option("--T", "N", "4096", "sequence length of the forward/backward rows")
+      .option("--B", "N", "1", "batch")
+      .option("--H", "N", "4", "differential pairs (the standard peer has 2H heads)")
+      .option("--G", "N", "4", "key/value groups")
+      .option("--D", "N", "64", "query/key head size")
+      .option("--Dv", "N", "128", "value head size (V1: 2D)")
+      .option("--decode-T", "N", "32768", "cached keys of the decode rows")
+      .option("--ref-T", "N", "512", "sequence length of the rows that include the reference")
+      .option("--rss-T", "N", "16384", "sequence length of the peak-memory row (0: skip)")
+      .option("--rounds", "N", "7", "timed rounds (after one warm-up round)")
+      .option("--sgemm-n", "N", "2048", "size of the sgemm that measures the BLAS rate")
+      .option("--bandwidth-mb", "N", "1024", "size of the buffer that measures read bandwidth")
+      .option("--rss-child", "T", "0", "(internal) run one forward of length T and exit")
+      .flag("--no-backward", "skip the backward rows")
+      .flag("--json", "print JSON instead of the table");
+  if (!args.parse(argv)) return 0;
+  ShapeSpec base;
+  base.maps = 2;
+  base.B = args.integer("--B");
+  base.H = args.integer("--H");
+  base.G = args.integer("--G");
+  base.D = args.integer("--D");
+  base.Dv = args.integer("--Dv");
+  base.causal = true;
+  if (args.integer("--rss-child") > 0) return rss_child(args.integer("--rss-child"), base);
+
+  const int threads = num_threads();
+  const int64_t T = args.integer("--T"), Td = args.integer("--decode-T"), Tr = args.integer("--ref-T");
+  const int rounds = static_cast<int>(args.integer("--rounds"));
+  if (T < 1 || Td < 1 || Tr < 0 || rounds < 1) throw UsageError("sizes and --rounds must be >= 1");
+
+  std::vector<std::unique_ptr<Tensors>> owned;
+  std::vector<std::unique_ptr<bench::UpstreamRecipe>> recipes;
+  std::vector<Variant> rows;
+  auto tensors = [&](ShapeSpec s) -> Tensors& {
+    owned.push_back(std::make_unique<Tensors>(s));
+    return *owned.back();
+  };
+  int group = 0;
+  auto add = [&](const std::string& op, const std::string& variant, const Tensors& t,
+                 double flops, double bytes, std::function<void()> run) {
+    if (variant == "diff fused") ++group;
+    rows.push_back({group, op, variant, t.s.str(), t.s.causal, flops, bytes, std::move(run), {}});
+  };
+
+  // Forward and backward: the differential operator, its standard peer of equal parameters,
+  // the upstream two-call recipe (through our standard fused kernel).
+  const bool bwd = !args.on("--no-backward");
+  for (int64_t len : {T, Tr}) {
+    if (len <= 0) continue;
+    const bool with_ref = len == Tr;
+    ShapeSpec s = base;
+    s.Tq = s.Tk = len;
+    Tensors& d = tensors(s);
+    Tensors& st = tensors(bench::standard_equivalent(s));
+    recipes.push_back(std::make_unique<bench::UpstreamRecipe>(d));
+    bench::UpstreamRecipe& up = *recipes.back();
+    const double fd = d.fwd_flops(), fs = st.fwd_flops();
+    add("fwd", "diff fused", d, fd, 0, [&d] { attention_fwd(d.p); });
+    add("fwd", "standard 2H heads", st, fs, 0, [&st] { attention_fwd(st.p); });
+    add("fwd", "upstream recipe", d, fd, 0, [&up] { up.forward(); });
+    if (with_ref) add("fwd", "reference", d, fd, 0, [&d] { attention_fwd(d.p, Backend::Reference); });
+    if (bwd) {
+      const AttnBwdParams db = d.bwd(), sb = st.bwd();
+      add("bwd", "diff fused", d, 2.5 * fd, 0, [db] { attention_bwd(db); });
+      add("bwd", "standard 2H heads", st, 2.5 * fs, 0, [sb] { attention_bwd(sb); });
+      add("bwd", "upstream recipe", d, 2.5 * fd, 0, [&up] { up.backward(); });
+      if (with_ref) {
+        add("bwd", "reference", d, 2.5 * fd, 0, [db] { attention_bwd(db, Backend::Reference); });
+      }
+    }
+    if (T == Tr) break;
+  }
+  // Decode: one new token against a cache of Td keys.
+  {
+    ShapeSpec s = base;
+    s.Tq = 1;
+    s.Tk = Td;
+    Tensors& d = tensors(s);
+    Tensors& st = tensors(bench::standard_equivalent(s));
+    recipes.push_back(std::make_unique<bench::UpstreamRecipe>(d));
+    bench::UpstreamRecipe& up = *recipes.back();
+    add("decode", "diff fused", d, 0, d.kv_bytes(), [&d] { attention_fwd(d.p); });
+    add("decode", "standard 2H heads", st, 0, st.kv_bytes(), [&st] { attention_fwd(st.p); });
+    // The recipe reads V twice: its traffic is counted as the bytes it moves.
+    add("decode", "upstream recipe", d, 0, d.kv_bytes() + d.p.B * Td * d.p.G * d.p.Dv * 4.0,
+        [&up] { up.forward(); });
+    add("decode", "reference", d, 0, d.kv_bytes(), [&d] { attention_fwd(d.p, Backend::Reference); });
+  }
+
+  // Interleaved rounds: the machine's limits and every variant, once each per round.
+  bench::ReadBandwidth bw(args.integer("--bandwidth-mb") << 20);
+  const int64_t sn = args.integer("--sgemm-n");
+  std::vector<double> sgemm, bandwidth;
+  for (int r = 0; r <= rounds; ++r) {
+    // Idle OpenMP workers spin a while before they sleep: let them sleep so sgemm has the
+    // cores to itself, as the kernels have them after it.
+    usleep(300000);
+    const double g = bench::sgemm_gflops(sn, threads);
+    // OpenBLAS's worker threads spin for a while after a call before they sleep; on a
+    // machine with few cores they would steal the next rows' cycles. Let them settle.
+    usleep(300000);
+    const double b = bw.measure(threads);
+    if (r > 0) sgemm.push_back(g), bandwidth.push_back(b);
+    for (Variant& v : rows) {
+      const double t = bench::seconds_of(v.run);
+      if (r > 0) v.times.push_back(t);
+    }
+  }
+  const double sgemm_rate = median_of(sgemm), bw_rate = median_of(bandwidth);
+  const int64_t rssT = args.integer("--rss-T");
+  const double rss_mb = rssT > 0 ? child_peak_rss_mb(rssT, base) : 0;
+
+  // Ratios are taken round by round, then their median: a drift of the machine's speed
+  // between rounds cancels. x limit: the rate over the sgemm rate (or read bandwidth) of the
+  // same round; time / diff fused: over the fused differential kernel's time in the round.
+  auto fused_of = [&](const Variant& v) -> const Variant& {
+    for (const Variant& w : rows) {
+      if (w.group == v.group && w.variant == "diff fused") return w;
+    }
+    return v;
+  };
+  auto x_limit = [&](const Variant& v) {
+    std::vector<double> x;
+    for (size_t r = 0; r < v.times.size(); ++r) {
+      x.push_back(v.flops > 0 ? v.flops / v.times[r] * 1e-9 / sgemm[r]
+                              : v.bytes / v.times[r] * 1e-9 / bandwidth[r]);
+    }
+    return median_of(x);
+  };
+  auto vs_fused = [&](const Variant& v) {
+    const Variant& f = fused_of(v);
+    std::vector<double> x;
+    for (size_t r = 0; r < v.times.size(); ++r) x.push_back(v.times[r] / f.times[r]);
+    return median_of(x);
+  };
+  if (args.on("--json")) {
+    nlohmann::json j;
+    j["machine"] = {{"threads", threads},
+                    {"simd_target", fused_simd_target()},
+                    {"sgemm_gflops", sgemm_rate},
+                    {"sgemm_gflops_all", sgemm},
+                    {"read_bandwidth_gbs_all", bandwidth},
+                    {"sgemm_n", sn},
+                    {"read_bandwidth_gbs", bw_rate},
+                    {"rounds", rounds}};
+    j["rows"] = nlohmann::json::array();
+    for (const Variant& v : rows) {
+      const double t = v.median();
+      nlohmann::json row = {{"op", v.op}, {"variant", v.variant}, {"shape", v.shape},
+                            {"causal", v.causal}, {"seconds", t},
+                            {"seconds_all", v.times}, {"time_vs_diff_fused", vs_fused(v)}};
+      if (v.flops > 0) {
+        row["gflops"] = v.flops / t * 1e-9;
+        row["x_sgemm"] = x_limit(v);
+      }
+      if (v.bytes > 0) {
+        row["gbs"] = v.bytes / t * 1e-9;
+        row["x_bandwidth"] = x_limit(v);
+      }
+      j["rows"].push_back(row);
+    }
+    if (rssT > 0) {
+      ShapeSpec rs = base;
+      rs.Tq = rs.Tk = rssT;
+      j["peak_rss"] = {{"op", "fwd"}, {"causal", true}, {"shape", rs.str()}, {"mb", rss_mb}};
+    }
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << "threads " << threads << ", SIMD target " << fused_simd_target()
+            << ", medians of " << rounds << " interleaved rounds (ratios: per round, then median)\n"
+            << "OpenBLAS sgemm " << sn << "^3: " << fixed(sgemm_rate, 1) << " GFLOP/s;  "
+            << "memory read bandwidth: " << fixed(bw_rate, 1) << " GB/s\n\n";
+  std::vector<std::vector<std::string>> body;
+  for (const Variant& v : rows) {
+    const double t = v.median();
+    const double rate = v.flops > 0 ? v.flops / t * 1e-9 : v.bytes / t * 1e-9;
+    body.push_back({v.op, v.variant, v.shape, v.causal ? "yes" : "no", fixed(t * 1e3, 2),
+                    fixed(rate, 1) + (v.flops > 0 ? " GFLOP/s" : " GB/s"),
+                    fixed(x_limit(v), 2) + (v.flops > 0 ? " sgemm" : " bw"),
+                    fixed(vs_fused(v), 2)});
+  }
+  print_table(std::cout, {"op", "variant", "shape", "causal", "ms", "rate", "x limit",
+                          "time / diff fused"},
+              body);
+  if (rssT > 0) {
+    ShapeSpec rs = base;
+    rs.Tq = rs.Tk = rssT;
+    std::cout << "\npeak RSS of a causal forward at T=" << rssT << " (" << rs.str()
+              << ", inputs and outputs included, fresh process): "
+              << (rss_mb >= 0 ? fixed(rss_mb, 1) + " MB" : std::string("not measured")) << "\n";
+  }
+  if (Tr > 0 && Tr != T) {
+    std::cout << "\nThe reference (double accumulation, plain loops) is timed at T=" << Tr
+              << " only: at T=" << T << " one call takes minutes.\n";
+  }
+  return 0;
+}
+
+const CommandRegistration reg({"bench", "time the fused kernels against sgemm, bandwidth and peers",
+                               40, run_bench});
+
+}  // namespace
+
+}  // namespace diffattn::cli

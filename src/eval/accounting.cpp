@@ -1,0 +1,224 @@
+// Accounting (accounting.h) over FORMAT.md's tensor list.
+#include "diffattn/accounting.h"
+
+namespace diffattn {
+
+namespace {
+
+void need(bool ok, const std::string& what) {
+  if (!ok) throw InvalidArgument("model config: " + what);
+}
+
+void check(const ArchConfig& c) {
+  need(c.attention == "standard" || c.attention == "diff_v1" || c.attention == "diff_v2",
+       "attention must be \"standard\", \"diff_v1\" or \"diff_v2\", got \"" + c.attention + "\"");
+  need(c.vocab_size > 0, "vocab_size must be > 0, got " + std::to_string(c.vocab_size));
+  need(c.d_model > 0, "d_model must be > 0, got " + std::to_string(c.d_model));
+  need(c.n_layers > 0, "n_layers must be > 0, got " + std::to_string(c.n_layers));
+  need(c.ffn_dim > 0, "ffn_dim must be > 0, got " + std::to_string(c.ffn_dim));
+  need(c.n_heads > 0, "n_heads must be > 0, got " + std::to_string(c.n_heads));
+  need(c.head_dim > 0, "head_dim must be > 0, got " + std::to_string(c.head_dim));
+  need(c.n_kv_heads > 0 && c.n_heads % c.n_kv_heads == 0,
+       "n_kv_heads (" + std::to_string(c.n_kv_heads) + ") must divide n_heads (" +
+           std::to_string(c.n_heads) + ")");
+}
+
+}  // namespace
+
+ArchConfig standard_of(const BaseSize& b) {
+  ArchConfig c;
+  c.attention = "standard";
+  c.vocab_size = b.vocab_size;
+  c.d_model = b.d_model;
+  c.n_layers = b.n_layers;
+  c.ffn_dim = b.ffn_dim;
+  c.n_heads = b.n_heads;
+  c.n_kv_heads = b.n_kv_heads;
+  c.head_dim = b.head_dim;
+  c.tie_embeddings = b.tie_embeddings;
+  return c;
+}
+
+ArchConfig diff_v1_of(const BaseSize& b) {
+  need(b.n_heads % 2 == 0, "DIFF V1 pairs two heads of the standard model: n_heads must be even, got " +
+                               std::to_string(b.n_heads));
+  need(b.n_kv_heads % 2 == 0,
+       "DIFF V1 keeps the key/value size with half as many groups of 2D-wide values: n_kv_heads "
+       "must be even, got " + std::to_string(b.n_kv_heads));
+  ArchConfig c = standard_of(b);
+  c.attention = "diff_v1";
+  c.n_heads = b.n_heads / 2;  // h = d_model / 2d (arXiv:2410.05258, Section 2.1)
+  c.n_kv_heads = b.n_kv_heads / 2;
+  return c;
+}
+
+ArchConfig diff_v2_of(const BaseSize& b) {
+  ArchConfig c = standard_of(b);
+  c.attention = "diff_v2";
+  return c;
+}
+
+int64_t v2_matched_ffn(const BaseSize& b) {
+  // Extra per layer: H*D*d_model more query weights and H*d_model of lambda_proj; each unit of
+  // ffn_dim costs 3*d_model (gate, up, down).
+  const int64_t extra = b.n_heads * b.head_dim * b.d_model + b.n_heads * b.d_model;
+  const int64_t per_unit = 3 * b.d_model;
+  return b.ffn_dim - (extra + per_unit / 2) / per_unit;
+}
+
+std::vector<TensorSpec> format_tensors(const ArchConfig& c) {
+  check(c);
+  const bool v1 = c.attention == "diff_v1", v2 = c.attention == "diff_v2";
+  const int64_t H = c.n_heads, G = c.n_kv_heads, D = c.head_dim, dm = c.d_model;
+  const int64_t Dv = v1 ? 2 * D : D;
+  std::vector<TensorSpec> t;
+  t.push_back({"embed_tokens.weight", {c.vocab_size, dm}, "embeddings"});
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    t.push_back({p + "attn_norm.weight", {dm}, "norms"});
+    t.push_back({p + "attn.q_proj.weight", {(v1 || v2 ? 2 * H : H) * D, dm}, "attention"});
+    t.push_back({p + "attn.k_proj.weight", {(v1 ? 2 * G : G) * D, dm}, "attention"});
+    t.push_back({p + "attn.v_proj.weight", {G * Dv, dm}, "attention"});
+    t.push_back({p + "attn.out_proj.weight", {dm, H * Dv}, "attention"});
+    if (v1) {
+      for (const char* n : {"lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"}) {
+        t.push_back({p + "attn." + n, {D}, "lambda"});
+      }
+      t.push_back({p + "attn.subln.weight", {2 * D}, "norms"});
+    }
+    if (v2) t.push_back({p + "attn.lambda_proj.weight", {H, dm}, "lambda"});
+    t.push_back({p + "ffn_norm.weight", {dm}, "norms"});
+    t.push_back({p + "ffn.gate_proj.weight", {c.ffn_dim, dm}, "ffn"});
+    t.push_back({p + "ffn.up_proj.weight", {c.ffn_dim, dm}, "ffn"});
+    t.push_back({p + "ffn.down_proj.weight", {dm, c.ffn_dim}, "ffn"});
+  }
+  t.push_back({"norm.weight", {dm}, "norms"});
+  if (!c.tie_embeddings) t.push_back({"lm_head.weight", {c.vocab_size, dm}, "head"});
+  return t;
+}
+
+Accounting account(const ArchConfig& c, int64_t context, double bytes_per_value) {
+  if (context < 1) throw InvalidArgument("accounting: context must be >= 1, got " + std::to_string(context));
+  if (!(bytes_per_value > 0)) throw InvalidArgument("accounting: bytes per value must be > 0");
+  Accounting a;
+  a.config = c;
+  for (const TensorSpec& t : format_tensors(c)) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    a.params_by_component[t.component] += n;
+    a.params += n;
+    // Matrices a token is multiplied by (2-D weights other than the embedding table).
+    if (t.shape.size() == 2 && t.component != "embeddings") a.linear_flops_per_token += 2.0 * n;
+  }
+  if (c.tie_embeddings) a.linear_flops_per_token += 2.0 * c.vocab_size * c.d_model;
+  const bool v1 = c.attention == "diff_v1", v2 = c.attention == "diff_v2";
+  const double H = c.n_heads, G = c.n_kv_heads, D = c.head_dim, L = c.n_layers;
+  const double Dv = v1 ? 2 * D : D;
+  const double maps = (v1 || v2) ? 2 : 1;
+  // Per key, per layer: each map of each head does one q.k (D multiply-adds) and one p*v row
+  // (Dv multiply-adds).
+  a.attn_flops_per_key = L * H * maps * 2.0 * (D + Dv);
+  a.attn_flops_per_token = a.attn_flops_per_key * static_cast<double>(context);
+  const double key_heads = v1 ? 2 * G : G;
+  const double k_bytes = L * key_heads * D * bytes_per_value, v_bytes = L * G * Dv * bytes_per_value;
+  a.kv_cache_bytes_per_token = k_bytes + v_bytes;
+  a.decode_read_bytes_fused = k_bytes + v_bytes;
+  // The V1 recipe of two softmax passes (one per map) reads each map's keys once and the values
+  // twice. V2 runs as one grouped-query call (its 2H query heads share the G key/value heads),
+  // and standard attention as one call: both read the cache once.
+  a.decode_read_bytes_two_pass = v1 ? k_bytes + 2 * v_bytes : k_bytes + v_bytes;
+  return a;
+}
+
+double sequence_flops(const Accounting& a, int64_t T) {
+  const double t = static_cast<double>(T);
+  return t * a.linear_flops_per_token + a.attn_flops_per_key * t * (t + 1) / 2;
+}
+
+}  // namespace diffattn
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace diffattn {
+
+ArchConfig parse_arch_config(const std::string& json_text, const std::string& source) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json_text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw InvalidArgument(source + ": not valid JSON (" + e.what() + ")");
+  }
+  if (!j.is_object()) throw InvalidArgument(source + ": expected a JSON object");
+  const std::set<std::string> known = {"format",    "attention",  "vocab_size",     "d_model",
+                                       "n_layers",  "ffn_dim",    "max_seq_len",    "n_heads",
+                                       "n_kv_heads", "head_dim",  "rope_theta",     "norm_eps",
+                                       "tie_embeddings", "lambda_init"};
+  for (const auto& [key, value] : j.items()) {
+    if (!known.count(key)) throw InvalidArgument(source + ": unknown key \"" + key + "\"");
+  }
+  auto integer = [&](const char* key) -> int64_t {
+    if (!j.contains(key)) throw InvalidArgument(source + ": missing key \"" + key + "\"");
+    if (!j[key].is_number_integer()) {
+      throw InvalidArgument(source + ": \"" + key + "\" must be an integer, got " + j[key].dump());
+    }
+    return j[key].get<int64_t>();
+  };
+  if (!j.contains("format") || j["format"] != "diffattn/1") {
+    throw InvalidArgument(source + ": \"format\" must be \"diffattn/1\"");
+  }
+  if (!j.contains("attention") || !j["attention"].is_string()) {
+    throw InvalidArgument(source + ": missing string key \"attention\"");
+  }
+  ArchConfig c;
+  c.attention = j["attention"].get<std::string>();
+  c.vocab_size = integer("vocab_size");
+  c.d_model = integer("d_model");
+  c.n_layers = integer("n_layers");
+  c.ffn_dim = integer("ffn_dim");
+  c.n_heads = integer("n_heads");
+  c.n_kv_heads = integer("n_kv_heads");
+  c.head_dim = integer("head_dim");
+  if (j.contains("tie_embeddings")) {
+    if (!j["tie_embeddings"].is_boolean()) {
+      throw InvalidArgument(source + ": \"tie_embeddings\" must be true or false");
+    }
+    c.tie_embeddings = j["tie_embeddings"].get<bool>();
+  }
+  try {
+    format_tensors(c);  // validates every size
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(source + ": " + e.what());
+  }
+  return c;
+}
+
+ArchConfig read_arch_config(const std::string& path) {
+  std::string file = path;
+  std::ifstream probe(path + "/config.json");
+  if (probe.good()) file = path + "/config.json";
+  std::ifstream f(file);
+  if (!f.good()) throw IoError("cannot read " + file + " (a config.json or a model directory)");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parse_arch_config(ss.str(), file);
+}
+
+BaseSize base_of(const ArchConfig& c) {
+  BaseSize b;
+  b.vocab_size = c.vocab_size;
+  b.d_model = c.d_model;
+  b.n_layers = c.n_layers;
+  b.ffn_dim = c.ffn_dim;
+  b.head_dim = c.head_dim;
+  b.tie_embeddings = c.tie_embeddings;
+  const bool v1 = c.attention == "diff_v1";
+  b.n_heads = v1 ? 2 * c.n_heads : c.n_heads;
+  b.n_kv_heads = v1 ? 2 * c.n_kv_heads : c.n_kv_heads;
+  return b;
+}
+
+}  // namespace diffattn

@@ -1,0 +1,60 @@
+// Entry points of the fused CPU backend (fused_fwd.cpp, fused_bwd.cpp, decode.cpp), called by
+// dispatch.cpp after the params are checked, and the packing helpers their kernels share.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "diffattn/attention.h"
+#include "hwy/aligned_allocator.h"
+#include "kernels/fused_traits.h"
+#include "kernels/indexing.h"
+
+namespace diffattn {
+
+// The tiled forward (any Tq): FlashAttention-2 style, both maps per K/V tile.
+void attention_fwd_fused(const AttnParams& p);
+// The split-KV forward for a few query rows against a long cache (signed or standard).
+void attention_decode_fused(const AttnDecodeParams& p);
+// The FlashAttention-2 style backward (signed differential or standard attention).
+void attention_bwd_fused(const AttnBwdParams& p);
+
+namespace fused {
+
+using Buffer = hwy::AlignedFreeUniquePtr<float[]>;
+inline Buffer alloc(int64_t n) { return hwy::AllocateAligned<float>(static_cast<size_t>(n > 0 ? n : 1)); }
+
+// Number of keys query row i sees among keys [j0, j0 + nk): its mask inside one tile.
+inline int64_t visible_in_tile(const AttnParams& p, int64_t i, int64_t j0, int64_t nk) {
+  if (!p.causal) return nk;
+  return std::clamp<int64_t>(p.last_key(i) + 1 - j0, 0, nk);
+}
+
+// dst (rows x ld) <- rows of `n` floats at src + t * stride for t < valid, zeros elsewhere
+// (padding rows and columns n..ld).
+inline void pack_rows(float* dst, int64_t ld, int64_t rows, const float* src, int64_t stride,
+                      int64_t valid, int64_t n) {
+  for (int64_t t = 0; t < rows; ++t) {
+    float* d = dst + t * ld;
+    if (t < valid) {
+      std::memcpy(d, src + t * stride, static_cast<size_t>(n) * sizeof(float));
+      std::fill(d + n, d + ld, 0.0f);
+    } else {
+      std::fill(d, d + ld, 0.0f);
+    }
+  }
+}
+
+// dst (n x cols), transposed: dst[d * cols + t] = src[t * stride + d] for t < valid, 0 beyond.
+inline void pack_transposed(float* dst, int64_t cols, const float* src, int64_t stride,
+                            int64_t valid, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) std::fill(dst + d * cols + valid, dst + (d + 1) * cols, 0.0f);
+  for (int64_t t = 0; t < valid; ++t) {
+    const float* s = src + t * stride;
+    for (int64_t d = 0; d < n; ++d) dst[d * cols + t] = s[d];
+  }
+}
+
+}  // namespace fused
+}  // namespace diffattn

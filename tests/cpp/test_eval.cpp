@@ -1,0 +1,201 @@
+// The evidence layer in C++: the k-way reference against the operator's reference, the
+// textbook's exercises, the SNR demonstration's internal consistency, FORMAT.md accounting and
+// config parsing, and the explorer's API (every error names its field).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "diffattn/accounting.h"
+#include "diffattn/exercises.h"
+#include "diffattn/explorer.h"
+#include "diffattn/kway.h"
+#include "diffattn/snr.h"
+#include "testing.h"
+
+namespace diffattn {
+namespace {
+
+using testing::Problem;
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - b[i]));
+  return m;
+}
+
+TEST(KWay, TwoMapsAreDifferentialAttention) {
+  for (bool causal : {false, true}) {
+    for (DiffMode mode : {DiffMode::Signed, DiffMode::Clamp}) {
+      Problem pr;
+      pr.B = 2;
+      pr.Tq = 5;
+      pr.Tk = 9;
+      pr.H = 3;
+      pr.G = 3;
+      pr.D = 7;
+      pr.Dv = 5;
+      pr.causal = causal;
+      pr.mode = mode;
+      pr.randomize(11, 0.6f, 0.6f);  // one lambda shared by all pairs
+      AttnParams p = pr.params();
+      std::vector<float> want(static_cast<size_t>(pr.B * pr.Tq * pr.H * pr.Dv)), got(want.size());
+      p.out = want.data();
+      attention_fwd_ref(p);
+      const float coef[2] = {1.0f, -pr.lam[0]};
+      AttnOptions o;
+      o.causal = causal;
+      o.mode = mode;
+      KWayParams k = kway_params({pr.q.data(), pr.q_shape()}, {pr.k.data(), pr.k_shape()},
+                                 {pr.v.data(), pr.v_shape()}, {coef, {2}}, 2, o);
+      k.out = got.data();
+      kway_attention_ref(k);
+      EXPECT_LT(max_abs_diff(got, want), 1e-6) << "causal " << causal;
+    }
+  }
+}
+
+TEST(KWay, BadShapesNameTheTensor) {
+  std::vector<float> q(1 * 4 * 6 * 2), k(q.size()), v(1 * 4 * 2 * 3), c(3, 1.0f);
+  try {
+    kway_params({q.data(), {1, 4, 6, 2}}, {k.data(), {1, 4, 6, 2}}, {v.data(), {1, 4, 3, 3}},
+                {c.data(), {3}}, 3, AttnOptions{});
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("v has shape (1, 4, 3, 3), expected (B, Tk, H, Dv) = (1, 4, 2, 3)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(kway_params({q.data(), {1, 4, 6, 2}}, {k.data(), {1, 4, 6, 2}},
+                           {v.data(), {1, 4, 2, 3}}, {c.data(), {2}}, 3, AttnOptions{}),
+               InvalidArgument);
+}
+
+TEST(Exercises, GradientOfLambdaAgreesWithFiniteDifferences) {
+  const Exercise2 e = exercise2();
+  EXPECT_NEAR(e.dlam_signed, e.dlam_signed_fd, 1e-3);
+  EXPECT_NEAR(e.dlam_clamp, e.dlam_clamp_fd, 1e-4);
+  // -(5 + sum of A2's "mat" column): 4 x 0.1904 + 0.1811 from the textbook's map 2.
+  EXPECT_NEAR(e.dlam_signed, -(5 + 4 * 0.1904 + 0.1811), 2e-4);
+  EXPECT_LT(e.dlam_signed, 0);
+}
+
+TEST(Exercises, ThreeWaySplitAndCausalMask) {
+  const Exercise3 e3 = exercise3();
+  ASSERT_EQ(e3.splits.size(), 3u);
+  EXPECT_EQ(e3.splits[0].zeros_clamp, 2);  // the textbook's two exact zeros
+  for (const SplitSummary& s : e3.splits) {
+    double lam_sum = 0;
+    for (size_t m = 1; m < s.coef.size(); ++m) lam_sum -= s.coef[m];
+    EXPECT_NEAR(s.row_sum_signed, 1.0 - lam_sum, 1e-6) << s.name;
+    EXPECT_EQ(s.zeros_clamp, s.negatives_signed) << s.name;  // clamping zeroes the negatives
+  }
+  const Exercise4 e4 = exercise4();
+  for (float s : e4.signed_row_sums) EXPECT_NEAR(s, 0.6, 1e-6);
+  EXPECT_NEAR(e4.signed_views.diff[0], 0.6, 1e-6);  // "The" sees only itself
+  EXPECT_NEAR(e4.clamp_views.diff[0], 1.0, 1e-6);
+  EXPECT_GT(e4.max_difference, 0.1);  // masking after the subtraction is another operator
+}
+
+TEST(Snr, OperatorOutputIsTheSignalWeightAndLambdaZeroIsStandard) {
+  SnrConfig c;
+  c.length = 300;
+  c.trials = 5;
+  c.seed = 9;
+  c.lambda = 0.0;
+  const SnrTrials t = snr_trials(c);
+  for (int b = 0; b < c.trials; ++b) {
+    EXPECT_NEAR(t.snr_diff[b], t.snr_standard[b], 1e-5 * t.snr_standard[b]);
+    EXPECT_NEAR(t.weight_diff[b], t.weight_standard[b], 1e-6);
+  }
+  c.lambda = 0.8;
+  const SnrResult r = run_snr(c, false);
+  EXPECT_EQ(r.example_standard.size(), 300u);
+  EXPECT_GT(r.diff.snr, r.standard.snr);  // this construction's common noise partly cancels
+  c.length = 1;
+  EXPECT_THROW(run_snr(c), InvalidArgument);
+}
+
+TEST(Accounting, VersionsCountFormatTensors) {
+  BaseSize b;
+  b.n_kv_heads = 8;
+  const Accounting st = account(standard_of(b), 4096, 2), v1 = account(diff_v1_of(b), 4096, 2),
+                   v2 = account(diff_v2_of(b), 4096, 2);
+  EXPECT_EQ(v1.params - st.params, b.n_layers * 6 * b.head_dim);
+  EXPECT_EQ(v2.params - st.params, b.n_layers * (b.n_heads * b.head_dim * b.d_model + b.n_heads * b.d_model));
+  EXPECT_EQ(st.kv_cache_bytes_per_token, v1.kv_cache_bytes_per_token);
+  EXPECT_EQ(st.kv_cache_bytes_per_token, v2.kv_cache_bytes_per_token);
+  EXPECT_EQ(v1.decode_read_bytes_two_pass, 1.5 * v1.decode_read_bytes_fused);
+  BaseSize odd = b;
+  odd.n_kv_heads = 1;
+  EXPECT_THROW(diff_v1_of(odd), InvalidArgument);
+  BaseSize m = b;
+  m.ffn_dim = v2_matched_ffn(b);
+  EXPECT_LT(std::abs(account(diff_v2_of(m), 1, 2).params - st.params), 3 * b.d_model * b.n_layers);
+}
+
+TEST(Accounting, ConfigJsonIsStrict) {
+  const std::string ok = R"({"format": "diffattn/1", "attention": "diff_v1", "vocab_size": 256,
+    "d_model": 64, "n_layers": 2, "ffn_dim": 128, "max_seq_len": 128, "n_heads": 2,
+    "n_kv_heads": 1, "head_dim": 16, "rope_theta": 10000.0, "norm_eps": 1e-5})";
+  const ArchConfig c = parse_arch_config(ok, "m/config.json");
+  EXPECT_EQ(c.attention, "diff_v1");
+  EXPECT_EQ(base_of(c).n_heads, 4);
+  auto error_of = [](const std::string& text) {
+    try {
+      parse_arch_config(text, "m/config.json");
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of(R"({"format": "diffattn/1", "attention": "standard", "colour": 1})").find("unknown key \"colour\""),
+            std::string::npos);
+  std::string no_heads = ok;
+  no_heads.replace(no_heads.find("\"n_heads\": 2,"), 13, "");
+  EXPECT_NE(error_of(no_heads).find("missing key \"n_heads\""), std::string::npos) << error_of(no_heads);
+  EXPECT_NE(error_of("[1").find("m/config.json: not valid JSON"), std::string::npos);
+}
+
+TEST(ExplorerApi, ComputesTheViewsAndNamesBadFields) {
+  using nlohmann::json;
+  const explorer::Response r = explorer::handle("POST", "/api/views", R"({"lambda": 0.4, "mode": "clamp"})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = json::parse(r.body);
+  EXPECT_NEAR(j["views"]["diff"][1][2].get<double>(), 0.5052, 5e-5);
+  EXPECT_EQ(j["views"]["diff"][1][3].get<double>(), 0.0);
+  EXPECT_EQ(j["tokens"][1], "cat");
+  const struct {
+    const char* body;
+    int status;
+    const char* needle;
+  } bad[] = {
+      {R"({"lambda": null})", 400, "\"lambda\" must be a number"},
+      {R"({"lambda": 5})", 400, "\"lambda\" must be between"},
+      {R"({"mode": 3})", 400, "\"mode\""},
+      {R"({"source": "random", "length": 0})", 400, "\"length\""},
+      {R"({"source": "random", "head_dim": 1000})", 400, "\"head_dim\""},
+      {R"({"seed": 1})", 400, "\"seed\" applies to source \"random\" only"},
+      {R"({"x": 1})", 400, "unknown field \"x\""},
+      {R"("text")", 400, "JSON object"},
+      {R"({)", 400, "not valid JSON"},
+  };
+  for (const auto& b : bad) {
+    const explorer::Response e = explorer::handle("POST", "/api/views", b.body);
+    EXPECT_EQ(e.status, b.status) << b.body;
+    EXPECT_NE(json::parse(e.body)["error"].get<std::string>().find(b.needle), std::string::npos)
+        << b.body << " -> " << e.body;
+  }
+  EXPECT_EQ(explorer::handle("POST", "/api/views", std::string(explorer::kMaxBodyBytes + 1, ' ')).status, 413);
+  EXPECT_EQ(explorer::handle("GET", "/api/views", "").status, 405);
+  EXPECT_EQ(explorer::handle("GET", "/nothing", "").status, 404);
+  const explorer::Response page = explorer::handle("GET", "/", "");
+  EXPECT_EQ(page.status, 200);
+  EXPECT_NE(page.body.find("<canvas id=\"view-diff\""), std::string::npos);
+  EXPECT_EQ(explorer::handle("GET", "/app.js", "").content_type, "text/javascript; charset=utf-8");
+}
+
+}  // namespace
+}  // namespace diffattn

@@ -1,0 +1,360 @@
+// The fused CPU kernels (tiled forward, split-KV decode, backward) against the reference over
+// awkward shapes, layouts, strides and numerical edge cases. Tolerances are relative to the
+// error of a naive float32 computation of the same case (naive32.h), measured against the
+// reference: a fused result may be at most a few times as wrong as plain float32 arithmetic.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "diffattn/attention.h"
+#include "diffattn/runtime.h"
+#include "naive32.h"
+#include "testing.h"
+
+namespace diffattn {
+namespace {
+
+using testing::Problem;
+
+constexpr double kEps32 = 1.1920928955078125e-07;
+
+double max_abs(const std::vector<float>& x) {
+  double m = 0;
+  for (float v : x) m = std::max(m, std::abs(static_cast<double>(v)));
+  return m;
+}
+
+// got must be within 8x the naive float32 error (plus 32 eps of the values' size) of truth.
+// scale_floor: the size of the terms the values are made of, where the values themselves may
+// cancel to exactly 0 (the gradient of q with a single visible key).
+void expect_close(const char* name, const std::vector<float>& got, const std::vector<float>& truth,
+                  const std::vector<float>& naive, double scale_floor = 1e-30) {
+  ASSERT_EQ(got.size(), truth.size()) << name;
+  double scale = scale_floor, err = 0, naive_err = 0;
+  for (size_t i = 0; i < truth.size(); ++i) {
+    scale = std::max(scale, std::abs(static_cast<double>(truth[i])));
+    err = std::max(err, std::abs(static_cast<double>(got[i]) - truth[i]));
+    naive_err = std::max(naive_err, std::abs(static_cast<double>(naive[i]) - truth[i]));
+  }
+  const double bound = 8.0 * naive_err + 32.0 * kEps32 * scale;
+  EXPECT_LE(err, bound) << name << ": max error " << err << " > bound " << bound
+                        << " (naive float32 error " << naive_err << ", scale " << scale << ")";
+}
+
+// Saved log-sum-exp: +inf exactly where the reference has +inf, else close in absolute terms
+// relative to its size (lse is a log: its rounding is eps * |lse| plus the score errors).
+void expect_lse_close(const std::vector<float>& got, const std::vector<float>& truth) {
+  ASSERT_EQ(got.size(), truth.size());
+  for (size_t i = 0; i < truth.size(); ++i) {
+    if (std::isinf(truth[i])) {
+      EXPECT_TRUE(std::isinf(got[i]) && got[i] > 0) << "lse[" << i << "] = " << got[i];
+    } else {
+      EXPECT_NEAR(got[i], truth[i], 64 * kEps32 * (1.0 + std::abs(truth[i]))) << "lse[" << i << "]";
+    }
+  }
+}
+
+struct Case {
+  const char* name;
+  int maps;
+  int64_t B, Tq, Tk, H, G, D, Dv;
+  bool shared_keys, lam_per_token, causal;
+  float lam_lo = 0.1f, lam_hi = 0.9f;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+Problem problem_of(const Case& c, uint32_t seed) {
+  Problem pr;
+  pr.maps = c.maps;
+  pr.B = c.B, pr.Tq = c.Tq, pr.Tk = c.Tk, pr.H = c.H, pr.G = c.G, pr.D = c.D, pr.Dv = c.Dv;
+  pr.shared_keys = c.shared_keys;
+  pr.lam_per_token = c.lam_per_token;
+  pr.causal = c.causal;
+  pr.randomize(seed, c.lam_lo, c.lam_hi);
+  return pr;
+}
+
+void check_forward(const Problem& pr, const char* what) {
+  SCOPED_TRACE(what);
+  const testing::FwdResult ref = testing::run_fwd(pr, Backend::Reference);
+  const testing::FwdResult got = testing::run_fwd(pr, Backend::Fused);
+  const std::vector<float> naive = testing::naive_fwd(pr.params());
+  expect_close("out", got.out, ref.out, naive);
+  expect_lse_close(got.lse, ref.lse);
+  if (pr.maps == 2) expect_close("o2", got.o2, ref.o2, naive);
+}
+
+void check_backward(const Problem& pr) {
+  const std::vector<float> dout = testing::randn(pr.B * pr.Tq * pr.H * pr.Dv, 77);
+  const testing::BwdResult ref = testing::run_bwd(pr, dout, Backend::Reference);
+  const testing::BwdResult got = testing::run_bwd(pr, dout, Backend::Fused);
+  const testing::NaiveGrads naive = testing::naive_bwd(pr.params(), dout.data());
+  // Gradients are sums of terms of the size of the largest gradient entry; dq and dk of a row
+  // with one visible key cancel exactly in exact arithmetic, not in float.
+  const double terms = std::max({max_abs(ref.dq), max_abs(ref.dk), max_abs(ref.dv)});
+  expect_close("dq", got.dq, ref.dq, naive.dq, terms);
+  expect_close("dk", got.dk, ref.dk, naive.dk, terms);
+  expect_close("dv", got.dv, ref.dv, naive.dv, terms);
+  if (pr.maps == 2) expect_close("dlam", got.dlam, ref.dlam, naive.dlam, terms);
+}
+
+class Fused : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Fused, ForwardSignedMatchesReference) {
+  check_forward(problem_of(GetParam(), 11), "signed");
+}
+
+TEST_P(Fused, ForwardClampMatchesReference) {
+  if (GetParam().maps == 1) GTEST_SKIP() << "clamp is a differential mode";
+  Problem pr = problem_of(GetParam(), 12);
+  pr.mode = DiffMode::Clamp;
+  check_forward(pr, "clamp");
+}
+
+TEST_P(Fused, BackwardMatchesReference) { check_backward(problem_of(GetParam(), 13)); }
+
+TEST_P(Fused, OneAndTwoThreadsAgreeAndRepeatExactly) {
+  const Problem pr = problem_of(GetParam(), 14);
+  const std::vector<float> dout = testing::randn(pr.B * pr.Tq * pr.H * pr.Dv, 78);
+  const int saved = num_threads();
+  set_num_threads(1);
+  const testing::BwdResult one = testing::run_bwd(pr, dout, Backend::Fused);
+  const testing::FwdResult f1 = testing::run_fwd(pr, Backend::Fused);
+  set_num_threads(2);
+  const testing::BwdResult two = testing::run_bwd(pr, dout, Backend::Fused);
+  const testing::BwdResult again = testing::run_bwd(pr, dout, Backend::Fused);
+  const testing::FwdResult f2 = testing::run_fwd(pr, Backend::Fused);
+  set_num_threads(saved);
+  // Repeated runs with the same thread count are bit-identical (training resumes).
+  EXPECT_EQ(std::memcmp(two.dq.data(), again.dq.data(), two.dq.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(two.dk.data(), again.dk.data(), two.dk.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(two.dv.data(), again.dv.data(), two.dv.size() * 4), 0);
+  // 1 and 2 threads: the same within rounding (dQ partials sum in another order).
+  const testing::BwdResult ref = testing::run_bwd(pr, dout, Backend::Reference);
+  const testing::NaiveGrads naive = testing::naive_bwd(pr.params(), dout.data());
+  const double terms = std::max({max_abs(ref.dq), max_abs(ref.dk), max_abs(ref.dv)});
+  expect_close("dq 1 vs 2 threads", one.dq, two.dq, naive.dq, terms);
+  expect_close("dk 1 vs 2 threads", one.dk, two.dk, naive.dk, terms);
+  expect_close("out 1 vs 2 threads", f1.out, f2.out, testing::naive_fwd(pr.params()));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Fused,
+    ::testing::Values(
+        // name, maps, B, Tq, Tk, H, G, D, Dv, shared keys (V2), lambda per token, causal
+        Case{"t1", 2, 1, 1, 1, 1, 1, 8, 16, false, false, false},
+        Case{"t2_causal", 2, 1, 2, 2, 1, 1, 3, 6, true, false, true},
+        Case{"t97_v1_causal", 2, 1, 97, 97, 2, 1, 16, 32, false, false, true},
+        Case{"t97_v2_token_lam", 2, 2, 97, 97, 2, 2, 8, 8, true, true, false},
+        Case{"t1025_causal", 2, 1, 1025, 1025, 1, 1, 8, 16, false, false, true},
+        Case{"odd_d", 2, 1, 37, 37, 2, 1, 5, 7, false, true, true},
+        Case{"tq_lt_tk_causal", 2, 1, 21, 150, 2, 1, 8, 16, false, false, true},
+        Case{"tq_gt_tk_causal", 2, 1, 150, 21, 2, 2, 8, 8, true, true, true},
+        Case{"tq_ne_tk", 2, 2, 7, 70, 3, 1, 4, 8, false, true, false},
+        Case{"gqa_4_pairs_1_group", 2, 1, 70, 70, 4, 1, 16, 32, false, false, true},
+        Case{"gqa_v2", 2, 1, 45, 45, 4, 2, 8, 8, true, true, true},
+        Case{"lambda_outside_unit", 2, 1, 40, 40, 2, 2, 8, 16, false, true, false, -0.9f, 1.8f},
+        Case{"standard", 1, 2, 70, 70, 4, 4, 16, 16, false, false, false},
+        Case{"standard_causal_gqa", 1, 1, 97, 97, 4, 1, 8, 12, false, false, true},
+        // big enough for the work-per-thread bound to give them two threads
+        Case{"t300_gqa_two_threads", 2, 2, 300, 300, 4, 2, 16, 32, false, true, true},
+        Case{"decode_two_threads", 2, 1, 1, 12000, 2, 1, 16, 32, false, false, true},
+        Case{"decode_v1", 2, 2, 1, 700, 2, 1, 16, 32, false, false, true},
+        Case{"decode_v2_tq3", 2, 1, 3, 600, 4, 2, 8, 8, true, true, true},
+        Case{"decode_standard_tq3", 1, 1, 3, 300, 4, 2, 8, 8, false, false, false}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// ---- decode entry point ----
+
+TEST(FusedDecode, ExplicitEntryWithManySplitsMatchesReference) {
+  for (int64_t Tq : {1, 3}) {
+    for (bool causal : {false, true}) {
+      Problem pr = problem_of(Case{"", 2, 2, Tq, 1000, 4, 2, 16, 32, false, true, causal}, 31);
+      AttnDecodeParams p(pr.params());
+      p.key_chunk = 100;  // rounded up to whole tiles: 128 keys, 8 splits
+      testing::FwdResult ref = testing::run_fwd(pr, Backend::Reference), got = ref;
+      std::fill(got.out.begin(), got.out.end(), NAN);
+      std::fill(got.lse.begin(), got.lse.end(), NAN);
+      p.out = got.out.data();
+      p.lse = got.lse.data();
+      p.o2 = got.o2.data();
+      attention_decode(p);
+      const std::vector<float> naive = testing::naive_fwd(pr.params());
+      SCOPED_TRACE("Tq " + std::to_string(Tq) + (causal ? " causal" : ""));
+      expect_close("out", got.out, ref.out, naive);
+      expect_lse_close(got.lse, ref.lse);
+    }
+  }
+}
+
+// ---- strided views: a fused QKV buffer and a KV cache with spare capacity ----
+
+TEST(FusedStrides, StridedViewsGiveTheContiguousResult) {
+  // q rows live in a fused QKV activation buffer (row stride > row); k and v in a cache of
+  // capacity Tcap > Tk per batch (batch stride > Tk * row stride), rows padded too; out rows
+  // padded. Packing makes the fused kernels' arithmetic independent of the layout, so the
+  // strided results equal the contiguous ones exactly (and the reference's equal its own).
+  const int64_t B = 2, Tq = 19, Tk = 83, H = 2, G = 1, D = 8, Dv = 16, Tcap = 101;
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "not causal");
+    const Problem pr = problem_of(Case{"", 2, B, Tq, Tk, H, G, D, Dv, false, false, causal}, 41);
+    const int64_t qrow = 2 * H * D + 5, krow = 2 * G * D + 3, vrow = G * Dv + 1,
+                  orow = H * Dv + 4;
+    std::vector<float> qbuf(B * Tq * qrow, NAN), kbuf(B * Tcap * krow, NAN),
+        vbuf(B * Tcap * vrow, NAN);
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t t = 0; t < Tq; ++t)
+        std::copy_n(&pr.q[(b * Tq + t) * 2 * H * D], 2 * H * D, &qbuf[(b * Tq + t) * qrow + 2]);
+      for (int64_t t = 0; t < Tk; ++t) {
+        std::copy_n(&pr.k[(b * Tk + t) * 2 * G * D], 2 * G * D, &kbuf[(b * Tcap + t) * krow]);
+        std::copy_n(&pr.v[(b * Tk + t) * G * Dv], G * Dv, &vbuf[(b * Tcap + t) * vrow]);
+      }
+    }
+    const std::vector<float> dout = testing::randn(B * Tq * H * Dv, 5);
+    std::vector<float> dout_buf(B * Tq * orow, NAN);
+    for (int64_t bt = 0; bt < B * Tq; ++bt)
+      std::copy_n(&dout[bt * H * Dv], H * Dv, &dout_buf[bt * orow]);
+
+    AttnParams p = pr.params();
+    p.q = qbuf.data() + 2, p.q_row_stride = qrow, p.q_batch_stride = Tq * qrow;
+    p.k = kbuf.data(), p.k_row_stride = krow, p.k_batch_stride = Tcap * krow;
+    p.v = vbuf.data(), p.v_row_stride = vrow, p.v_batch_stride = Tcap * vrow;
+    p.o_row_stride = orow, p.o_batch_stride = Tq * orow;
+    for (Backend be : {Backend::Fused, Backend::Reference}) {
+      SCOPED_TRACE(backend_name(be));
+      const testing::BwdResult want_g = testing::run_bwd(pr, dout, be);
+      const testing::FwdResult want = testing::run_fwd(pr, be);
+      std::vector<float> obuf(B * Tq * orow, -7.0f), lse(want.lse.size()), o2(want.o2.size());
+      p.out = obuf.data(), p.lse = lse.data(), p.o2 = o2.data();
+      attention_fwd(p, be);
+      for (int64_t bt = 0; bt < B * Tq; ++bt) {
+        for (int64_t x = 0; x < H * Dv; ++x) EXPECT_EQ(obuf[bt * orow + x], want.out[bt * H * Dv + x]);
+        for (int64_t x = H * Dv; x < orow; ++x) EXPECT_EQ(obuf[bt * orow + x], -7.0f);
+      }
+      EXPECT_EQ(lse, want.lse);
+      EXPECT_EQ(o2, want.o2);
+
+      // Backward through the same views: gradients land with their input's strides, and
+      // nothing outside the views is written.
+      AttnBwdParams bp(p);
+      bp.dout = dout_buf.data();
+      std::vector<float> dq(qbuf.size(), -3.0f), dk(kbuf.size(), -3.0f), dv(vbuf.size(), -3.0f),
+          dlam(H);
+      bp.dq = dq.data() + 2, bp.dk = dk.data(), bp.dv = dv.data(), bp.dlam = dlam.data();
+      attention_bwd(bp, be);
+      for (int64_t b = 0; b < B; ++b) {
+        for (int64_t t = 0; t < Tq; ++t)
+          for (int64_t x = 0; x < qrow; ++x) {
+            const float got = dq[(b * Tq + t) * qrow + x];
+            if (x < 2 || x >= 2 + 2 * H * D) EXPECT_EQ(got, -3.0f);
+            else EXPECT_EQ(got, want_g.dq[(b * Tq + t) * 2 * H * D + x - 2]);
+          }
+        for (int64_t t = 0; t < Tcap; ++t) {
+          for (int64_t x = 0; x < krow; ++x) {
+            const float got = dk[(b * Tcap + t) * krow + x];
+            if (t >= Tk || x >= 2 * G * D) EXPECT_EQ(got, -3.0f);
+            else EXPECT_EQ(got, want_g.dk[(b * Tk + t) * 2 * G * D + x]);
+          }
+          for (int64_t x = 0; x < vrow; ++x) {
+            const float got = dv[(b * Tcap + t) * vrow + x];
+            if (t >= Tk || x >= G * Dv) EXPECT_EQ(got, -3.0f);
+            else EXPECT_EQ(got, want_g.dv[(b * Tk + t) * G * Dv + x]);
+          }
+        }
+      }
+      EXPECT_EQ(dlam, want_g.dlam);
+    }
+
+    // Decode on the same cache: the newest 2 query rows against the whole cache, through the
+    // views, against the reference on the same views.
+    AttnParams pd = p;
+    pd.Tq = 2;
+    pd.o_batch_stride = 2 * orow;
+    std::vector<float> ref_out(B * 2 * orow, 0.0f), ref_lse(B * 2 * H * 2), got_out = ref_out,
+        got_lse = ref_lse;
+    pd.out = ref_out.data(), pd.lse = ref_lse.data(), pd.o2 = nullptr;
+    attention_fwd(pd, Backend::Reference);
+    pd.out = got_out.data(), pd.lse = got_lse.data();
+    AttnDecodeParams dp(pd);
+    dp.key_chunk = 64;
+    attention_decode(dp);
+    Problem pq = pr;  // the naive float32 error of the same rows, for the tolerance
+    pq.Tq = 2;
+    pq.q.resize(B * 2 * 2 * H * D);
+    for (int64_t b = 0; b < B; ++b)
+      std::copy_n(&pr.q[b * Tq * 2 * H * D], 2 * 2 * H * D, &pq.q[b * 2 * 2 * H * D]);
+    std::vector<float> naive = testing::naive_fwd(pq.params()), naive_buf(ref_out.size(), 0.0f);
+    for (int64_t bt = 0; bt < B * 2; ++bt) std::copy_n(&naive[bt * H * Dv], H * Dv, &naive_buf[bt * orow]);
+    expect_close("decode out", got_out, ref_out, naive_buf);
+    expect_lse_close(got_lse, ref_lse);
+  }
+}
+
+// ---- numerical edge cases ----
+
+TEST(FusedEdgeCases, HugeLogits) {
+  Problem pr = problem_of(Case{"", 2, 1, 40, 40, 2, 1, 8, 16, false, true, true, -0.5f, 1.5f}, 51);
+  for (float& x : pr.q) x *= 4e3f;  // scores around +-1e4
+  const testing::FwdResult ref = testing::run_fwd(pr, Backend::Reference);
+  const testing::FwdResult got = testing::run_fwd(pr, Backend::Fused);
+  ASSERT_TRUE(testing::all_finite(got.out) && testing::all_finite(got.lse));
+  expect_close("out", got.out, ref.out, testing::naive_fwd(pr.params()));
+  const testing::BwdResult g =
+      testing::run_bwd(pr, testing::randn(ref.out.size(), 3), Backend::Fused);
+  EXPECT_TRUE(testing::all_finite(g.dq) && testing::all_finite(g.dk) &&
+              testing::all_finite(g.dv) && testing::all_finite(g.dlam));
+}
+
+TEST(FusedEdgeCases, RowsThatSeeNoKeyAreZero) {
+  // Causal with Tq > Tk: rows 0..Tq-Tk-1 see no key: out 0, lse +inf, gradients 0.
+  for (int64_t Tk : {3, 300}) {
+    Problem pr = problem_of(Case{"", 2, 1, Tk + 5, Tk, 1, 1, 4, 8, false, false, true}, 52);
+    const testing::FwdResult got = testing::run_fwd(pr, Backend::Fused);
+    for (int64_t i = 0; i < 5; ++i) {
+      for (int64_t d = 0; d < 8; ++d) EXPECT_EQ(got.out[i * 8 + d], 0.0f);
+      EXPECT_TRUE(std::isinf(got.lse[i]) && got.lse[i] > 0);
+    }
+    const testing::BwdResult g =
+        testing::run_bwd(pr, testing::randn(got.out.size(), 4), Backend::Fused);
+    for (int64_t x = 0; x < 5 * 2 * 4; ++x) EXPECT_EQ(g.dq[x], 0.0f);
+    check_forward(pr, "masked rows");
+  }
+}
+
+TEST(FusedEdgeCases, ClampRowThatClampsToAllZerosStaysZero) {
+  Problem pr = problem_of(Case{"", 2, 1, 30, 30, 1, 1, 3, 6, false, false, false}, 53);
+  pr.mode = DiffMode::Clamp;
+  for (int64_t t = 0; t < 30; ++t) {
+    for (int64_t d = 0; d < 3; ++d) {
+      pr.q[t * 6 + 3 + d] = pr.q[t * 6 + d];
+      pr.k[t * 6 + 3 + d] = pr.k[t * 6 + d];
+    }
+  }
+  pr.lam = {1.5f};
+  const testing::FwdResult got = testing::run_fwd(pr, Backend::Fused);
+  for (float x : got.out) EXPECT_EQ(x, 0.0f);
+}
+
+TEST(FusedEdgeCases, EmptyShapes) {
+  Problem pr = problem_of(Case{"", 2, 0, 5, 5, 1, 1, 4, 8, false, false, false}, 54);
+  EXPECT_TRUE(testing::run_fwd(pr, Backend::Fused).out.empty());
+  pr = problem_of(Case{"", 2, 1, 0, 5, 1, 1, 4, 8, false, false, false}, 54);
+  EXPECT_TRUE(testing::run_fwd(pr, Backend::Fused).out.empty());
+  pr = problem_of(Case{"", 2, 1, 3, 0, 1, 1, 4, 8, false, false, false}, 54);
+  const testing::FwdResult f = testing::run_fwd(pr, Backend::Fused);
+  for (float x : f.out) EXPECT_EQ(x, 0.0f);
+}
+
+TEST(FusedDispatch, BackendNamesAndSimdTarget) {
+  EXPECT_EQ(resolve_backend(Backend::Reference), Backend::Reference);
+  EXPECT_EQ(resolve_backend(Backend::Fused), Backend::Fused);
+  const std::string target = fused_simd_target();
+  EXPECT_FALSE(target.empty());
+}
+
+}  // namespace
+}  // namespace diffattn

@@ -1,0 +1,86 @@
+"""The Python operators run the fused kernels by default; backend="reference" or the
+environment variable DIFFATTN_BACKEND=reference force the reference. (Their agreement with
+PyTorch over every shape is in test_operator_torch.py, which runs the default backend.)
+Also: `diffattn bench --json` runs and reports every row with its rates."""
+
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+import diffattn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOOL = os.path.join(ROOT, "build", "diffattn")
+
+
+def arrays(Tq=40, Tk=40, H=2, G=1, D=8, Dv=16, seed=0):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((1, Tq, 2 * H, D), dtype=np.float32)
+    k = rng.standard_normal((1, Tk, 2 * G, D), dtype=np.float32)
+    v = rng.standard_normal((1, Tk, G, Dv), dtype=np.float32)
+    lam = np.full((H,), 0.6, np.float32)
+    return q, k, v, lam
+
+
+@pytest.mark.parametrize("Tq,Tk", [(40, 40), (1, 600), (3, 600)], ids=["tiled", "decode1", "decode3"])
+def test_default_is_fused_and_reference_can_be_forced(Tq, Tk, monkeypatch):
+    q, k, v, lam = arrays(Tq, Tk)
+    fused = diffattn.diff_attention(q, k, v, lam, causal=True, backend="fused")
+    default = diffattn.diff_attention(q, k, v, lam, causal=True)
+    ref = diffattn.diff_attention(q, k, v, lam, causal=True, backend="reference")
+    assert np.array_equal(default, fused)
+    np.testing.assert_allclose(fused, ref, rtol=1e-4, atol=1e-5)
+    assert not np.array_equal(fused, ref)  # two implementations: different rounding
+    monkeypatch.setenv("DIFFATTN_BACKEND", "reference")
+    assert np.array_equal(diffattn.diff_attention(q, k, v, lam, causal=True), ref)
+    monkeypatch.setenv("DIFFATTN_BACKEND", "fused")
+    assert np.array_equal(diffattn.diff_attention(q, k, v, lam, causal=True), fused)
+
+
+def test_backward_default_is_fused():
+    q, k, v, lam = arrays()
+    dout = np.random.default_rng(1).standard_normal((1, 40, 2, 16), dtype=np.float32)
+    fused = diffattn.diff_attention_backward(q, k, v, lam, dout, causal=True, backend="fused")
+    default = diffattn.diff_attention_backward(q, k, v, lam, dout, causal=True)
+    ref = diffattn.diff_attention_backward(q, k, v, lam, dout, causal=True, backend="reference")
+    for a, b, r in zip(fused, default, ref):
+        assert np.array_equal(a, b)
+        np.testing.assert_allclose(a, r, rtol=1e-3, atol=1e-5)
+
+
+def test_bad_backend_names_are_errors(monkeypatch):
+    q, k, v, lam = arrays()
+    with pytest.raises(ValueError, match='backend must be "auto", "fused" or "reference"'):
+        diffattn.diff_attention(q, k, v, lam, backend="gpu")
+    monkeypatch.setenv("DIFFATTN_BACKEND", "fast")
+    with pytest.raises(ValueError, match='DIFFATTN_BACKEND is "fast"'):
+        diffattn.diff_attention(q, k, v, lam)
+
+
+@pytest.mark.skipif(not os.path.exists(TOOL), reason="needs build/diffattn")
+def test_bench_json_reports_every_row():
+    cmd = [TOOL, "--threads", "1", "bench", "--json", "--T", "64", "--ref-T", "32",
+           "--decode-T", "512", "--rss-T", "256", "--rounds", "1", "--sgemm-n", "64",
+           "--bandwidth-mb", "8"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120).stdout
+    report = json.loads(out)
+    machine = report["machine"]
+    assert machine["threads"] == 1 and machine["sgemm_gflops"] > 0
+    assert machine["read_bandwidth_gbs"] > 0 and machine["simd_target"]
+    rows = report["rows"]
+    ops = {(r["op"], r["variant"]) for r in rows}
+    for op in ("fwd", "bwd"):
+        for variant in ("diff fused", "standard 2H heads", "upstream recipe", "reference"):
+            assert (op, variant) in ops
+    for variant in ("diff fused", "standard 2H heads", "upstream recipe", "reference"):
+        assert ("decode", variant) in ops
+    for r in rows:
+        assert r["seconds"] > 0
+        if r["op"] == "decode":
+            assert r["gbs"] > 0 and r["x_bandwidth"] > 0
+        else:
+            assert r["gflops"] > 0 and r["x_sgemm"] > 0
+    assert 0 < report["peak_rss"]["mb"] < 1024
