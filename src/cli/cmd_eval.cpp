@@ -32,7 +32,7 @@ int run_eval(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const CommandRegistration reg({"eval", "validation loss and perplexity of a model", 30, run_eval});
+const CommandRegistration reg({"eval", "validation loss and perplexity of a model", 12, run_eval});
 
 }  // namespace
 

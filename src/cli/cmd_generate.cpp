@@ -72,7 +72,7 @@ int run_generate(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const CommandRegistration reg({"generate", "continue a prompt with a trained model (KV cache, sampling)", 40,
+const CommandRegistration reg({"generate", "continue a prompt with a trained model (KV cache, sampling)", 13,
                                run_generate});
 
 }  // namespace

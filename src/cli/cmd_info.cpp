@@ -54,7 +54,7 @@ int run_info(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const CommandRegistration reg({"info", "show a model: config, parameters per tensor, lambda per layer", 50,
+const CommandRegistration reg({"info", "show a model: config, parameters per tensor, lambda per layer", 14,
                                run_info});
 
 }  // namespace

@@ -231,7 +231,7 @@ int run_train(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const CommandRegistration reg({"train", "train a DIFF V1 / V2 or standard language model", 20,
+const CommandRegistration reg({"train", "train a DIFF V1 / V2 or standard language model", 11,
                                run_train});
 
 }  // namespace
