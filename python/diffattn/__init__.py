@@ -19,6 +19,13 @@ ValueError naming the tensor, the expected and the actual shape. backend="refere
 environment variable DIFFATTN_BACKEND=reference) forces the reference implementation.
 """
 
+import os as _os
+
+# Idle OpenMP threads spin by default, which on a shared machine steals cycles from the working
+# ones; libgomp reads this when it loads (with _core below, unless another module loaded it
+# first). A policy the user set is kept.
+_os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
 from ._core import *  # noqa: F401,F403
 from ._core import __doc__ as _core_doc  # noqa: F401
 
