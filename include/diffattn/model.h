@@ -12,6 +12,7 @@
 
 #include "diffattn/attention_layer.h"
 #include "diffattn/error.h"
+#include "diffattn/files.h"
 
 namespace diffattn {
 
@@ -172,12 +173,6 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensorRef>
 // Reads and checks a whole file: header length, JSON, dtype, shapes, offsets within the data,
 // overlaps. Errors (IoError) name the file and the tensor.
 SafeTensorsFile read_safetensors(const std::string& path);
-
-// ---- files ----
-// Writes bytes to path atomically: a temporary file in the same directory, fsync, rename,
-// fsync of the directory. Throws IoError naming the path.
-void write_file_atomic(const std::string& path, const std::string& bytes);
-std::string read_file(const std::string& path);
 
 // ---- model directories ----
 // DIR/config.json + DIR/model.safetensors (F32). Creates DIR if needed.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "diffattn/error.h"
+#include "diffattn/files.h"
 
 namespace diffattn::viz {
 
@@ -140,15 +141,14 @@ std::vector<double> nice_ticks(double lo, double hi, int target = 6);
 
 // ---- files ----
 
-// Writes bytes to path atomically; creates no directories. Throws IoError naming the file.
-void write_file_atomic(const std::string& path, const std::string& bytes);
+// Atomic writes and directories: include/diffattn/files.h.
+using diffattn::make_dirs;
+using diffattn::write_file_atomic;
 // The PNG encoding of a canvas (8-bit RGB, zlib), and writing it.
 std::string encode_png(const Canvas& c);
 void write_png(const std::string& path, const Canvas& c);
 // A NumPy .npy file (format 1.0, little-endian float32, C order) of the given shape.
 std::string encode_npy(const float* data, const std::vector<int64_t>& shape);
 void write_npy(const std::string& path, const float* data, const std::vector<int64_t>& shape);
-// Creates a directory and its parents if missing; IoError when it cannot.
-void make_dirs(const std::string& path);
 
 }  // namespace diffattn::viz

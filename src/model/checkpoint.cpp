@@ -11,16 +11,6 @@
 
 namespace diffattn {
 
-namespace {
-
-void make_dirs(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) throw IoError(dir + ": cannot create the directory (" + ec.message() + ")");
-}
-
-}  // namespace
-
 void save_model(const Model& m, const std::string& dir) {
   make_dirs(dir);
   std::vector<SafeTensorRef> refs;

@@ -3,19 +3,11 @@
 // plus an optional "__metadata__" string map, then the raw little-endian data.
 // We write F32; we read F32, BF16 and F16 (converted to float32). Every check names the file
 // and the tensor. Files are written atomically.
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <random>
-#include <sstream>
 
 #include "diffattn/model.h"
 
@@ -24,17 +16,6 @@ namespace diffattn {
 using json = nlohmann::json;
 
 namespace {
-
-std::string dirname_of(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-[[noreturn]] void io_fail(const std::string& path, const std::string& what) {
-  throw IoError(path + ": " + what + (errno ? std::string(" (") + std::strerror(errno) + ")" : ""));
-}
 
 float half_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
@@ -62,58 +43,6 @@ float bf16_to_float(uint16_t h) {
 }
 
 }  // namespace
-
-void write_file_atomic(const std::string& path, const std::string& bytes) {
-  const std::string dir = dirname_of(path);
-  std::random_device rd;
-  const std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(rd());
-  errno = 0;
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) io_fail(tmp, "cannot create the temporary file");
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      errno = e;
-      io_fail(tmp, "write failed");
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const int e = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    errno = e;
-    io_fail(tmp, "fsync failed");
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    errno = e;
-    io_fail(path, "rename from the temporary file failed");
-  }
-  // The rename is durable only once the directory entry is.
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-}
-
-std::string read_file(const std::string& path) {
-  errno = 0;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) io_fail(path, "cannot open");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) io_fail(path, "read failed");
-  return ss.str();
-}
 
 void write_safetensors(const std::string& path, const std::vector<SafeTensorRef>& tensors,
                        const std::map<std::string, std::string>& metadata) {
@@ -144,7 +73,6 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensorRef>
 
 SafeTensorsFile read_safetensors(const std::string& path) {
   const std::string bytes = read_file(path);
-  errno = 0;
   if (bytes.size() < 8) {
     throw IoError(path + ": truncated: " + std::to_string(bytes.size()) +
                   " bytes, shorter than the 8-byte safetensors header length");

@@ -1,28 +1,14 @@
-// Files: atomic writes (temporary file in the target's directory, fsync, rename, fsync of the
-// directory), PNG encoding with zlib (8-bit RGB, filter "none" per row) and NumPy .npy format 1.0.
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
+// Image and array files: PNG encoding with zlib (8-bit RGB, filter "none" per row) and NumPy
+// .npy format 1.0, both written atomically (include/diffattn/files.h).
 #include <zlib.h>
 
-#include <cerrno>
 #include <cstring>
-#include <random>
 
 #include "diffattn/viz.h"
 
 namespace diffattn::viz {
 
 namespace {
-
-std::string errno_text() { return std::strerror(errno); }
-
-std::string dir_of(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
 
 void put_be32(std::string& s, uint32_t v) {
   s.push_back(static_cast<char>(v >> 24));
@@ -41,59 +27,6 @@ void put_chunk(std::string& out, const char* type, const std::string& data) {
 }
 
 }  // namespace
-
-void write_file_atomic(const std::string& path, const std::string& bytes) {
-  if (path.empty()) throw IoError("cannot write a file with an empty name");
-  std::random_device rd;
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rd());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) throw IoError("cannot create " + tmp + " (to write " + path + "): " + errno_text());
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = errno_text();
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw IoError("cannot write " + path + ": " + why);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const std::string why = errno_text();
-    ::unlink(tmp.c_str());
-    throw IoError("cannot flush " + path + " to disk: " + why);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = errno_text();
-    ::unlink(tmp.c_str());
-    throw IoError("cannot rename " + tmp + " to " + path + ": " + why);
-  }
-  // The rename is durable only once the directory entry is on disk.
-  const int dfd = ::open(dir_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-}
-
-void make_dirs(const std::string& path) {
-  if (path.empty()) throw IoError("cannot create a directory with an empty name");
-  size_t pos = 0;
-  while (pos != std::string::npos) {
-    pos = path.find('/', pos + 1);
-    const std::string part = path.substr(0, pos);
-    if (part.empty()) continue;
-    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
-      throw IoError("cannot create directory " + part + ": " + errno_text());
-    }
-  }
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    throw IoError(path + " exists and is not a directory");
-  }
-}
 
 std::string encode_png(const Canvas& c) {
   const int w = c.width(), h = c.height();
