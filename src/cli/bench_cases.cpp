@@ -94,6 +94,13 @@ ShapeSpec standard_equivalent(const ShapeSpec& d) {
   return s;
 }
 
+ShapeSpec v2_equivalent(const ShapeSpec& d) {
+  ShapeSpec s = standard_equivalent(d);
+  s.maps = 2;
+  s.shared_keys = s.lam_per_token = true;
+  return s;
+}
+
 UpstreamRecipe::UpstreamRecipe(const Tensors& t) : t_(t) {
   const AttnParams& p = t.p;
   const int64_t nq = p.B * p.Tq * p.H * p.D, nk = p.B * p.Tk * p.G * p.D,

@@ -37,6 +37,10 @@ struct Tensors {
 // The standard attention of equal parameters: 2H heads of size D (values of size D), keys
 // and values with 2G heads.
 ShapeSpec standard_equivalent(const ShapeSpec& diff);
+// DIFF V2 of the same model size as that standard peer: its 2H heads become 2H output heads of
+// 4H query heads (two maps each), keys and values keep the standard's 2G heads of size D and
+// are shared by both maps, lambda per token. Twice the standard's FLOPs, the same cache bytes.
+ShapeSpec v2_equivalent(const ShapeSpec& diff);
 
 // The upstream recipe (the Differential Transformer's reference code): split q and k into the
 // two maps' heads, two standard attention calls (our fused kernel), then out = o1 - lam o2.

@@ -119,7 +119,11 @@ int run_bench(const std::vector<std::string>& argv) {
             "backward) report GFLOP/s counted as FlashAttention counts (backward = 2.5 x forward)\n"
             "and the ratio to sgemm; decode rows report K/V bytes read per second and the ratio\n"
             "to the read bandwidth. Each row's time is the median over the rounds; every variant\n"
-            "runs once per round, interleaved.");
+            "runs once per round, interleaved. Beside each V1 row (\"diff fused\"): standard\n"
+            "attention of equal parameters (2H heads of size D), the upstream two-call recipe,\n"
+            "the reference (at --ref-T), and DIFF V2 of the same model size (2H output heads of\n"
+            "4H query heads, 2G key/value heads of size D shared by both maps, lambda per token:\n"
+            "twice the standard FLOPs, the same cache bytes).");
   args.option("--T", "N", "4096", "sequence length of the forward/backward rows")
       .option("--B", "N", "1", "batch")
       .option("--H", "N", "4", "differential pairs (the standard peer has 2H heads)")
@@ -182,11 +186,17 @@ int run_bench(const std::vector<std::string>& argv) {
     add("fwd", "standard 2H heads", st, fs, 0, [&st] { attention_fwd(st.p); });
     add("fwd", "upstream recipe", d, fd, 0, [&up] { up.forward(); });
     if (with_ref) add("fwd", "reference", d, fd, 0, [&d] { attention_fwd(d.p, Backend::Reference); });
+    Tensors* v2 = with_ref ? nullptr : &tensors(bench::v2_equivalent(s));
+    if (v2) add("fwd", "diff V2 fused", *v2, v2->fwd_flops(), 0, [v2] { attention_fwd(v2->p); });
     if (bwd) {
       const AttnBwdParams db = d.bwd(), sb = st.bwd();
       add("bwd", "diff fused", d, 2.5 * fd, 0, [db] { attention_bwd(db); });
       add("bwd", "standard 2H heads", st, 2.5 * fs, 0, [sb] { attention_bwd(sb); });
       add("bwd", "upstream recipe", d, 2.5 * fd, 0, [&up] { up.backward(); });
+      if (v2) {
+        const AttnBwdParams vb = v2->bwd();
+        add("bwd", "diff V2 fused", *v2, 2.5 * v2->fwd_flops(), 0, [vb] { attention_bwd(vb); });
+      }
       if (with_ref) {
         add("bwd", "reference", d, 2.5 * fd, 0, [db] { attention_bwd(db, Backend::Reference); });
       }
@@ -208,6 +218,8 @@ int run_bench(const std::vector<std::string>& argv) {
     add("decode", "upstream recipe", d, 0, d.kv_bytes() + d.p.B * Td * d.p.G * d.p.Dv * 4.0,
         [&up] { up.forward(); });
     add("decode", "reference", d, 0, d.kv_bytes(), [&d] { attention_fwd(d.p, Backend::Reference); });
+    Tensors& v2 = tensors(bench::v2_equivalent(s));
+    add("decode", "diff V2 fused", v2, 0, v2.kv_bytes(), [&v2] { attention_fwd(v2.p); });
   }
 
   // Interleaved rounds: the machine's limits and every variant, once each per round.
