@@ -24,7 +24,7 @@
 namespace diffattn::data {
 
 struct RetrievalSpec {
-  int64_t context = 96;      // C: tokens of context (filler and needles) before the queries
+  int64_t context = 64;      // C: tokens of context (filler and needles) before the queries
   int64_t min_context = 0;   // > 0: each sample's C is drawn from [min_context, context]
   int64_t needles = 4;       // N key-value needles in the context
   int64_t queries = 2;       // R of them asked for at the end (R <= N)

@@ -184,17 +184,24 @@ RetrievalSample make_retrieval_sample(const RetrievalSpec& spec, uint64_t index)
       if (!taken(n.key, i)) break;
     }
     n.value = static_cast<int32_t>(st.below(spec.value_symbols));
-    if (i >= R && i < R + M) {
-      // A near miss never shares its twin's value: answering from it is always wrong.
-      const int32_t twin_value = nd[static_cast<size_t>((i - R) % R)].value;
-      if (n.value == twin_value) n.value = static_cast<int32_t>((n.value + 1) % spec.value_symbols);
-    }
-  }
-  for (int64_t i = R; i < N; ++i) {
-    for (int64_t q = 0; q < R; ++q) {
-      if (hamming(nd[static_cast<size_t>(i)].key, nd[static_cast<size_t>(q)].key) == 1) {
-        nd[static_cast<size_t>(i)].near_miss_of = q;
-        break;
+    if (i >= R) {
+      // A near miss (by design, or by chance one symbol from another queried key) never shares
+      // the value of a queried key it nearly matches: answering from it is always wrong.
+      for (int tries = 0; tries < spec.value_symbols; ++tries) {
+        bool clash = false;
+        for (int64_t q = 0; q < R; ++q) {
+          const RetrievalNeedle& t = nd[static_cast<size_t>(q)];
+          clash = clash || (t.value == n.value && hamming(t.key, n.key) == 1);
+        }
+        if (!clash) break;
+        n.value = static_cast<int32_t>((n.value + 1) % spec.value_symbols);
+      }
+      if (i < R + M) {
+        n.near_miss_of = (i - R) % R;
+      } else {
+        for (int64_t q = 0; q < R && n.near_miss_of < 0; ++q) {
+          if (hamming(n.key, nd[static_cast<size_t>(q)].key) == 1) n.near_miss_of = q;
+        }
       }
     }
   }
