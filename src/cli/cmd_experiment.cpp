@@ -104,10 +104,10 @@ int run_experiment(const std::vector<std::string>& argv) {
       .option("--out", "DIR", "retrieval", "directory for the report and the models");
   task_options(a, true);
   a.option("--min-context", "C", "32", "shortest training context (0: always --context)")
-      .option("--lengths", "C,C,..", "32,64,96,128", "contexts to evaluate (may exceed --context)")
+      .option("--lengths", "C,C,..", "32,48,64,96", "contexts to evaluate (may exceed --context)")
       .option("--depths", "D,D,..", "0,0.25,0.5,0.75,1", "needle depths to evaluate (0: start, 1: end)")
       .option("--depth-context", "C", "0", "context of the depth evaluation (0: --context)")
-      .option("--steps", "N", "600", "training steps per model")
+      .option("--steps", "N", "1500", "training steps per model")
       .option("--batch", "B", "16", "sequences per step")
       .option("--lr", "X", "0.003", "peak learning rate (warmup, cosine decay to lr / 10)")
       .option("--warmup", "N", "30", "warmup steps")
@@ -156,6 +156,7 @@ int run_experiment(const std::vector<std::string>& argv) {
   o.out_dir = a.str("--out");
   if (o.out_dir.empty()) throw UsageError("--out DIR must not be empty");
 
+  o.task.validate();
   std::cout << "Multi-needle retrieval: " << data::RetrievalTask(o.task).describe() << ", " << num_threads()
             << " thread(s)\n"
             << "sample: " << data::make_retrieval_sample(o.task, 0).text() << "\n";
