@@ -14,7 +14,8 @@ namespace diffattn::explorer {
 inline constexpr size_t kMaxBodyBytes = 16 * 1024;
 inline constexpr int64_t kMaxLength = 64;      // tokens of a random example
 inline constexpr int64_t kMaxHeadDim = 64;
-inline constexpr size_t kMaxPromptBytes = 2048;  // for model prompts (phase 2)
+inline constexpr size_t kMaxPromptBytes = 2048;  // a model's prompt, in bytes
+inline constexpr int64_t kMaxPromptTokens = 96;  // ... and in tokens (T x T maps go back as JSON)
 inline constexpr double kMaxAbsLambda = 4.0;
 
 struct Response {
@@ -30,8 +31,19 @@ struct Response {
 //                          "length": 12, "head_dim": 4, "seed": 0}   (length .. seed: random only)
 //                         -> {"tokens": [...], "views": {"map1", "map2", "diff", "standard"}
 //                             as T x T arrays, "outputs": {"diff", "standard"} as T x Dv, ...}
+//                         {"source": "model", "model": 0, "prompt": "...", "layer": 0,
+//                          "head": 0 (-1: mean of the heads), "lambda": optional (absent: the
+//                          model's learned lambda), "mode"}
+//                         -> the same "views", recomputed from the saved lse of the model's fused
+//                            forward (inspect.h); a standard model has only "standard" (the
+//                            others are null); no "outputs".
 // Bad input: 400 with {"error": "..."} naming the field; unknown paths 404; wrong methods 405.
 Response handle(const std::string& method, const std::string& path, const std::string& body);
+
+// Offers a saved model (a directory of FORMAT.md) as the source "model", numbered in the order
+// added; /api/info lists them. Throws what load_model throws. Each model is run under its own
+// lock (a forward overwrites the model's saved activations).
+void add_model(const std::string& dir);
 
 // {"error": message} with the status.
 Response error_response(int status, const std::string& message);

@@ -50,6 +50,10 @@ nn::AttnKind parse_attn_kind(const std::string& name, const std::string& where);
 // V1 matches standard exactly (H pairs of 2D replace 2H heads of D); V2's extra query heads
 // and lambda_proj are paid for by a smaller ffn_dim (see README).
 ModelConfig model_preset(const std::string& name, nn::AttnKind kind, int64_t vocab_size = 256);
+// The same rule for any size: n_std heads of d_model / n_std for the standard model (V1: n_std / 2
+// pairs, V2: n_std output heads and an FFN shrunk to pay for its extra query heads).
+ModelConfig model_of_size(nn::AttnKind kind, int64_t d_model, int64_t n_layers, int64_t n_std,
+                          int64_t ffn_dim, int64_t max_seq_len, int64_t vocab_size = 256);
 
 // ---- weights ----
 struct TensorInfo {
@@ -93,6 +97,20 @@ class Model {
   // Per-layer lambda: V1 the layer's scalar (Eq. 2); V2 the mean of sigmoid(lambda_proj x) over
   // the last forward's tokens and heads (NaN before any forward); standard: empty.
   std::vector<double> layer_lambdas() const;
+
+  // One attention layer as the last forward() ran it, for looking inside (maps, analysis):
+  // `params` views q and k after RoPE, v, lambda (V1: (H) broadcast; V2: (B, T, H)), the output
+  // and the saved lse, so attention_probs(params, map, probs) recomputes the maps; nothing is
+  // copied and the forward is unchanged (it keeps no T x T buffer). Valid until the next
+  // forward; throws before any forward (infer() does not count: it saves no lse).
+  struct LayerAttention {
+    AttnParams params;
+    nn::AttnLayerShape shape;
+  };
+  LayerAttention layer_attention(int64_t layer) const;
+  // (B, T) of the last forward(); (0, 0) before any.
+  int64_t last_batch() const { return B_; }
+  int64_t last_len() const { return T_; }
 
   // ---- inference with a KV cache ----
   void cache_reset(int64_t B, int64_t capacity);

@@ -12,15 +12,18 @@
 namespace diffattn {
 
 struct AttentionViews {
-  std::string source;               // "textbook", "random" (phase 2: "model")
+  std::string source;               // "textbook", "random", "model"
+  std::string title;                // a model's views: what they show (model, layer, head)
   std::vector<std::string> tokens;  // T labels; queries and keys are the same tokens
   int64_t T = 0;
-  float lambda = 0.0f;
+  float lambda = 0.0f;              // a model's views: the mean of the rows' lambdas
+  bool lambda_varies = false;       // rows used different lambdas (V2: per token)
   DiffMode mode = DiffMode::Signed;
   bool causal = false;
   std::vector<float> map1, map2;  // (T, T) softmax(s Q1 K1^T), softmax(s Q2 K2^T)
   std::vector<float> diff;        // (T, T) A1 - lambda A2, or clamped and renormalised
   std::vector<float> standard;    // (T, T) softmax over the full width (both halves)
+                                  // a standard model's views have only this one
   int64_t Dv = 0;
   std::vector<float> out_diff, out_standard;  // (T, Dv) the operators' outputs
 };

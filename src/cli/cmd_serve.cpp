@@ -20,10 +20,31 @@ int run_serve(const std::vector<std::string>& argv) {
             "textbook example or a seeded random head, drag lambda, switch signed/clamp mode and\n"
             "the causal mask, click a row to see its distribution in map 1, map 2, the\n"
             "differential map and standard attention (numbers on hover and in a table). Every\n"
-            "number comes from the library; the page loads nothing from elsewhere.");
-  args.option("--host", "ADDR", "127.0.0.1", "loopback address to listen on")
+            "number comes from the library; the page loads nothing from elsewhere.\n"
+            "--model DIR[,DIR...] adds trained models as a source: type a prompt (at most 96\n"
+            "tokens), pick the layer and the head (or the head mean); its maps are recomputed from\n"
+            "the saved lse of the fused forward. The slider replaces the learned lambda (V1: the\n"
+            "layer's, V2: sigmoid(lambda_proj x) per token) until \"learned lambda\" is pressed.\n"
+            "A DIFF model's \"standard\" view is its pair's full-width map softmax([q1;q2].[k1;k2] /\n"
+            "sqrt(2D)); a standard model shows only its own softmax map.");
+  args.option("--model", "DIR", "", "trained model directories to offer, comma-separated (DIR,DIR,...)")
+      .option("--host", "ADDR", "127.0.0.1", "loopback address to listen on")
       .option("--port", "N", "8765", "port; 0 picks a free one (printed)");
   if (!args.parse(argv)) return 0;
+  if (args.given("--model")) {
+    std::string dirs = args.str("--model");
+    size_t at = 0;
+    while (at <= dirs.size()) {
+      const size_t comma = dirs.find(',', at);
+      const std::string d = dirs.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+      if (!d.empty()) {
+        explorer::add_model(d);
+        std::cout << "diffattn serve: model " << d << std::endl;
+      }
+      if (comma == std::string::npos) break;
+      at = comma + 1;
+    }
+  }
   explorer::serve(args.str("--host"), static_cast<int>(args.integer("--port")), announce);
   return 0;
 }

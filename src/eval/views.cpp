@@ -3,6 +3,7 @@
 // over the concatenated halves gives the standard map.
 #include "diffattn/views.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "diffattn/textbook.h"
@@ -87,9 +88,14 @@ std::vector<std::string> export_views(const AttentionViews& v, const std::string
   viz::make_dirs(dir);
   char lam[32];
   std::snprintf(lam, sizeof lam, "%.3g", v.lambda);
-  const std::string diff_title = v.mode == DiffMode::Signed
-                                     ? std::string("A1 - ") + lam + " A2 (signed)"
-                                     : std::string("max(A1 - ") + lam + " A2, 0), renormalised";
+  const std::string l = v.lambda_varies ? std::string("lambda_t") : std::string(lam);
+  std::string diff_title = v.mode == DiffMode::Signed ? "A1 - " + l + " A2 (signed)"
+                                                      : "max(A1 - " + l + " A2, 0), renormalised";
+  if (v.lambda_varies) diff_title += ", lambda per row, mean " + std::string(lam);
+  const bool model = v.source == "model";
+  const std::string std_title = !model            ? "Standard: softmax(s Q K^T)"
+                                : v.map1.empty()  ? "Softmax attention (the model's map)"
+                                                  : "Standard view: softmax([q1;q2].[k1;k2] / sqrt(2D))";
   struct View {
     const char* name;
     std::string title;
@@ -101,11 +107,12 @@ std::vector<std::string> export_views(const AttentionViews& v, const std::string
       {"map2", "Map 2: softmax(s Q2 K2^T)", &v.map2, viz::ColorScale::Sequential},
       {"diff", diff_title,
        &v.diff, v.mode == DiffMode::Signed ? viz::ColorScale::Diverging : viz::ColorScale::Sequential},
-      {"standard", "Standard: softmax(s Q K^T)", &v.standard, viz::ColorScale::Sequential},
+      {"standard", std_title, &v.standard, viz::ColorScale::Sequential},
   };
   std::vector<std::string> written;
   std::vector<viz::Canvas> panels;
   for (const View& view : views) {
+    if (view.data->empty()) continue;  // a standard model has one map
     viz::HeatmapSpec spec;
     spec.title = view.title;
     spec.row_labels = v.tokens;
@@ -121,9 +128,10 @@ std::vector<std::string> export_views(const AttentionViews& v, const std::string
     panels.push_back(std::move(c));
   }
   const std::string all = dir + "/" + stem + "_views.png";
-  viz::write_png(all, viz::compose(panels, 4,
-                                   "Attention views (" + v.source + ", lambda = " + lam +
-                                       (v.causal ? ", causal" : "") + ")"));
+  const std::string title =
+      !v.title.empty() ? v.title
+                       : "Attention views (" + v.source + ", lambda = " + lam + (v.causal ? ", causal" : "") + ")";
+  viz::write_png(all, viz::compose(panels, static_cast<int>(std::min<size_t>(panels.size(), 4)), title));
   written.push_back(all);
   return written;
 }

@@ -1,11 +1,18 @@
 // The explorer's JSON API (explorer.h): validates every field with a message that names it,
 // computes the views with the library (views.h) and returns them as JSON.
 #include <cmath>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <mutex>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
+#include "diffattn/data.h"
 #include "diffattn/explorer.h"
+#include "diffattn/experiment.h"
+#include "diffattn/inspect.h"
 #include "diffattn/views.h"
 #include "explorer/assets.h"
 
@@ -55,13 +62,65 @@ int64_t int_field(const json& j, const char* key, int64_t def, int64_t lo, int64
   return v;
 }
 
+// A model offered by `serve --model DIR`.
+// The prompt a model's controls start with: for a model of `experiment retrieval` (its
+// DIR/retrieval.json), a held-out sample of its task that fits the prompt bound; else a sentence.
+std::string example_prompt(const std::string& dir, int64_t max_tokens) {
+  std::ifstream in(dir + "/retrieval.json");
+  if (!in) return "The cat sat on the mat. The cat sat on the";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  data::RetrievalSpec s = heldout(data::RetrievalSpec::from_json(ss.str(), dir + "/retrieval.json"));
+  s.min_context = 0;
+  s.context = std::min(s.context, max_tokens - s.queries * s.query_len());
+  try {
+    return data::make_retrieval_sample(s, 0).text();
+  } catch (const InvalidArgument&) {  // the bound leaves too little room for the needles
+    return "The cat sat on the mat. The cat sat on the";
+  }
+}
+
+struct LoadedModel {
+  explicit LoadedModel(const std::string& d)
+      : dir(d), model(load_model(d)), tok(data::tokenizer_for(d)),
+        prompt(example_prompt(d, std::min<int64_t>(kMaxPromptTokens, model.config().max_seq_len))) {}
+  std::string dir;
+  Model model;
+  std::unique_ptr<data::Tokenizer> tok;
+  std::string prompt;
+  std::mutex lock;  // forward() overwrites the saved activations the maps are read from
+};
+
+std::vector<std::unique_ptr<LoadedModel>>& loaded_models() {
+  static std::vector<std::unique_ptr<LoadedModel>> models;
+  return models;
+}
+
+json model_info(const LoadedModel& lm, size_t index) {
+  const ModelConfig& c = lm.model.config();
+  return {{"index", index},
+          {"dir", lm.dir},
+          {"name", lm.dir.substr(lm.dir.find_last_of('/', lm.dir.size() > 1 ? lm.dir.size() - 2 : 0) + 1)},
+          {"kind", nn::attn_kind_name(c.attention)},
+          {"layers", c.n_layers},
+          {"heads", c.n_heads},
+          {"max_tokens", std::min<int64_t>(kMaxPromptTokens, c.max_seq_len)},
+          {"example_prompt", lm.prompt}};
+}
+
 json info() {
-  return {{"sources", {"textbook", "random"}},
+  json models = json::array();
+  for (size_t i = 0; i < loaded_models().size(); ++i) models.push_back(model_info(*loaded_models()[i], i));
+  json sources = {"textbook", "random"};
+  if (!models.empty()) sources.push_back("model");
+  return {{"sources", sources},
+          {"models", models},
           {"limits",
            {{"max_body_bytes", kMaxBodyBytes},
             {"max_length", kMaxLength},
             {"max_head_dim", kMaxHeadDim},
             {"max_prompt_bytes", kMaxPromptBytes},
+            {"max_prompt_tokens", kMaxPromptTokens},
             {"max_abs_lambda", kMaxAbsLambda}}},
           {"defaults",
            {{"source", "textbook"},
@@ -73,6 +132,62 @@ json info() {
             {"seed", 0}}}};
 }
 
+json nullable_matrix(const std::vector<float>& m, int64_t T) {
+  return m.empty() ? json(nullptr) : matrix(m, T, T);
+}
+
+// The source "model": one head (or the head mean) of one layer of a loaded model on a prompt.
+json model_views(const json& req, float lambda, bool lambda_given, DiffMode mode) {
+  auto& models = loaded_models();
+  if (models.empty()) throw BadRequest{"\"source\": \"model\" needs a model: start the server with --model DIR"};
+  const int64_t idx = int_field(req, "model", 0, 0, static_cast<int64_t>(models.size()) - 1);
+  LoadedModel& lm = *models[static_cast<size_t>(idx)];
+  const ModelConfig& c = lm.model.config();
+  if (req.contains("causal") && req["causal"] != json(true)) {
+    throw BadRequest{"\"causal\": a model's attention is always causal"};
+  }
+  for (const char* k : {"length", "head_dim", "seed"}) {
+    if (req.contains(k)) throw BadRequest{std::string("\"") + k + "\" applies to source \"random\" only"};
+  }
+  if (!req.contains("prompt") || !req["prompt"].is_string()) throw BadRequest{"\"prompt\" (a string) is required for source \"model\""};
+  const std::string prompt = req["prompt"].get<std::string>();
+  const std::vector<int32_t> ids = lm.tok->encode(prompt);
+  const int64_t max_tokens = std::min<int64_t>(kMaxPromptTokens, c.max_seq_len);
+  if (ids.empty()) throw BadRequest{"\"prompt\" is empty"};
+  if (static_cast<int64_t>(ids.size()) > max_tokens) {
+    throw BadRequest{"\"prompt\" is " + std::to_string(ids.size()) + " tokens; the limit is " + std::to_string(max_tokens)};
+  }
+  const int64_t layer = int_field(req, "layer", c.n_layers - 1, 0, c.n_layers - 1);
+  const int64_t head = int_field(req, "head", 0, -1, c.n_heads - 1);
+  std::vector<std::string> labels;
+  for (int32_t id : ids) labels.push_back(lm.tok->decode({id}));
+  MapOptions mo;
+  mo.mode = mode;
+  if (lambda_given) mo.lambda = lambda;
+  AttentionViews v;
+  {
+    std::lock_guard<std::mutex> g(lm.lock);
+    lm.model.forward(ids.data(), nullptr, 1, static_cast<int64_t>(ids.size()));
+    v = head_views(layer_maps(lm.model, layer, 0, mo), head, labels);
+  }
+  return {{"source", "model"},
+          {"model", idx},
+          {"kind", nn::attn_kind_name(c.attention)},
+          {"layer", layer},
+          {"head", head},
+          {"tokens", v.tokens},
+          {"lambda", v.lambda},
+          {"lambda_learned", !lambda_given || c.attention == nn::AttnKind::Standard},
+          {"lambda_varies", v.lambda_varies},
+          {"mode", mode == DiffMode::Signed ? "signed" : "clamp"},
+          {"causal", true},
+          {"views",
+           {{"map1", nullable_matrix(v.map1, v.T)},
+            {"map2", nullable_matrix(v.map2, v.T)},
+            {"diff", nullable_matrix(v.diff, v.T)},
+            {"standard", nullable_matrix(v.standard, v.T)}}}};
+}
+
 json views(const std::string& body) {
   json req;
   try {
@@ -81,8 +196,8 @@ json views(const std::string& body) {
     throw BadRequest{std::string("the body is not valid JSON: ") + e.what()};
   }
   if (!req.is_object()) throw BadRequest{"the body must be a JSON object"};
-  const std::set<std::string> known = {"source", "lambda", "mode", "causal",
-                                       "length", "head_dim", "seed", "prompt"};
+  const std::set<std::string> known = {"source", "lambda", "mode", "causal", "length", "head_dim",
+                                       "seed", "prompt", "model", "layer", "head"};
   for (const auto& [key, value] : req.items()) {
     if (!known.count(key)) throw BadRequest{"unknown field \"" + key + "\""};
   }
@@ -90,8 +205,8 @@ json views(const std::string& body) {
   if (req.contains("source")) {
     if (!req["source"].is_string()) throw BadRequest{"\"source\" must be a string"};
     source = req["source"].get<std::string>();
-    if (source != "textbook" && source != "random") {
-      throw BadRequest{"\"source\" must be \"textbook\" or \"random\", got \"" + source + "\""};
+    if (source != "textbook" && source != "random" && source != "model") {
+      throw BadRequest{"\"source\" must be \"textbook\", \"random\" or \"model\", got \"" + source + "\""};
     }
   }
   if (req.contains("prompt")) {
@@ -99,7 +214,12 @@ json views(const std::string& body) {
     if (req["prompt"].get<std::string>().size() > kMaxPromptBytes) {
       throw BadRequest{"\"prompt\" is longer than " + std::to_string(kMaxPromptBytes) + " bytes"};
     }
-    throw BadRequest{"\"prompt\" needs a trained model; source \"" + source + "\" takes none"};
+    if (source != "model") throw BadRequest{"\"prompt\" needs a trained model; source \"" + source + "\" takes none"};
+  }
+  if (source != "model") {
+    for (const char* k : {"model", "layer", "head"}) {
+      if (req.contains(k)) throw BadRequest{std::string("\"") + k + "\" applies to source \"model\" only"};
+    }
   }
   const float lambda =
       static_cast<float>(number_field(req, "lambda", 0.4, -kMaxAbsLambda, kMaxAbsLambda));
@@ -113,6 +233,7 @@ json views(const std::string& body) {
       throw BadRequest{"\"mode\" must be \"signed\" or \"clamp\", got \"" + m + "\""};
     }
   }
+  if (source == "model") return model_views(req, lambda, req.contains("lambda"), mode);
   bool causal = false;
   if (req.contains("causal")) {
     if (!req["causal"].is_boolean()) throw BadRequest{"\"causal\" must be true or false"};
@@ -145,6 +266,10 @@ json views(const std::string& body) {
 }
 
 }  // namespace
+
+void add_model(const std::string& dir) {
+  loaded_models().push_back(std::make_unique<LoadedModel>(dir));
+}
 
 Response error_response(int status, const std::string& message) {
   return {status, "application/json", json{{"error", message}}.dump()};

@@ -147,35 +147,23 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& w
   return c;
 }
 
-ModelConfig model_preset(const std::string& name, nn::AttnKind kind, int64_t vocab_size) {
-  // The standard model: n_std heads of size D; DIFF V1: n_std / 2 pairs of two D-sized
-  // sub-heads with 2D-sized values (arXiv:2410.05258 section 2.1, h = d_model / 2d).
+ModelConfig model_of_size(nn::AttnKind kind, int64_t d_model, int64_t n_layers, int64_t n_std,
+                          int64_t ffn, int64_t max_seq_len, int64_t vocab_size) {
+  // The standard model: n_std heads of size D = d_model / n_std; DIFF V1: n_std / 2 pairs of
+  // two D-sized sub-heads with 2D-sized values (arXiv:2410.05258 section 2.1, h = d_model / 2d).
+  if (n_std < 1 || d_model % n_std != 0 || (kind == nn::AttnKind::DiffV1 && n_std % 2 != 0)) {
+    throw InvalidArgument("model size: " + std::to_string(n_std) + " heads must divide d_model = " +
+                          std::to_string(d_model) + (kind == nn::AttnKind::DiffV1 ? " and be even (DIFF V1 pairs them)" : ""));
+  }
   ModelConfig c;
   c.attention = kind;
   c.vocab_size = vocab_size;
-  int64_t n_std = 0, ffn = 0;
-  if (name == "tiny") {
-    c.d_model = 64;
-    c.n_layers = 2;
-    c.max_seq_len = 128;
-    n_std = 4;
-    ffn = 176;
-  } else if (name == "small") {
-    c.d_model = 256;
-    c.n_layers = 6;
-    c.max_seq_len = 256;
-    n_std = 8;
-    ffn = 688;
-  } else {
-    throw InvalidArgument("preset is \"" + name + "\", expected \"tiny\" or \"small\"");
-  }
-  c.head_dim = c.d_model / n_std;
+  c.d_model = d_model;
+  c.n_layers = n_layers;
+  c.max_seq_len = max_seq_len;
+  c.head_dim = d_model / n_std;
   c.ffn_dim = ffn;
-  if (kind == nn::AttnKind::DiffV1) {
-    c.n_heads = n_std / 2;
-  } else {
-    c.n_heads = n_std;
-  }
+  c.n_heads = kind == nn::AttnKind::DiffV1 ? n_std / 2 : n_std;
   c.n_kv_heads = c.n_heads;
   if (kind == nn::AttnKind::DiffV2) {
     // V2 adds H*D*C query weights and an (H, C) lambda_proj per layer; take the same number
@@ -183,8 +171,14 @@ ModelConfig model_preset(const std::string& name, nn::AttnKind kind, int64_t voc
     const int64_t extra = c.n_heads * c.head_dim * c.d_model + c.n_heads * c.d_model;
     c.ffn_dim = ffn - (extra + (3 * c.d_model) / 2) / (3 * c.d_model);
   }
-  c.validate("preset " + name);
+  c.validate("model size");
   return c;
+}
+
+ModelConfig model_preset(const std::string& name, nn::AttnKind kind, int64_t vocab_size) {
+  if (name == "tiny") return model_of_size(kind, 64, 2, 4, 176, 128, vocab_size);
+  if (name == "small") return model_of_size(kind, 256, 6, 8, 688, 256, vocab_size);
+  throw InvalidArgument("preset is \"" + name + "\", expected \"tiny\" or \"small\"");
 }
 
 std::vector<TensorInfo> tensor_table(const ModelConfig& c) {

@@ -279,6 +279,18 @@ std::vector<double> Model::layer_lambdas() const {
   return out;
 }
 
+Model::LayerAttention Model::layer_attention(int64_t layer) const {
+  if (layer < 0 || layer >= cfg_.n_layers) {
+    throw InvalidArgument("layer_attention: layer " + std::to_string(layer) + " is outside [0, " +
+                          std::to_string(cfg_.n_layers) + ")");
+  }
+  if (B_ == 0) throw InvalidArgument("layer_attention: run forward() first");
+  LayerAttention a;
+  a.shape = cfg_.attn_shape(layer);
+  a.params = nn::attn_layer_params(acts_[static_cast<size_t>(layer)].attn, a.shape, B_, T_);
+  return a;
+}
+
 void Model::cache_reset(int64_t B, int64_t capacity) {
   if (capacity > cfg_.max_seq_len) capacity = cfg_.max_seq_len;
   caches_.resize(static_cast<size_t>(cfg_.n_layers));

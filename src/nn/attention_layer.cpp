@@ -147,6 +147,21 @@ void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
   linear_fwd(out, src, w.out_proj, BT, s.n_out(), s.C);
 }
 
+AttnParams attn_layer_params(const AttnLayerActs& acts, const AttnLayerShape& s, int64_t B,
+                             int64_t T) {
+  const int64_t BT = B * T;
+  if (static_cast<int64_t>(acts.proj.size()) != BT * s.n_proj() ||
+      static_cast<int64_t>(acts.lse.size()) != B * s.q_heads() * T ||
+      static_cast<int64_t>(acts.att.size()) != BT * s.n_out()) {
+    throw InvalidArgument("attention layer: no saved statistics of a forward over (B, T) = (" +
+                          std::to_string(B) + ", " + std::to_string(T) + ")");
+  }
+  AttnParams p = make_params(s, B, T, acts.proj.data(), acts.lam.data(), nullptr);
+  p.out = const_cast<float*>(acts.att.data());
+  p.lse = const_cast<float*>(acts.lse.data());
+  return p;
+}
+
 void attn_layer_bwd(float* dinp, const AttnLayerGrads& g, const float* dout,
                     const AttnLayerActs& acts, const float* inp, const AttnLayerWeights& w,
                     const AttnLayerShape& s, int64_t B, int64_t T, const float* cos_t,

@@ -220,3 +220,172 @@ def test_page_in_headless_chromium(server, tmp_path):
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+# ---- a trained model as a source (serve --model DIR) ----
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Tiny DIFF V1 and standard models from `diffattn experiment retrieval` with a tiny budget
+    (seconds): the experiment command end to end, and the models the explorer serves."""
+    out = tmp_path_factory.mktemp("retrieval")
+    proc = subprocess.run(
+        [BINARY, "--threads", "1", "experiment", "retrieval", "--out", str(out), "--context", "32",
+         "--min-context", "0", "--needles", "3", "--queries", "2", "--lengths", "32,40",
+         "--depths", "0,1", "--steps", "4", "--batch", "2", "--eval-samples", "3",
+         "--noise-samples", "2", "--d-model", "16", "--heads", "2", "--ffn", "32",
+         "--kinds", "diff_v1,standard"],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for want in ["Accuracy by context length", "Accuracy by needle depth", "Attention noise",
+                 "A1 - lambda A2", "parameters"]:
+        assert want in proc.stdout, want
+    for f in ["report.md", "accuracy_by_length.png", "accuracy_by_depth.png", "training_loss.png",
+              "query_row.png", "query_row_diff_v1.npy", "models/diff_v1/config.json",
+              "models/standard/model.safetensors", "models/diff_v1/retrieval.json"]:
+        assert (out / f).is_file(), f
+    assert np.load(out / "query_row_diff_v1.npy").shape[0] == 2 * 1  # layers x pairs
+    return out
+
+
+def test_maps_and_analyze_commands(trained, tmp_path):
+    model = str(trained / "models" / "diff_v1")
+    prompt = "ab#KD7cd?KD"
+    proc = subprocess.run([BINARY, "maps", "--model", model, "--prompt", prompt, "--layer", "1",
+                           "--head", "0", "--out", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    m1, m2, d, s = (np.load(tmp_path / f"layer1_head0_{v}.npy") for v in ["map1", "map2", "diff", "standard"])
+    assert m1.shape == (len(prompt), len(prompt))
+    np.testing.assert_allclose(m1.sum(1), 1, atol=1e-5)
+    np.testing.assert_allclose(s.sum(1), 1, atol=1e-5)
+    assert np.all(np.triu(m1, 1) == 0), "causal: no weight above the diagonal"
+    lam = float(proc.stdout.split("lambda ")[1].split()[0])
+    np.testing.assert_allclose(d, m1 - lam * m2, atol=2e-3)  # lambda printed with 3 decimals
+    proc = subprocess.run([BINARY, "maps", "--model", model, "--prompt", prompt, "--mean-layers",
+                           "--mean-heads", "--lambda", "0.5", "--out", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    m1 = np.load(tmp_path / "mean_layers_mean_heads_map1.npy")
+    m2 = np.load(tmp_path / "mean_layers_mean_heads_map2.npy")
+    np.testing.assert_allclose(np.load(tmp_path / "mean_layers_mean_heads_diff.npy"), m1 - 0.5 * m2, atol=1e-6)
+    bad = subprocess.run([BINARY, "maps", "--model", model, "--prompt", prompt, "--layer", "7"],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "--layer" in bad.stderr
+    proc = subprocess.run([BINARY, "analyze", "--model", model, "--samples", "3"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "3 held-out contexts of 32 tokens, 6 answer rows" in proc.stdout
+    assert "A1 alone" in proc.stdout and "mean" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def model_server(trained):
+    dirs = f"{trained}/models/diff_v1,{trained}/models/standard"
+    proc = subprocess.Popen([BINARY, "serve", "--port", "0", "--model", dirs], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    url = None
+    end = time.time() + 20
+    while time.time() < end and url is None:
+        ready, _, _ = select.select([proc.stdout], [], [], 1)
+        if ready:
+            line = proc.stdout.readline()
+            if "listening on " in line:
+                url = line.split("listening on ")[1].split()[0].rstrip("/")
+    assert url, "the server did not start"
+    yield url
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0
+
+
+def test_model_source_api(model_server):
+    got, info = call(model_server + "/api/info")
+    assert got == 200 and "model" in info["sources"] and len(info["models"]) == 2
+    assert info["models"][0]["kind"] == "diff_v1" and "?" in info["models"][0]["example_prompt"]
+    base = {"source": "model", "model": 0, "prompt": "ab#KD7cd?KD"}
+    got, r = call(model_server + "/api/views", "POST", dict(base, layer=1, head=0))
+    assert got == 200 and r["tokens"] == list("ab#KD7cd?KD") and r["lambda_learned"]
+    m1, m2, d = (np.array(r["views"][v]) for v in ["map1", "map2", "diff"])
+    np.testing.assert_allclose(d, m1 - np.float32(r["lambda"]) * m2, atol=1e-6)
+    got, r = call(model_server + "/api/views", "POST", dict(base, model=1))
+    assert got == 200 and r["views"]["map1"] is None and r["views"]["standard"] is not None
+    for body, field in [(dict(base, layer=9), '"layer"'), (dict(base, head=5), '"head"'),
+                        (dict(base, model=2), '"model"'), (dict(base, prompt="x" * 200), '"prompt"'),
+                        (dict(base, prompt=""), '"prompt"'), ({"source": "model"}, '"prompt"'),
+                        ({"layer": 0}, '"layer"'), (dict(base, seed=1), '"seed"')]:
+        got, reply = call(model_server + "/api/views", "POST", body)
+        assert got == 400 and field in reply["error"], (body, got, reply)
+
+
+def test_model_source_in_headless_chromium(model_server, tmp_path):
+    from PIL import Image
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    driver, profile = browser()
+    try:
+        driver.get(model_server + "/")
+        body = driver.find_element(By.TAG_NAME, "body")
+        wait_for(driver, lambda: body.get_attribute("data-ready") == "1", "the first views")
+        wait_for(driver, lambda: len(driver.find_elements(By.CSS_SELECTOR, 'option[value="model:0"]')) == 1,
+                 "the models in the source list")
+        Select(driver.find_element(By.ID, "source")).select_by_value("model:0")
+        wait_for(driver, lambda: body.get_attribute("data-ready") == "1" and
+                 body.get_attribute("data-source") == "model", "the model's views")
+        prompt = driver.find_element(By.ID, "prompt")
+        prompt.clear()
+        prompt.send_keys("ab#KD7cd?KD\n")
+        Select(driver.find_element(By.ID, "layer")).select_by_value("1")
+        wait_for(driver, lambda: body.get_attribute("data-ready") == "1" and
+                 body.get_attribute("data-layer") == "1" and
+                 body.get_attribute("data-learned") == "true", "layer 1 with the learned lambda")
+        _, want = call(model_server + "/api/views", "POST",
+                       {"source": "model", "model": 0, "prompt": "ab#KD7cd?KD", "layer": 1, "head": 0})
+        assert abs(float(body.get_attribute("data-lambda")) - want["lambda"]) < 1e-6
+
+        # Click the last row (the query's key) on the differential map; the table is the API's row.
+        canvas = driver.find_element(By.ID, "view-diff")
+        left = float(canvas.get_attribute("data-grid-left"))
+        top = float(canvas.get_attribute("data-grid-top"))
+        cell = float(canvas.get_attribute("data-cell"))
+        assert int(canvas.get_attribute("data-tokens")) == 11
+        w, h = canvas.size["width"], canvas.size["height"]
+        ActionChains(driver).move_to_element_with_offset(
+            canvas, left + 3.5 * cell - w / 2, top + 10.5 * cell - h / 2).click().perform()
+        wait_for(driver, lambda: body.get_attribute("data-row") == "10", "the clicked row")
+        for view in ["map1", "map2", "diff", "standard"]:
+            tds = driver.find_elements(By.CSS_SELECTOR, f'#row-table tr[data-view="{view}"] td[data-value]')
+            got = np.array([float(td.get_attribute("data-value")) for td in tds])
+            np.testing.assert_allclose(got, want["views"][view][10], atol=1e-6, err_msg=view)
+
+        # Drag lambda: the differential row is recomputed with the slider's lambda.
+        slider = driver.find_element(By.ID, "lambda")
+        ActionChains(driver).click_and_hold(slider).move_by_offset(40, 0).release().perform()
+        shown = float(driver.find_element(By.ID, "lambda-value").text)
+        wait_for(driver, lambda: body.get_attribute("data-ready") == "1" and
+                 body.get_attribute("data-learned") == "false" and
+                 abs(float(body.get_attribute("data-lambda")) - shown) < 0.006, "the dragged lambda")
+        lam = float(body.get_attribute("data-lambda"))
+        tds = driver.find_elements(By.CSS_SELECTOR, '#row-table tr[data-view="diff"] td[data-value]')
+        got = np.array([float(td.get_attribute("data-value")) for td in tds])
+        m1, m2 = np.array(want["views"]["map1"][10]), np.array(want["views"]["map2"][10])
+        np.testing.assert_allclose(got, m1 - np.float32(lam) * m2, atol=2e-6)
+
+        # Screenshot: the differential heatmap is drawn where the page says it is.
+        png = driver.get_screenshot_as_png()
+        (tmp_path / "explorer_model.png").write_bytes(png)
+        img = Image.open(io.BytesIO(png)).convert("RGB")
+        loc = canvas.location
+        r, g, b = img.getpixel((int(loc["x"] + left + 10.5 * cell), int(loc["y"] + top + 0.5 * cell)))
+        assert abs(r - 247) <= 8 and abs(g - 247) <= 8 and abs(b - 247) <= 8, (r, g, b)  # masked: white (0)
+
+        # The standard model shows one map only.
+        Select(driver.find_element(By.ID, "source")).select_by_value("model:1")
+        wait_for(driver, lambda: body.get_attribute("data-ready") == "1" and
+                 body.get_attribute("data-source") == "model" and
+                 driver.find_element(By.ID, "fig-map1").get_attribute("hidden") is not None,
+                 "the standard model's one map")
+        assert driver.find_element(By.ID, "fig-standard").get_attribute("hidden") is None
+        assert driver.find_element(By.ID, "error").get_attribute("hidden") is not None
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)

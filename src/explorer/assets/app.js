@@ -12,7 +12,8 @@ const VIRIDIS = [[68, 1, 84], [72, 40, 120], [62, 73, 137], [49, 104, 142], [38,
 const BWR = [[33, 102, 172], [103, 169, 207], [209, 229, 240], [247, 247, 247],
              [253, 219, 199], [239, 138, 98], [178, 24, 43]];
 
-const state = { data: null, row: null, pending: null, inflight: false, geometry: {} };
+const state = { data: null, row: null, pending: null, inflight: false, geometry: {},
+                models: [], learned: true };
 const $ = (id) => document.getElementById(id);
 
 function ramp(stops, t) {
@@ -34,11 +35,27 @@ function colorScale(view, matrix) {
   return { signed, lo: 0, hi: top, color: (v) => ramp(VIRIDIS, v / top) };
 }
 
+// The views a response has (a standard model has only "standard").
+function present() { return VIEWS.filter((v) => state.data.views[v]); }
+
+function modelIndex() {
+  const s = $("source").value;
+  return s.startsWith("model:") ? Number(s.slice(6)) : null;
+}
+
 function request() {
+  const mode = document.querySelector("input[name=mode]:checked").value;
+  const m = modelIndex();
+  if (m !== null) {
+    const body = { source: "model", model: m, prompt: $("prompt").value, mode,
+                   layer: Number($("layer").value), head: Number($("head").value) };
+    if (!state.learned) body.lambda = Number($("lambda").value);
+    return body;
+  }
   const body = {
     source: $("source").value,
     lambda: Number($("lambda").value),
-    mode: document.querySelector("input[name=mode]:checked").value,
+    mode,
     causal: $("causal").checked,
   };
   if (body.source === "random") {
@@ -132,7 +149,8 @@ function drawBars() {
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, canvas.width, canvas.height);
   if (state.row === null) return;
-  const T = d.tokens.length, rows = VIEWS.map((v) => d.views[v][state.row]);
+  const shown = present();
+  const T = d.tokens.length, rows = shown.map((v) => d.views[v][state.row]);
   let lo = 0, hi = 0;
   for (const r of rows) for (const v of r) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
   if (hi === lo) hi = lo + 1;
@@ -149,8 +167,8 @@ function drawBars() {
     ctx.beginPath(); ctx.moveTo(left, y(v)); ctx.lineTo(left + pw, y(v)); ctx.stroke();
     ctx.fillText((Math.abs(v) < 5e-3 ? 0 : v).toFixed(2), left - 4, y(v));
   }
-  const group = pw / T, bw = Math.max(2, group * 0.8 / VIEWS.length);
-  VIEWS.forEach((view, k) => {
+  const group = pw / T, bw = Math.max(2, group * 0.8 / shown.length);
+  shown.forEach((view, k) => {
     ctx.fillStyle = BAR_COLORS[view];
     for (let j = 0; j < T; j++) {
       const v = rows[k][j], x = left + j * group + group * 0.1 + k * bw;
@@ -166,7 +184,7 @@ function drawBars() {
   for (let j = 0; j < T; j += every) ctx.fillText(d.tokens[j], left + (j + 0.5) * group, top + ph + 6);
   ctx.textAlign = "left";
   ctx.textBaseline = "middle";
-  VIEWS.forEach((view, k) => {
+  shown.forEach((view, k) => {
     ctx.fillStyle = BAR_COLORS[view];
     ctx.fillRect(left + pw + 16, top + 10 + k * 20, 14, 12);
     ctx.fillStyle = "#222";
@@ -182,7 +200,7 @@ function drawTable() {
   head.appendChild(document.createElement("th")).textContent = "view";
   for (const tok of d.tokens) head.appendChild(document.createElement("th")).textContent = tok;
   head.appendChild(document.createElement("th")).textContent = "sum";
-  for (const view of VIEWS) {
+  for (const view of present()) {
     const tr = t.insertRow();
     tr.dataset.view = view;
     tr.insertCell().textContent = NAMES[view];
@@ -201,16 +219,33 @@ function drawTable() {
 
 function render() {
   const d = state.data;
-  $("diff-caption").innerHTML = d.mode === "signed"
-    ? "Differential: A<sub>1</sub> &minus; " + d.lambda.toFixed(2) + " A<sub>2</sub> (signed)"
-    : "Differential: max(A<sub>1</sub> &minus; " + d.lambda.toFixed(2) + " A<sub>2</sub>, 0), renormalised";
-  for (const v of VIEWS) drawHeatmap($("view-" + v), v);
+  const lam = d.lambda_varies ? "&lambda;<sub>t</sub>" : d.lambda.toFixed(2);
+  let cap = d.mode === "signed"
+    ? "Differential: A<sub>1</sub> &minus; " + lam + " A<sub>2</sub> (signed)"
+    : "Differential: max(A<sub>1</sub> &minus; " + lam + " A<sub>2</sub>, 0), renormalised";
+  if (d.source === "model") cap += d.lambda_learned ? (d.lambda_varies ? ", learned per token (mean " +
+    d.lambda.toFixed(2) + ")" : ", learned") : ", from the slider";
+  $("diff-caption").innerHTML = cap;
+  $("standard-caption").innerHTML = d.source !== "model" ? "Standard: softmax(s QK<sup>T</sup>), full width"
+    : d.views.map1 ? "Standard view: softmax([q<sub>1</sub>;q<sub>2</sub>]&middot;[k<sub>1</sub>;k<sub>2</sub>] / &radic;(2D))"
+    : "Softmax attention (the model's one map)";
+  if (d.source === "model" && d.lambda_learned) {
+    $("lambda").value = d.lambda;
+    $("lambda-value").textContent = d.lambda.toFixed(2);
+  }
+  for (const v of VIEWS) {
+    $("fig-" + v).hidden = !d.views[v];
+    if (d.views[v]) drawHeatmap($("view-" + v), v);
+  }
   $("selected-row").textContent = state.row === null ? "none (click a row)" : d.tokens[state.row];
   document.body.dataset.row = state.row === null ? "" : String(state.row);
   drawBars();
   drawTable();
   Object.assign(document.body.dataset, { lambda: String(d.lambda), mode: d.mode,
-                                         causal: String(d.causal), source: d.source });
+                                         causal: String(d.causal), source: d.source,
+                                         layer: d.source === "model" ? String(d.layer) : "",
+                                         head: d.source === "model" ? String(d.head) : "",
+                                         learned: String(!!d.lambda_learned) });
 }
 
 function cellAt(canvas, ev) {
@@ -226,7 +261,7 @@ for (const v of VIEWS) {
   const c = $("view-" + v);
   c.addEventListener("click", (ev) => {
     const at = cellAt(c, ev);
-    if (at && state.data) { state.row = at.i; render(); }
+    if (at && state.data && state.data.views[v]) { state.row = at.i; render(); }
   });
   c.addEventListener("mousemove", (ev) => {
     const at = cellAt(c, ev), tip = $("tooltip");
@@ -240,17 +275,47 @@ for (const v of VIEWS) {
   c.addEventListener("mouseleave", () => { $("tooltip").hidden = true; });
 }
 
+// A model's layer and head choices (head -1: the mean over the layer's heads).
+function fillModelControls() {
+  const m = state.models[modelIndex()];
+  const layer = $("layer"), head = $("head");
+  layer.innerHTML = "";
+  for (let l = 0; l < m.layers; l++) layer.add(new Option(String(l), String(l)));
+  layer.value = String(m.layers - 1);
+  head.innerHTML = "";
+  for (let h = 0; h < m.heads; h++) head.add(new Option(String(h), String(h)));
+  head.add(new Option("mean", "-1"));
+  $("prompt").value = m.example_prompt;
+  $("prompt").maxLength = 2048;
+  state.learned = true;
+}
+
 $("lambda").addEventListener("input", () => {
   $("lambda-value").textContent = Number($("lambda").value).toFixed(2);
+  state.learned = false;
   refresh();
 });
 $("source").addEventListener("change", () => {
+  const model = modelIndex() !== null;
   $("random-controls").hidden = $("source").value !== "random";
+  $("model-controls").hidden = !model;
+  $("causal").disabled = model;
+  if (model) fillModelControls();
   state.row = null;
   refresh();
 });
+for (const el of [$("layer"), $("head")]) {
+  el.addEventListener("change", () => { state.learned = true; refresh(); });
+}
+$("prompt").addEventListener("change", () => { state.row = null; refresh(); });
+$("learned").addEventListener("click", () => { state.learned = true; refresh(); });
 for (const el of [$("length"), $("seed"), $("causal"), ...document.querySelectorAll("input[name=mode]")]) {
   el.addEventListener("change", refresh);
 }
 $("lambda-value").textContent = Number($("lambda").value).toFixed(2);
-refresh();
+fetch("/api/info").then((r) => r.json()).then((info) => {
+  state.models = info.models || [];
+  state.models.forEach((m, i) => {
+    $("source").add(new Option(`Model: ${m.name} (${m.kind})`, "model:" + i));
+  });
+}).finally(refresh);

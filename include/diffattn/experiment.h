@@ -1,0 +1,85 @@
+// The retrieval experiment behind `diffattn experiment retrieval` and the demo's last section:
+// DIFF V1, DIFF V2 and a standard Transformer of (nearly) equal parameters trained on the same
+// multi-needle retrieval task (retrieval.h) with the same seed, the same batches in the same
+// order and the same token budget; then accuracy by context length and by needle depth on
+// held-out samples, the attention-noise analysis (inspect.h), and a report (Markdown and PNG).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "diffattn/data.h"
+#include "diffattn/inspect.h"
+#include "diffattn/retrieval.h"
+
+namespace diffattn {
+
+// A model size shared by the three attention kinds. Sizes describe the standard model (as the
+// presets do): DIFF V1 pairs its heads (n_heads / 2 pairs of head_dim, values 2 * head_dim
+// wide), DIFF V2 keeps n_heads output heads and doubles the query heads, and pays for them with
+// a smaller SwiGLU (model_preset's rule), so the three have (nearly) equal parameter counts.
+struct ModelSize {
+  int64_t d_model = 64, n_layers = 2, n_heads = 4, ffn_dim = 176;
+  int64_t max_seq_len = 256;
+  static ModelSize preset(const std::string& name);  // "tiny" or "small"
+  ModelConfig config(nn::AttnKind kind, int64_t vocab_size = 256) const;
+};
+
+struct RetrievalExperimentOptions {
+  data::RetrievalSpec task;           // the training task; task.seed also seeds the weights
+  std::vector<int64_t> lengths;       // contexts to evaluate (each <= max_seq_len - queries)
+  std::vector<double> depths = {0.0, 0.25, 0.5, 0.75, 1.0};
+  int64_t depth_context = 0;          // context of the depth evaluation; 0: task.context
+  int64_t eval_samples = 256;         // held-out samples per length and per depth
+  int64_t noise_samples = 64;         // held-out samples for the attention-noise analysis
+  ModelSize size;
+  double init_std = 0.02;             // std of the initial projection weights
+  data::TrainOptions train;           // steps, batch, lr, ...; seq_len is set from the task
+  std::vector<nn::AttnKind> kinds = {nn::AttnKind::DiffV1, nn::AttnKind::DiffV2,
+                                     nn::AttnKind::Standard};
+  std::string out_dir;                // models/<kind>/ and the report go here ("" : nothing saved)
+};
+
+// Held-out samples: the same task drawn from another seed (the training seed + 1,000,000,007).
+data::RetrievalSpec heldout(const data::RetrievalSpec& task);
+
+struct RetrievalModelResult {
+  nn::AttnKind kind = nn::AttnKind::Standard;
+  std::string dir;                    // the saved model directory ("" if not saved)
+  int64_t params = 0;
+  double seconds = 0;                 // training wall time
+  std::vector<double> loss_curve;     // training loss per step
+  std::vector<double> lambdas;        // per layer after training (DIFF; V2: mean over answer rows)
+  std::vector<double> acc_by_length;  // same order as options.lengths
+  std::vector<double> acc_by_depth;   // same order as options.depths
+  NoiseAnalysis noise;
+};
+
+struct RetrievalExperimentResult {
+  RetrievalExperimentOptions options;
+  std::vector<RetrievalModelResult> models;
+  std::vector<std::string> files;     // report and pictures written
+};
+
+// Accuracy (argmax of the answer position's logits == the value) over `samples` samples of
+// `spec` with context C (or all queries' needles with spec.depth as given); only_first: score
+// query 0 only (the one spec.depth places).
+double retrieval_accuracy(Model& m, const data::RetrievalSpec& spec, int64_t samples,
+                          bool only_first = false, int64_t batch = 32);
+
+// Trains and evaluates every kind; `log` receives progress lines (may be empty).
+RetrievalExperimentResult run_retrieval_experiment(
+    const RetrievalExperimentOptions& o, const std::function<void(const std::string&)>& log = {});
+
+// The tables as text (accuracy by length, by depth, attention noise, lambda).
+void print_retrieval_tables(std::ostream& os, const RetrievalExperimentResult& r);
+
+// Writes report.md, accuracy_by_length.png, accuracy_by_depth.png, training_loss.png,
+// query_row.png/.npy (one held-out query's answer row in every layer and head of every model)
+// and noise.png into dir; returns the paths.
+std::vector<std::string> write_retrieval_report(RetrievalExperimentResult& r, const std::string& dir);
+
+}  // namespace diffattn

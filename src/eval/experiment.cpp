@@ -1,0 +1,443 @@
+// The retrieval experiment (experiment.h): one task, three attention kinds trained on identical
+// batches, evaluated on held-out samples; the report's tables, charts and heatmaps.
+#include "diffattn/experiment.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+#include "diffattn/runtime.h"
+#include "diffattn/viz.h"
+
+namespace diffattn {
+
+namespace {
+
+std::string kind_label(nn::AttnKind k) {
+  switch (k) {
+    case nn::AttnKind::DiffV1: return "DIFF V1";
+    case nn::AttnKind::DiffV2: return "DIFF V2";
+    case nn::AttnKind::Standard: return "standard";
+  }
+  return "?";
+}
+
+std::string fmt(double v, int decimals) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return buf;
+}
+
+std::string pct(double v) { return fmt(100.0 * v, 1) + "%"; }
+
+// Scales every 2-D weight except the embeddings from the library's N(0, 0.02) to N(0, std).
+void rescale_init(Model& m, double init_std) {
+  if (init_std == 0.02) return;
+  const float f = static_cast<float>(init_std / 0.02);
+  for (const TensorInfo& t : m.tensors()) {
+    if (t.shape.size() != 2 || t.name == "embed_tokens.weight") continue;
+    for (int64_t i = 0; i < t.numel; ++i) m.params[static_cast<size_t>(t.offset + i)] *= f;
+  }
+}
+
+// A plain left-aligned Markdown/text table.
+void text_table(std::ostream& os, const std::vector<std::string>& head,
+                const std::vector<std::vector<std::string>>& rows, bool markdown) {
+  std::vector<size_t> w(head.size(), 0);
+  for (size_t c = 0; c < head.size(); ++c) w[c] = head[c].size();
+  for (const auto& r : rows) {
+    for (size_t c = 0; c < r.size() && c < w.size(); ++c) w[c] = std::max(w[c], r[c].size());
+  }
+  auto line = [&](const std::vector<std::string>& r) {
+    if (markdown) os << "| ";
+    for (size_t c = 0; c < w.size(); ++c) {
+      const std::string& cell = c < r.size() ? r[c] : std::string();
+      const std::string pad(w[c] - cell.size(), ' ');
+      os << (c == 0 ? cell + pad : pad + cell);
+      os << (c + 1 < w.size() ? (markdown ? " | " : "  ") : (markdown ? " |" : ""));
+    }
+    os << "\n";
+  };
+  line(head);
+  if (markdown) {
+    os << "|";
+    for (size_t c = 0; c < w.size(); ++c) os << (c == 0 ? " :" : " ") << std::string(std::max<size_t>(w[c], 3) - 1, '-') << (c == 0 ? " |" : ": |");
+    os << "\n";
+  } else {
+    size_t total = 0;
+    for (size_t c = 0; c < w.size(); ++c) total += w[c] + (c + 1 < w.size() ? 2 : 0);
+    os << std::string(total, '-') << "\n";
+  }
+  for (const auto& r : rows) line(r);
+}
+
+std::vector<std::string> model_header(const RetrievalExperimentResult& r, const std::string& first) {
+  std::vector<std::string> h{first};
+  for (const RetrievalModelResult& m : r.models) h.push_back(kind_label(m.kind));
+  return h;
+}
+
+void tables(std::ostream& os, const RetrievalExperimentResult& r, bool md) {
+  const RetrievalExperimentOptions& o = r.options;
+  const std::string h = md ? "### " : "";
+  std::vector<std::vector<std::string>> rows;
+  for (size_t i = 0; i < o.lengths.size(); ++i) {
+    std::vector<std::string> row{std::to_string(o.lengths[i])};
+    for (const RetrievalModelResult& m : r.models) row.push_back(pct(m.acc_by_length[i]));
+    rows.push_back(row);
+  }
+  os << h << "Accuracy by context length (" << o.eval_samples << " held-out samples x "
+     << o.task.queries << " queries each)\n\n";
+  text_table(os, model_header(r, "context"), rows, md);
+
+  rows.clear();
+  for (size_t i = 0; i < o.depths.size(); ++i) {
+    std::vector<std::string> row{fmt(o.depths[i], 2)};
+    for (const RetrievalModelResult& m : r.models) row.push_back(pct(m.acc_by_depth[i]));
+    rows.push_back(row);
+  }
+  const int64_t dc = o.depth_context > 0 ? o.depth_context : o.task.context;
+  os << "\n" << h << "Accuracy by needle depth (context " << dc << "; the first query's needle placed at the depth, "
+     << o.eval_samples << " samples each)\n\n";
+  text_table(os, model_header(r, "depth"), rows, md);
+
+  rows.clear();
+  for (const RetrievalModelResult& m : r.models) {
+    const bool pair = m.kind != nn::AttnKind::Standard;
+    auto add = [&](const std::string& layer, const NoiseStats& s, const std::string& map, double lam) {
+      rows.push_back({kind_label(m.kind), layer, map, fmt(s.answer, 3), fmt(s.noise, 3), fmt(s.noise_abs, 3),
+                      std::isnan(lam) ? std::string("-") : fmt(lam, 3)});
+    };
+    for (const NoiseLayer& l : m.noise.layers) {
+      add(std::to_string(l.layer), l.main, pair ? "A1 - lambda A2" : "softmax", l.lambda);
+      if (pair) add(std::to_string(l.layer), l.map1, "A1 alone", std::nan(""));
+    }
+    add("mean", m.noise.mean_main, pair ? "A1 - lambda A2" : "softmax", std::nan(""));
+    if (pair) add("mean", m.noise.mean_map1, "A1 alone", std::nan(""));
+  }
+  os << "\n" << h << "Attention noise: shares of the answer rows' absolute attention mass ("
+     << o.noise_samples << " held-out samples, context " << o.task.context << ")\n\n";
+  text_table(os, {"model", "layer", "map", "answer", "noise", "noise |w|", "lambda"}, rows, md);
+  os << (md ? "\n" : "") << "answer: weight on the queried needle; noise: signed weight on the rest of the context "
+     << "(cancels); noise |w|: its absolute weight. Rows are the queries' answer positions, averaged over heads.\n";
+
+  rows.clear();
+  for (const RetrievalModelResult& m : r.models) {
+    double tail = 0;
+    const size_t n = std::min<size_t>(m.loss_curve.size(), 50);
+    for (size_t i = m.loss_curve.size() - n; i < m.loss_curve.size(); ++i) tail += m.loss_curve[i];
+    std::string lam;
+    for (size_t l = 0; l < m.lambdas.size(); ++l) lam += (l ? " " : "") + fmt(m.lambdas[l], 3);
+    rows.push_back({kind_label(m.kind), std::to_string(m.params), fmt(m.seconds, 1),
+                    fmt(n ? tail / static_cast<double>(n) : 0.0, 3), lam.empty() ? "-" : lam});
+  }
+  os << "\n" << h << "Models\n\n";
+  text_table(os, {"model", "parameters", "train s", "final loss", "lambda per layer"}, rows, md);
+}
+
+}  // namespace
+
+ModelSize ModelSize::preset(const std::string& name) {
+  const ModelConfig c = model_preset(name, nn::AttnKind::Standard);
+  ModelSize s;
+  s.d_model = c.d_model;
+  s.n_layers = c.n_layers;
+  s.n_heads = c.n_heads;
+  s.ffn_dim = c.ffn_dim;
+  s.max_seq_len = c.max_seq_len;
+  return s;
+}
+
+ModelConfig ModelSize::config(nn::AttnKind kind, int64_t vocab_size) const {
+  return model_of_size(kind, d_model, n_layers, n_heads, ffn_dim, max_seq_len, vocab_size);
+}
+
+data::RetrievalSpec heldout(const data::RetrievalSpec& task) {
+  data::RetrievalSpec h = task;
+  h.seed = task.seed + 1000000007ull;
+  return h;
+}
+
+double retrieval_accuracy(Model& m, const data::RetrievalSpec& spec, int64_t samples, bool only_first,
+                          int64_t batch) {
+  const int64_t V = m.config().vocab_size;
+  int64_t correct = 0, total = 0;
+  for (int64_t s0 = 0; s0 < samples; s0 += batch) {
+    const int64_t B = std::min(batch, samples - s0);
+    std::vector<data::RetrievalSample> ss;
+    int64_t T = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      ss.push_back(data::make_retrieval_sample(spec, static_cast<uint64_t>(s0 + b)));
+      T = std::max<int64_t>(T, static_cast<int64_t>(ss.back().tokens.size()));
+    }
+    std::vector<int32_t> tok(static_cast<size_t>(B * T), data::kRetrievalPad);
+    for (int64_t b = 0; b < B; ++b) std::copy(ss[b].tokens.begin(), ss[b].tokens.end(), tok.begin() + b * T);
+    m.forward(tok.data(), nullptr, B, T);
+    for (int64_t b = 0; b < B; ++b) {
+      const auto& qs = ss[static_cast<size_t>(b)].queries;
+      for (size_t q = 0; q < (only_first ? 1 : qs.size()); ++q) {
+        const float* lg = &m.logits()[static_cast<size_t>((b * T + qs[q].answer_pos) * V)];
+        correct += std::max_element(lg, lg + V) - lg == qs[q].answer;
+        ++total;
+      }
+    }
+  }
+  return total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
+}
+
+RetrievalExperimentResult run_retrieval_experiment(const RetrievalExperimentOptions& opts,
+                                                   const std::function<void(const std::string&)>& log) {
+  RetrievalExperimentResult r;
+  r.options = opts;
+  RetrievalExperimentOptions& o = r.options;
+  o.task.validate();
+  if (o.lengths.empty()) o.lengths = {o.task.context};
+  if (o.depth_context <= 0) o.depth_context = o.task.context;
+  const int64_t longest = std::max(*std::max_element(o.lengths.begin(), o.lengths.end()), o.depth_context);
+  // Room for the longest evaluated sample (the model may see contexts longer than it trained on).
+  o.size.max_seq_len = std::max(o.size.max_seq_len, o.task.sample_len(std::max(longest, o.task.context)));
+  const data::RetrievalSpec held = heldout(o.task);
+  for (int64_t c : o.lengths) {
+    data::RetrievalSpec s = held;
+    s.context = c;
+    s.min_context = 0;
+    s.validate();
+  }
+  for (double d : o.depths) {
+    data::RetrievalSpec s = held;
+    s.context = o.depth_context;
+    s.min_context = 0;
+    s.depth = d;
+    s.validate();
+  }
+  const data::RetrievalTask task(o.task);
+  data::TrainOptions t = o.train;
+  t.seq_len = task.max_len();
+  t.seed = o.task.seed;
+  t.corpus = "retrieval";  // not a corpus: a model trained here resumes through this experiment only
+  t.tokenizer = "bytes";
+
+  for (nn::AttnKind kind : o.kinds) {
+    RetrievalModelResult mr;
+    mr.kind = kind;
+    Model init(o.size.config(kind));
+    init.init_weights(o.task.seed);
+    rescale_init(init, o.init_std);
+    mr.params = init.num_params();
+    if (!o.out_dir.empty()) mr.dir = o.out_dir + "/models/" + nn::attn_kind_name(kind);
+    if (log) {
+      log(kind_label(kind) + ": " + std::to_string(mr.params) + " parameters, training " +
+          std::to_string(t.steps) + " steps of " + std::to_string(t.batch) + " x " + std::to_string(t.seq_len) +
+          " tokens on " + std::to_string(num_threads()) + " thread(s)...");
+    }
+    data::Trainer tr(mr.dir, std::move(init), t);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (mr.dir.empty()) {
+      for (int64_t s = 0; s < t.steps; ++s) mr.loss_curve.push_back(tr.step(task).loss);
+    } else {
+      std::filesystem::create_directories(mr.dir);
+      write_file_atomic(mr.dir + "/retrieval.json", o.task.to_json());
+      tr.run(task, nullptr, 0, [&](const data::StepLog& s) { mr.loss_curve.push_back(s.loss); });
+    }
+    mr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    Model& m = tr.model();
+    for (int64_t c : o.lengths) {
+      data::RetrievalSpec s = held;
+      s.context = c;
+      s.min_context = 0;
+      mr.acc_by_length.push_back(retrieval_accuracy(m, s, o.eval_samples));
+    }
+    for (double d : o.depths) {
+      data::RetrievalSpec s = held;
+      s.context = o.depth_context;
+      s.min_context = 0;
+      s.depth = d;
+      mr.acc_by_depth.push_back(retrieval_accuracy(m, s, o.eval_samples, true));
+    }
+    data::RetrievalSpec ns = held;
+    ns.context = o.task.context;
+    ns.min_context = 0;
+    mr.noise = analyze_noise(m, ns, o.noise_samples);
+    if (kind == nn::AttnKind::DiffV1) {
+      mr.lambdas = m.layer_lambdas();
+    } else if (kind == nn::AttnKind::DiffV2) {
+      for (const NoiseLayer& l : mr.noise.layers) mr.lambdas.push_back(l.lambda);
+    }
+    if (log) {
+      double tail = 0;
+      const size_t n = std::min<size_t>(mr.loss_curve.size(), 50);
+      for (size_t i = mr.loss_curve.size() - n; i < mr.loss_curve.size(); ++i) tail += mr.loss_curve[i];
+      log(kind_label(kind) + ": " + fmt(mr.seconds, 1) + " s, final loss " + fmt(n ? tail / static_cast<double>(n) : 0.0, 3) +
+          ", held-out accuracy at context " + std::to_string(o.lengths.back()) + ": " + pct(mr.acc_by_length.back()) +
+          (mr.dir.empty() ? "" : "  -> " + mr.dir));
+    }
+    r.models.push_back(std::move(mr));
+  }
+  return r;
+}
+
+void print_retrieval_tables(std::ostream& os, const RetrievalExperimentResult& r) { tables(os, r, false); }
+
+namespace {
+
+// One held-out query's answer row in every layer and head of a model: (L*H, n) with row labels.
+struct QueryRows {
+  std::vector<float> w;
+  std::vector<std::string> labels;
+  int64_t rows = 0, n = 0;
+  bool signed_map = false;
+};
+
+QueryRows query_rows(Model& m, const data::RetrievalSample& s) {
+  const int64_t T = static_cast<int64_t>(s.tokens.size());
+  m.forward(s.tokens.data(), nullptr, 1, T);
+  QueryRows q;
+  const data::RetrievalQuery& first = s.queries[0];
+  q.n = first.answer_pos + 1;
+  MapOptions mo;
+  mo.with_standard = false;
+  for (int64_t l = 0; l < m.config().n_layers; ++l) {
+    const LayerMaps mp = layer_maps(m, l, 0, mo);
+    q.signed_map = mp.has_pair();
+    const std::vector<float>& src = mp.has_pair() ? mp.diff : mp.standard;
+    for (int64_t h = 0; h < mp.H; ++h) {
+      const float* row = &src[static_cast<size_t>((h * T + first.answer_pos) * T)];
+      q.w.insert(q.w.end(), row, row + q.n);
+      q.labels.push_back("layer " + std::to_string(l) + " head " + std::to_string(h));
+      ++q.rows;
+    }
+  }
+  return q;
+}
+
+}  // namespace
+
+std::vector<std::string> write_retrieval_report(RetrievalExperimentResult& r, const std::string& dir) {
+  viz::make_dirs(dir);
+  const RetrievalExperimentOptions& o = r.options;
+  std::vector<std::string> files;
+  const double chance = 1.0 / static_cast<double>(o.task.needles);
+  auto chart = [&](const std::string& name, const std::string& title, const std::string& xl,
+                   const std::vector<double>& xs, auto values) {
+    std::vector<viz::Series> series;
+    for (const RetrievalModelResult& m : r.models) {
+      viz::Series s;
+      s.name = kind_label(m.kind);
+      s.x = xs;
+      s.y = values(m);
+      series.push_back(s);
+    }
+    viz::Series c;
+    c.name = "a needle at random (1/N)";
+    c.x = {xs.front(), xs.back()};
+    c.y = {chance, chance};
+    c.dashed = true;
+    c.markers = false;
+    series.push_back(c);
+    viz::ChartSpec spec;
+    spec.title = title;
+    spec.x_label = xl;
+    spec.y_label = "held-out accuracy";
+    spec.ymin = 0;
+    spec.ymax = 1.02;
+    viz::write_png(dir + "/" + name, viz::render_line_chart(series, spec));
+    files.push_back(dir + "/" + name);
+  };
+  std::vector<double> xs(o.lengths.begin(), o.lengths.end());
+  chart("accuracy_by_length.png",
+        "Multi-needle retrieval: accuracy by context length (N = " + std::to_string(o.task.needles) + ", R = " +
+            std::to_string(o.task.queries) + ")",
+        "context length (tokens)", xs, [](const RetrievalModelResult& m) { return m.acc_by_length; });
+  chart("accuracy_by_depth.png",
+        "Accuracy by depth of the queried needle (context " + std::to_string(o.depth_context) + ")",
+        "needle depth (0 = start of the context, 1 = end)", o.depths,
+        [](const RetrievalModelResult& m) { return m.acc_by_depth; });
+  {
+    std::vector<viz::Series> series;
+    for (const RetrievalModelResult& m : r.models) {
+      viz::Series s;
+      s.name = kind_label(m.kind);
+      s.markers = false;
+      const size_t win = std::max<size_t>(1, m.loss_curve.size() / 50);
+      for (size_t i = 0; i + win <= m.loss_curve.size(); i += win) {
+        double a = 0;
+        for (size_t k = i; k < i + win; ++k) a += m.loss_curve[k];
+        s.x.push_back(static_cast<double>(i + win));
+        s.y.push_back(a / static_cast<double>(win));
+      }
+      series.push_back(s);
+    }
+    viz::ChartSpec spec;
+    spec.title = "Training loss on the answer tokens (same batches for every model)";
+    spec.x_label = "step";
+    spec.y_label = "cross-entropy (nats)";
+    spec.ymin = 0;
+    viz::write_png(dir + "/training_loss.png", viz::render_line_chart(series, spec));
+    files.push_back(dir + "/training_loss.png");
+  }
+  // One held-out sample's first query, in every model that has its weights at hand.
+  data::RetrievalSpec s = heldout(o.task);
+  s.context = o.task.context;
+  s.min_context = 0;
+  s.depth = 0.5;
+  const data::RetrievalSample sample = data::make_retrieval_sample(s, 0);
+  std::vector<viz::Canvas> panels;
+  for (RetrievalModelResult& mr : r.models) {
+    if (mr.dir.empty()) continue;
+    Model m = load_model(mr.dir);
+    const QueryRows q = query_rows(m, sample);
+    viz::HeatmapSpec spec;
+    spec.title = kind_label(mr.kind) + (q.signed_map ? ": A1 - lambda A2" : ": softmax") + ", row of the query \"" +
+                 sample.text().substr(static_cast<size_t>(sample.context), static_cast<size_t>(o.task.query_len() - 1)) + "\"";
+    spec.row_labels = q.labels;
+    spec.col_labels = byte_labels(std::vector<int32_t>(sample.tokens.begin(), sample.tokens.begin() + q.n));
+    spec.row_axis = "layer, head";
+    spec.col_axis = "key position";
+    spec.scale = q.signed_map ? viz::ColorScale::Diverging : viz::ColorScale::Sequential;
+    panels.push_back(viz::render_heatmap(q.w.data(), static_cast<int>(q.rows), static_cast<int>(q.n), spec));
+    const std::string npy = dir + "/query_row_" + nn::attn_kind_name(mr.kind) + ".npy";
+    viz::write_npy(npy, q.w.data(), {q.rows, q.n});
+    files.push_back(npy);
+  }
+  if (!panels.empty()) {
+    const data::RetrievalNeedle& nd = sample.needles[static_cast<size_t>(sample.queries[0].needle)];
+    viz::write_png(dir + "/query_row.png",
+                   viz::compose(panels, 1, "Where the first query looks (needle \"" + nd.key + "\" at positions " +
+                                               std::to_string(nd.start) + "-" +
+                                               std::to_string(nd.start + o.task.needle_len() - 1) + ")"));
+    files.push_back(dir + "/query_row.png");
+  }
+
+  std::ostringstream md;
+  md << "# Multi-needle retrieval: DIFF V1, DIFF V2 and standard attention\n\n"
+     << "After the key-information-retrieval setup of arXiv:2410.05258 (section 3.4), at small scale on "
+        "this machine. Produced by `diffattn experiment retrieval`.\n\n"
+     << "- task: " << data::RetrievalTask(o.task).describe() << "; " << o.task.near_misses
+     << " near-miss needles per context (-1: every unqueried one); keys of " << o.task.key_len << " symbols from "
+     << o.task.key_symbols << ", values from " << o.task.value_symbols << "\n"
+     << "- sample: `" << sample.text() << "`\n"
+     << "- training: " << o.train.steps << " steps of " << o.train.batch << " sequences, lr " << o.train.adamw.lr
+     << ", the same seed and batches for every model; loss on the answer tokens only\n"
+     << "- models: d_model " << o.size.d_model << ", " << o.size.n_layers << " layers, " << o.size.n_heads
+     << " standard heads (DIFF V1: " << o.size.n_heads / 2 << " pairs), initial weights N(0, " << o.init_std << ")\n"
+     << "- held-out samples: seed " << heldout(o.task).seed << " (training: " << o.task.seed << ")\n\n";
+  tables(md, r, true);
+  md << "\n![accuracy by context length](accuracy_by_length.png)\n\n![accuracy by depth](accuracy_by_depth.png)\n\n"
+     << "![training loss](training_loss.png)\n\n";
+  if (!panels.empty()) md << "![the first query's attention row](query_row.png)\n\n";
+  md << "Models: " ;
+  for (const RetrievalModelResult& m : r.models) md << (m.dir.empty() ? "(not saved)" : "`" + m.dir + "`") << " ";
+  md << "\n\nLook inside them with `diffattn maps --model DIR --prompt TEXT`, `diffattn analyze --model DIR` and "
+        "`diffattn serve --model DIR`.\n";
+  viz::write_file_atomic(dir + "/report.md", md.str());
+  files.insert(files.begin(), dir + "/report.md");
+  r.files = files;
+  return files;
+}
+
+}  // namespace diffattn
