@@ -137,57 +137,27 @@ double sequence_flops(const Accounting& a, int64_t T) {
 
 }  // namespace diffattn
 
-#include <fstream>
-#include <set>
-#include <sstream>
+#include <sys/stat.h>
 
-#include <nlohmann/json.hpp>
+#include "diffattn/files.h"
+#include "diffattn/model.h"
 
 namespace diffattn {
 
+// config.json has one parser, the model's (every FORMAT.md rule and error message); this
+// keeps the fields the accounting needs.
 ArchConfig parse_arch_config(const std::string& json_text, const std::string& source) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(json_text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw InvalidArgument(source + ": not valid JSON (" + e.what() + ")");
-  }
-  if (!j.is_object()) throw InvalidArgument(source + ": expected a JSON object");
-  const std::set<std::string> known = {"format",    "attention",  "vocab_size",     "d_model",
-                                       "n_layers",  "ffn_dim",    "max_seq_len",    "n_heads",
-                                       "n_kv_heads", "head_dim",  "rope_theta",     "norm_eps",
-                                       "tie_embeddings", "lambda_init"};
-  for (const auto& [key, value] : j.items()) {
-    if (!known.count(key)) throw InvalidArgument(source + ": unknown key \"" + key + "\"");
-  }
-  auto integer = [&](const char* key) -> int64_t {
-    if (!j.contains(key)) throw InvalidArgument(source + ": missing key \"" + key + "\"");
-    if (!j[key].is_number_integer()) {
-      throw InvalidArgument(source + ": \"" + key + "\" must be an integer, got " + j[key].dump());
-    }
-    return j[key].get<int64_t>();
-  };
-  if (!j.contains("format") || j["format"] != "diffattn/1") {
-    throw InvalidArgument(source + ": \"format\" must be \"diffattn/1\"");
-  }
-  if (!j.contains("attention") || !j["attention"].is_string()) {
-    throw InvalidArgument(source + ": missing string key \"attention\"");
-  }
+  const ModelConfig m = ModelConfig::from_json(json_text, source);
   ArchConfig c;
-  c.attention = j["attention"].get<std::string>();
-  c.vocab_size = integer("vocab_size");
-  c.d_model = integer("d_model");
-  c.n_layers = integer("n_layers");
-  c.ffn_dim = integer("ffn_dim");
-  c.n_heads = integer("n_heads");
-  c.n_kv_heads = integer("n_kv_heads");
-  c.head_dim = integer("head_dim");
-  if (j.contains("tie_embeddings")) {
-    if (!j["tie_embeddings"].is_boolean()) {
-      throw InvalidArgument(source + ": \"tie_embeddings\" must be true or false");
-    }
-    c.tie_embeddings = j["tie_embeddings"].get<bool>();
-  }
+  c.attention = nn::attn_kind_name(m.attention);
+  c.vocab_size = m.vocab_size;
+  c.d_model = m.d_model;
+  c.n_layers = m.n_layers;
+  c.ffn_dim = m.ffn_dim;
+  c.n_heads = m.n_heads;
+  c.n_kv_heads = m.n_kv_heads;
+  c.head_dim = m.head_dim;
+  c.tie_embeddings = m.tie_embeddings;
   try {
     format_tensors(c);  // validates every size
   } catch (const InvalidArgument& e) {
@@ -197,14 +167,10 @@ ArchConfig parse_arch_config(const std::string& json_text, const std::string& so
 }
 
 ArchConfig read_arch_config(const std::string& path) {
-  std::string file = path;
-  std::ifstream probe(path + "/config.json");
-  if (probe.good()) file = path + "/config.json";
-  std::ifstream f(file);
-  if (!f.good()) throw IoError("cannot read " + file + " (a config.json or a model directory)");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return parse_arch_config(ss.str(), file);
+  struct stat st {};
+  const bool dir = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  const std::string file = dir ? path + "/config.json" : path;
+  return parse_arch_config(read_file(file), file);
 }
 
 BaseSize base_of(const ArchConfig& c) {

@@ -139,7 +139,7 @@ TEST(Accounting, VersionsCountFormatTensors) {
 TEST(Accounting, ConfigJsonIsStrict) {
   const std::string ok = R"({"format": "diffattn/1", "attention": "diff_v1", "vocab_size": 256,
     "d_model": 64, "n_layers": 2, "ffn_dim": 128, "max_seq_len": 128, "n_heads": 2,
-    "n_kv_heads": 1, "head_dim": 16, "rope_theta": 10000.0, "norm_eps": 1e-5})";
+    "n_kv_heads": 1, "head_dim": 16, "rope_theta": 10000.0, "norm_eps": 1e-5, "tie_embeddings": false})";
   const ArchConfig c = parse_arch_config(ok, "m/config.json");
   EXPECT_EQ(c.attention, "diff_v1");
   EXPECT_EQ(base_of(c).n_heads, 4);
