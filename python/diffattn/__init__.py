@@ -21,10 +21,20 @@ environment variable DIFFATTN_BACKEND=reference) forces the reference implementa
 
 import os as _os
 
-# Idle OpenMP threads spin by default, which on a shared machine steals cycles from the working
-# ones; libgomp reads this when it loads (with _core below, unless another module loaded it
-# first). A policy the user set is kept.
-_os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+# Idle OpenMP threads spin for a while before they sleep, which on a busy machine steals cycles
+# from the working ones, and on a quiet one is faster. As the diffattn tool does: wait passively
+# when the machine is busy at import (one-minute load average at least half its processors).
+# libgomp reads this when it loads (with _core below, unless another module loaded it first).
+# A policy the user set is kept.
+def _machine_busy():
+    try:
+        return _os.getloadavg()[0] >= 0.5 * (_os.cpu_count() or 1)
+    except OSError:
+        return False
+
+
+if "OMP_WAIT_POLICY" not in _os.environ and _machine_busy():
+    _os.environ["OMP_WAIT_POLICY"] = "passive"
 
 from ._core import *  # noqa: F401,F403
 from ._core import __doc__ as _core_doc  # noqa: F401
