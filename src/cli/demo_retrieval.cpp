@@ -41,8 +41,7 @@ void demo_retrieval(std::ostream& os, int section, const std::string& out_dir) {
   print_retrieval_tables(os, r);
   const std::vector<std::string> files = write_retrieval_report(r, out_dir);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  os << "\nChance: a needle's value at random = 1/4 = 25%; a digit at random = 10%. (" << fixed(secs, 0)
-     << " s in all.)\nThe report, its plots and heatmaps: " << out_dir << "/report.md";
+  os << "\n(" << fixed(secs, 0) << " s in all.)\nThe report, its plots and heatmaps: " << out_dir << "/report.md";
   for (const std::string& f : files) {
     if (f.size() > 4 && f.compare(f.size() - 4, 4, ".png") == 0) os << "\n  " << f;
   }

@@ -94,6 +94,14 @@ void tables(std::ostream& os, const RetrievalExperimentResult& r, bool md) {
   os << h << "Accuracy by context length (" << o.eval_samples << " held-out samples x "
      << o.task.queries << " queries each)\n\n";
   text_table(os, model_header(r, "context"), rows, md);
+  // What a model scores without matching keys: any needle's value, or (queries being asked of
+  // distinct needles) one of the needles not asked for yet: query i has N - i candidates.
+  double elimination = 0;
+  for (int64_t i = 0; i < o.task.queries; ++i) elimination += 1.0 / static_cast<double>(o.task.needles - i);
+  elimination /= static_cast<double>(o.task.queries);
+  os << "\nWithout matching keys: a needle's value at random scores "
+     << pct(1.0 / static_cast<double>(o.task.needles)) << "; one of the needles not asked for yet, "
+     << pct(elimination) << ".\n";
 
   rows.clear();
   for (size_t i = 0; i < o.depths.size(); ++i) {
