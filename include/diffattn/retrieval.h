@@ -76,6 +76,15 @@ struct RetrievalSample {
 // The sample numbered `index` of a spec's stream: a pure function of (spec, index).
 RetrievalSample make_retrieval_sample(const RetrievalSpec& spec, uint64_t index);
 
+// Samples first .. first + B - 1 as one batch, right-padded with kRetrievalPad to the longest
+// (causal rows never see their padding): tokens is (B, T).
+struct RetrievalBatch {
+  std::vector<RetrievalSample> samples;
+  std::vector<int32_t> tokens;
+  int64_t B = 0, T = 0;
+};
+RetrievalBatch make_retrieval_batch(const RetrievalSpec& spec, uint64_t first, int64_t B);
+
 // The task as a Dataset for the Trainer: row b of batch k is sample k * B + b; rows shorter than
 // T are padded on the right with '.' and target -1 (causal attention never lets a sample see
 // its padding, so a padded row computes exactly what the sample alone would).

@@ -280,6 +280,21 @@ RetrievalSample make_retrieval_sample(const RetrievalSpec& spec, uint64_t index)
 
 RetrievalTask::RetrievalTask(RetrievalSpec spec) : spec_(spec) { spec_.validate(); }
 
+RetrievalBatch make_retrieval_batch(const RetrievalSpec& spec, uint64_t first, int64_t B) {
+  RetrievalBatch r;
+  r.B = B;
+  for (int64_t b = 0; b < B; ++b) {
+    r.samples.push_back(make_retrieval_sample(spec, first + static_cast<uint64_t>(b)));
+    r.T = std::max<int64_t>(r.T, static_cast<int64_t>(r.samples.back().tokens.size()));
+  }
+  r.tokens.assign(static_cast<size_t>(B * r.T), kRetrievalPad);
+  for (int64_t b = 0; b < B; ++b) {
+    const std::vector<int32_t>& t = r.samples[static_cast<size_t>(b)].tokens;
+    std::copy(t.begin(), t.end(), r.tokens.begin() + b * r.T);
+  }
+  return r;
+}
+
 void RetrievalTask::batch(uint64_t index, int64_t B, int64_t T, int32_t* tokens,
                           int32_t* targets) const {
   if (T < max_len()) {

@@ -177,15 +177,10 @@ double retrieval_accuracy(Model& m, const data::RetrievalSpec& spec, int64_t sam
   int64_t correct = 0, total = 0;
   for (int64_t s0 = 0; s0 < samples; s0 += batch) {
     const int64_t B = std::min(batch, samples - s0);
-    std::vector<data::RetrievalSample> ss;
-    int64_t T = 0;
-    for (int64_t b = 0; b < B; ++b) {
-      ss.push_back(data::make_retrieval_sample(spec, static_cast<uint64_t>(s0 + b)));
-      T = std::max<int64_t>(T, static_cast<int64_t>(ss.back().tokens.size()));
-    }
-    std::vector<int32_t> tok(static_cast<size_t>(B * T), data::kRetrievalPad);
-    for (int64_t b = 0; b < B; ++b) std::copy(ss[b].tokens.begin(), ss[b].tokens.end(), tok.begin() + b * T);
-    m.forward(tok.data(), nullptr, B, T);
+    const data::RetrievalBatch rb = data::make_retrieval_batch(spec, static_cast<uint64_t>(s0), B);
+    const std::vector<data::RetrievalSample>& ss = rb.samples;
+    const int64_t T = rb.T;
+    m.forward(rb.tokens.data(), nullptr, B, T);
     for (int64_t b = 0; b < B; ++b) {
       const auto& qs = ss[static_cast<size_t>(b)].queries;
       for (size_t q = 0; q < (only_first ? 1 : qs.size()); ++q) {

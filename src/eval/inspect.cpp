@@ -237,20 +237,14 @@ NoiseAnalysis analyze_noise(Model& m, const data::RetrievalSpec& spec, int64_t s
   mo.with_standard = false;
   for (int64_t s0 = 0; s0 < samples; s0 += batch) {
     const int64_t B = std::min(batch, samples - s0);
-    std::vector<data::RetrievalSample> ss;
-    int64_t T = 0;
-    for (int64_t b = 0; b < B; ++b) {
-      ss.push_back(data::make_retrieval_sample(spec, static_cast<uint64_t>(s0 + b)));
-      T = std::max<int64_t>(T, static_cast<int64_t>(ss.back().tokens.size()));
-    }
+    const data::RetrievalBatch rb = data::make_retrieval_batch(spec, static_cast<uint64_t>(s0), B);
+    const std::vector<data::RetrievalSample>& ss = rb.samples;
+    const int64_t T = rb.T;
     if (T > cfg.max_seq_len) {
       throw InvalidArgument("analyze_noise: samples of " + std::to_string(T) + " tokens exceed the model's max_seq_len = " +
                             std::to_string(cfg.max_seq_len));
     }
-    // Right padding: causal rows never see it.
-    std::vector<int32_t> tok(static_cast<size_t>(B * T), data::kRetrievalPad);
-    for (int64_t b = 0; b < B; ++b) std::copy(ss[b].tokens.begin(), ss[b].tokens.end(), tok.begin() + b * T);
-    m.forward(tok.data(), nullptr, B, T);
+    m.forward(rb.tokens.data(), nullptr, B, T);
     for (int64_t b = 0; b < B; ++b) {
       const data::RetrievalSample& smp = ss[static_cast<size_t>(b)];
       for (const data::RetrievalQuery& q : smp.queries) {
