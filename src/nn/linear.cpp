@@ -15,7 +15,7 @@ namespace diffattn::nn {
 // BLAS threads for a product of `macs` multiply-adds. When idle OpenMP threads sleep
 // (OMP_WAIT_POLICY=passive, which the tool sets on a busy machine), waking one costs more than a
 // decode step's small matrix-vector product, so every thread must get at least kMinMacs: the
-// small model's decoding ran 1.3-2x faster so (246-339 -> 430-490 tokens/s on 2 threads), where
+// small model's decoding ran 1.6x faster so (230 -> 360 tokens/s on 2 threads, medians), where
 // with spinning threads the same rule made it 1.4-1.8x slower; spinning keeps every thread.
 void sync_blas_threads(double macs) {
   constexpr double kMinMacs = 1 << 20;
@@ -25,7 +25,7 @@ void sync_blas_threads(double macs) {
   }();
   static thread_local int current = 0;
   const int all = num_threads();
-  const int n = passive ? std::max(1, std::min(all, static_cast<int>(macs / kMinMacs))) : all;
+  const int n = passive ? static_cast<int>(std::clamp(macs / kMinMacs, 1.0, static_cast<double>(all))) : all;
   if (n != current) {
     openblas_set_num_threads(n);
     current = n;
