@@ -82,9 +82,7 @@ void cross_entropy_fwd(float* losses, float* lse, const float* logits, const int
 void cross_entropy_bwd(float* dlogits, const float* logits, const float* lse,
                        const int32_t* targets, float dloss, int64_t N, int64_t V);
 
-// Sets OpenBLAS's thread count for a product of `macs` multiply-adds (called before BLAS work):
-// num_threads(), or, when idle threads sleep (OMP_WAIT_POLICY=passive), few enough that each
-// gets at least 2^20 of them.
-void sync_blas_threads(double macs = 1e18);
+// Sets OpenBLAS's thread count to num_threads() (called before BLAS work).
+void sync_blas_threads();
 
 }  // namespace diffattn::nn

@@ -12,30 +12,58 @@ extern "C" void openblas_set_num_threads(int);
 
 namespace diffattn::nn {
 
-// BLAS threads for a product of `macs` multiply-adds. When idle OpenMP threads sleep
-// (OMP_WAIT_POLICY=passive, which the tool sets on a busy machine), waking one costs more than a
-// decode step's small matrix-vector product, so every thread must get at least kMinMacs: the
-// small model's decoding ran 1.6x faster so (230 -> 360 tokens/s on 2 threads, medians), where
-// with spinning threads the same rule made it 1.4-1.8x slower; spinning keeps every thread.
-void sync_blas_threads(double macs) {
-  constexpr double kMinMacs = 1 << 20;
-  static const bool passive = [] {
-    const char* p = std::getenv("OMP_WAIT_POLICY");
-    return p != nullptr && (p[0] == 'p' || p[0] == 'P');
-  }();
+void sync_blas_threads() {
   static thread_local int current = 0;
-  const int all = num_threads();
-  const int n = passive ? static_cast<int>(std::clamp(macs / kMinMacs, 1.0, static_cast<double>(all))) : all;
+  const int n = num_threads();
   if (n != current) {
     openblas_set_num_threads(n);
     current = n;
   }
 }
 
+namespace {
+
+// Fewer BLAS threads for one small product, then back to num_threads(). When idle OpenMP
+// threads sleep (OMP_WAIT_POLICY=passive, which the tool sets on a busy machine), waking one
+// costs more than a decode step's small matrix-vector product, so each thread must get at
+// least kMinMacs multiply-adds: the small model's decoding ran 1.5x faster so (221 -> 335
+// tokens/s on 2 threads, medians), where with spinning threads the same rule made it 1.4-1.8x
+// slower; spinning keeps every thread. OpenBLAS's OpenMP build takes its thread count from
+// OpenMP's (openblas_set_num_threads sets both), so the count is restored right after the call
+// for the library's own parallel loops.
+class SmallProductThreads {
+ public:
+  explicit SmallProductThreads(double macs) {
+    sync_blas_threads();
+    static const bool passive = [] {
+      const char* p = std::getenv("OMP_WAIT_POLICY");
+      return p != nullptr && (p[0] == 'p' || p[0] == 'P');
+    }();
+    constexpr double kMinMacs = 1 << 20;
+    all_ = num_threads();
+    const int n = passive ? static_cast<int>(std::clamp(macs / kMinMacs, 1.0, static_cast<double>(all_))) : all_;
+    if (n != all_) {
+      openblas_set_num_threads(n);
+      reduced_ = true;
+    }
+  }
+  ~SmallProductThreads() {
+    if (reduced_) openblas_set_num_threads(all_);
+  }
+  SmallProductThreads(const SmallProductThreads&) = delete;
+  SmallProductThreads& operator=(const SmallProductThreads&) = delete;
+
+ private:
+  int all_ = 1;
+  bool reduced_ = false;
+};
+
+}  // namespace
+
 void linear_fwd(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
                 int64_t OC, int64_t ldo) {
   if (N == 0) return;
-  sync_blas_threads(static_cast<double>(N) * static_cast<double>(C) * static_cast<double>(OC));
+  const SmallProductThreads threads(static_cast<double>(N) * static_cast<double>(C) * static_cast<double>(OC));
   if (N == 1) {
     // One row (a decode step): a matrix-vector product, which reads the weight once, as gemm
     // with M = 1 does not on every path.
