@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,10 @@ struct RetrievalSample {
 
 // The sample numbered `index` of a spec's stream: a pure function of (spec, index).
 RetrievalSample make_retrieval_sample(const RetrievalSpec& spec, uint64_t index);
+
+// The task a model of `experiment retrieval` was trained on (DIR/retrieval.json), or nothing
+// when the directory has none; a file that is there but wrong is an error naming it.
+std::optional<RetrievalSpec> read_retrieval_spec(const std::string& model_dir);
 
 // Samples first .. first + B - 1 as one batch, right-padded with kRetrievalPad to the longest
 // (causal rows never see their padding): tokens is (B, T).

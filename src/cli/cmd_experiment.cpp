@@ -3,7 +3,6 @@
 // `diffattn analyze`: the attention-noise analysis (inspect.h) of any saved model on the
 // retrieval task's held-out contexts.
 #include <cmath>
-#include <fstream>
 #include <iostream>
 #include <sstream>
 
@@ -187,13 +186,7 @@ int run_analyze(const std::vector<std::string>& argv) {
   if (!a.given("--model")) throw UsageError("--model DIR is required");
   const std::string dir = a.str("--model");
   Model m = load_model(dir);
-  data::RetrievalSpec spec;
-  std::ifstream in(dir + "/retrieval.json");
-  if (in) {
-    std::stringstream ss;
-    ss << in.rdbuf();
-    spec = data::RetrievalSpec::from_json(ss.str(), dir + "/retrieval.json");
-  }
+  data::RetrievalSpec spec = data::read_retrieval_spec(dir).value_or(data::RetrievalSpec{});
   apply_task_options(a, spec);
   spec.min_context = 0;
   spec = heldout(spec);

@@ -5,7 +5,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <memory>
 #include <cstdio>
 #include <iostream>
@@ -175,7 +174,7 @@ int run_train(const std::vector<std::string>& argv) {
       const std::string init = a.str("--init");
       Model m = load_model(init);
       tok = data::tokenizer_for(init);
-      std::filesystem::create_directories(dir);
+      make_dirs(dir);
       if (tok->name() == "sentencepiece") {
         write_file_atomic(dir + "/tokenizer.model", read_file(init + "/tokenizer.model"));
         o.tokenizer = "sentencepiece";
@@ -190,7 +189,7 @@ int run_train(const std::vector<std::string>& argv) {
       tr = std::make_unique<data::Trainer>(dir, std::move(m), o);
     } else {
       if (o.tokenizer == "sentencepiece") {
-        std::filesystem::create_directories(dir);
+        make_dirs(dir);
         std::cerr << "training a SentencePiece tokenizer (" << a.integer("--vocab-size")
                   << " pieces) on " << corpus.name << "...\n";
         data::train_sentencepiece(corpus.train, dir + "/tokenizer.model",

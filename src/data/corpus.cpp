@@ -3,7 +3,6 @@
 #include <sys/stat.h>
 
 #include <cstdio>
-#include <filesystem>
 
 #include "diffattn/data.h"
 
@@ -50,9 +49,7 @@ std::string kjv_text(const std::string& cache_dir) {
     text.push_back('\n');
     pos = end + 1;
   }
-  std::error_code ec;
-  std::filesystem::create_directories(cache_dir, ec);
-  if (ec) throw IoError(cache_dir + ": cannot create the corpus cache directory (" + ec.message() + ")");
+  make_dirs(cache_dir);
   write_file_atomic(path, text);
   return text;
 }

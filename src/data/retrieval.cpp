@@ -2,10 +2,13 @@
 // the Dataset that feeds them to the trainer.
 #include "diffattn/retrieval.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "diffattn/files.h"
 #include "model/json_util.h"
 
 namespace diffattn::data {
@@ -279,6 +282,13 @@ RetrievalSample make_retrieval_sample(const RetrievalSpec& spec, uint64_t index)
 }
 
 RetrievalTask::RetrievalTask(RetrievalSpec spec) : spec_(spec) { spec_.validate(); }
+
+std::optional<RetrievalSpec> read_retrieval_spec(const std::string& model_dir) {
+  const std::string path = model_dir + "/retrieval.json";
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return RetrievalSpec::from_json(read_file(path), path);
+}
 
 RetrievalBatch make_retrieval_batch(const RetrievalSpec& spec, uint64_t first, int64_t B) {
   RetrievalBatch r;

@@ -239,7 +239,7 @@ StepLog Trainer::step(const Dataset& train) {
 
 void Trainer::run(const Dataset& train, const std::vector<int32_t>* valid, int64_t until,
                   const std::function<void(const StepLog&)>& on_step) {
-  std::filesystem::create_directories(dir_);
+  make_dirs(dir_);
   const int64_t end = (until > 0 && until < opts_.steps) ? until : opts_.steps;
   const bool bar = progress && ::isatty(2);
   FILE* log = nullptr;

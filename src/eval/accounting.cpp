@@ -157,12 +157,7 @@ ArchConfig parse_arch_config(const std::string& json_text, const std::string& so
   c.n_heads = m.n_heads;
   c.n_kv_heads = m.n_kv_heads;
   c.head_dim = m.head_dim;
-  c.tie_embeddings = m.tie_embeddings;
-  try {
-    format_tensors(c);  // validates every size
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument(source + ": " + e.what());
-  }
+  c.tie_embeddings = m.tie_embeddings;  // from_json has validated every size
   return c;
 }
 

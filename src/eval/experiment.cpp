@@ -6,8 +6,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <iomanip>
 #include <sstream>
 
@@ -243,7 +241,7 @@ RetrievalExperimentResult run_retrieval_experiment(const RetrievalExperimentOpti
     if (mr.dir.empty()) {
       for (int64_t s = 0; s < t.steps; ++s) mr.loss_curve.push_back(tr.step(task).loss);
     } else {
-      std::filesystem::create_directories(mr.dir);
+      make_dirs(mr.dir);
       write_file_atomic(mr.dir + "/retrieval.json", o.task.to_json());
       tr.run(task, nullptr, 0, [&](const data::StepLog& s) { mr.loss_curve.push_back(s.loss); });
     }

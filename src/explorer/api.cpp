@@ -1,9 +1,7 @@
 // The explorer's JSON API (explorer.h): validates every field with a message that names it,
 // computes the views with the library (views.h) and returns them as JSON.
 #include <cmath>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <mutex>
 #include <set>
 
@@ -66,11 +64,9 @@ int64_t int_field(const json& j, const char* key, int64_t def, int64_t lo, int64
 // The prompt a model's controls start with: for a model of `experiment retrieval` (its
 // DIR/retrieval.json), a held-out sample of its task that fits the prompt bound; else a sentence.
 std::string example_prompt(const std::string& dir, int64_t max_tokens) {
-  std::ifstream in(dir + "/retrieval.json");
-  if (!in) return "The cat sat on the mat. The cat sat on the";
-  std::stringstream ss;
-  ss << in.rdbuf();
-  data::RetrievalSpec s = heldout(data::RetrievalSpec::from_json(ss.str(), dir + "/retrieval.json"));
+  const std::optional<data::RetrievalSpec> task = data::read_retrieval_spec(dir);
+  if (!task) return "The cat sat on the mat. The cat sat on the";
+  data::RetrievalSpec s = heldout(*task);
   s.min_context = 0;
   s.context = std::min(s.context, max_tokens - s.queries * s.query_len());
   try {
