@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "diffattn/text.h"
+
 namespace diffattn::cli {
 
 // Prints a (rows x cols) row-major matrix with row and column labels, `decimals` places,
@@ -14,10 +16,8 @@ namespace diffattn::cli {
 void print_matrix(std::ostream& os, const std::string& title, const std::vector<std::string>& rows,
                   const std::vector<std::string>& cols, const float* data, int decimals = 4);
 
-// A table of strings with a header row; columns are right-aligned except the first.
-void print_table(std::ostream& os, const std::vector<std::string>& header,
-                 const std::vector<std::vector<std::string>>& rows);
-
-std::string fixed(double v, int decimals = 4);
+// Tables of strings and fixed-decimal numbers: include/diffattn/text.h.
+using diffattn::fixed;
+using diffattn::print_table;
 
 }  // namespace diffattn::cli

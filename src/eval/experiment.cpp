@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "diffattn/runtime.h"
+#include "diffattn/text.h"
 #include "diffattn/viz.h"
 
 namespace diffattn {
@@ -25,13 +26,7 @@ std::string kind_label(nn::AttnKind k) {
   return "?";
 }
 
-std::string fmt(double v, int decimals) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
-  return buf;
-}
-
-std::string pct(double v) { return fmt(100.0 * v, 1) + "%"; }
+std::string pct(double v) { return fixed(100.0 * v, 1) + "%"; }
 
 // Scales every 2-D weight except the embeddings from the library's N(0, 0.02) to N(0, std).
 void rescale_init(Model& m, double init_std) {
@@ -43,37 +38,6 @@ void rescale_init(Model& m, double init_std) {
   }
 }
 
-// A plain left-aligned Markdown/text table.
-void text_table(std::ostream& os, const std::vector<std::string>& head,
-                const std::vector<std::vector<std::string>>& rows, bool markdown) {
-  std::vector<size_t> w(head.size(), 0);
-  for (size_t c = 0; c < head.size(); ++c) w[c] = head[c].size();
-  for (const auto& r : rows) {
-    for (size_t c = 0; c < r.size() && c < w.size(); ++c) w[c] = std::max(w[c], r[c].size());
-  }
-  auto line = [&](const std::vector<std::string>& r) {
-    if (markdown) os << "| ";
-    for (size_t c = 0; c < w.size(); ++c) {
-      const std::string& cell = c < r.size() ? r[c] : std::string();
-      const std::string pad(w[c] - cell.size(), ' ');
-      os << (c == 0 ? cell + pad : pad + cell);
-      os << (c + 1 < w.size() ? (markdown ? " | " : "  ") : (markdown ? " |" : ""));
-    }
-    os << "\n";
-  };
-  line(head);
-  if (markdown) {
-    os << "|";
-    for (size_t c = 0; c < w.size(); ++c) os << (c == 0 ? " :" : " ") << std::string(std::max<size_t>(w[c], 3) - 1, '-') << (c == 0 ? " |" : ": |");
-    os << "\n";
-  } else {
-    size_t total = 0;
-    for (size_t c = 0; c < w.size(); ++c) total += w[c] + (c + 1 < w.size() ? 2 : 0);
-    os << std::string(total, '-') << "\n";
-  }
-  for (const auto& r : rows) line(r);
-}
-
 std::vector<std::string> model_header(const RetrievalExperimentResult& r, const std::string& first) {
   std::vector<std::string> h{first};
   for (const RetrievalModelResult& m : r.models) h.push_back(kind_label(m.kind));
@@ -83,6 +47,7 @@ std::vector<std::string> model_header(const RetrievalExperimentResult& r, const 
 void tables(std::ostream& os, const RetrievalExperimentResult& r, bool md) {
   const RetrievalExperimentOptions& o = r.options;
   const std::string h = md ? "### " : "";
+  const TableStyle style = md ? TableStyle::Markdown : TableStyle::Ruled;
   std::vector<std::vector<std::string>> rows;
   for (size_t i = 0; i < o.lengths.size(); ++i) {
     std::vector<std::string> row{std::to_string(o.lengths[i])};
@@ -91,7 +56,7 @@ void tables(std::ostream& os, const RetrievalExperimentResult& r, bool md) {
   }
   os << h << "Accuracy by context length (" << o.eval_samples << " held-out samples x "
      << o.task.queries << " queries each)\n\n";
-  text_table(os, model_header(r, "context"), rows, md);
+  print_table(os, model_header(r, "context"), rows, style);
   // What a model scores without matching keys: any needle's value, or (queries being asked of
   // distinct needles) one of the needles not asked for yet: query i has N - i candidates.
   double elimination = 0;
@@ -103,21 +68,21 @@ void tables(std::ostream& os, const RetrievalExperimentResult& r, bool md) {
 
   rows.clear();
   for (size_t i = 0; i < o.depths.size(); ++i) {
-    std::vector<std::string> row{fmt(o.depths[i], 2)};
+    std::vector<std::string> row{fixed(o.depths[i], 2)};
     for (const RetrievalModelResult& m : r.models) row.push_back(pct(m.acc_by_depth[i]));
     rows.push_back(row);
   }
   const int64_t dc = o.depth_context > 0 ? o.depth_context : o.task.context;
   os << "\n" << h << "Accuracy by needle depth (context " << dc << "; the first query's needle placed at the depth, "
      << o.eval_samples << " samples each)\n\n";
-  text_table(os, model_header(r, "depth"), rows, md);
+  print_table(os, model_header(r, "depth"), rows, style);
 
   rows.clear();
   for (const RetrievalModelResult& m : r.models) {
     const bool pair = m.kind != nn::AttnKind::Standard;
     auto add = [&](const std::string& layer, const NoiseStats& s, const std::string& map, double lam) {
-      rows.push_back({kind_label(m.kind), layer, map, fmt(s.answer, 3), fmt(s.noise, 3), fmt(s.noise_abs, 3),
-                      std::isnan(lam) ? std::string("-") : fmt(lam, 3)});
+      rows.push_back({kind_label(m.kind), layer, map, fixed(s.answer, 3), fixed(s.noise, 3), fixed(s.noise_abs, 3),
+                      std::isnan(lam) ? std::string("-") : fixed(lam, 3)});
     };
     for (const NoiseLayer& l : m.noise.layers) {
       add(std::to_string(l.layer), l.main, pair ? "A1 - lambda A2" : "softmax", l.lambda);
@@ -128,7 +93,7 @@ void tables(std::ostream& os, const RetrievalExperimentResult& r, bool md) {
   }
   os << "\n" << h << "Attention noise: shares of the answer rows' absolute attention mass ("
      << o.noise_samples << " held-out samples, context " << o.task.context << ")\n\n";
-  text_table(os, {"model", "layer", "map", "answer", "noise", "noise |w|", "lambda"}, rows, md);
+  print_table(os, {"model", "layer", "map", "answer", "noise", "noise |w|", "lambda"}, rows, style);
   os << (md ? "\n" : "") << "answer: weight on the queried needle; noise: signed weight on the rest of the context "
      << "(cancels); noise |w|: its absolute weight. Rows are the queries' answer positions, averaged over heads.\n";
 
@@ -138,12 +103,12 @@ void tables(std::ostream& os, const RetrievalExperimentResult& r, bool md) {
     const size_t n = std::min<size_t>(m.loss_curve.size(), 50);
     for (size_t i = m.loss_curve.size() - n; i < m.loss_curve.size(); ++i) tail += m.loss_curve[i];
     std::string lam;
-    for (size_t l = 0; l < m.lambdas.size(); ++l) lam += (l ? " " : "") + fmt(m.lambdas[l], 3);
-    rows.push_back({kind_label(m.kind), std::to_string(m.params), fmt(m.seconds, 1),
-                    fmt(n ? tail / static_cast<double>(n) : 0.0, 3), lam.empty() ? "-" : lam});
+    for (size_t l = 0; l < m.lambdas.size(); ++l) lam += (l ? " " : "") + fixed(m.lambdas[l], 3);
+    rows.push_back({kind_label(m.kind), std::to_string(m.params), fixed(m.seconds, 1),
+                    fixed(n ? tail / static_cast<double>(n) : 0.0, 3), lam.empty() ? "-" : lam});
   }
   os << "\n" << h << "Models\n\n";
-  text_table(os, {"model", "parameters", "train s", "final loss", "lambda per layer"}, rows, md);
+  print_table(os, {"model", "parameters", "train s", "final loss", "lambda per layer"}, rows, style);
 }
 
 }  // namespace
@@ -273,7 +238,7 @@ RetrievalExperimentResult run_retrieval_experiment(const RetrievalExperimentOpti
       double tail = 0;
       const size_t n = std::min<size_t>(mr.loss_curve.size(), 50);
       for (size_t i = mr.loss_curve.size() - n; i < mr.loss_curve.size(); ++i) tail += mr.loss_curve[i];
-      log(kind_label(kind) + ": " + fmt(mr.seconds, 1) + " s, final loss " + fmt(n ? tail / static_cast<double>(n) : 0.0, 3) +
+      log(kind_label(kind) + ": " + fixed(mr.seconds, 1) + " s, final loss " + fixed(n ? tail / static_cast<double>(n) : 0.0, 3) +
           ", held-out accuracy at context " + std::to_string(o.lengths.back()) + ": " + pct(mr.acc_by_length.back()) +
           (mr.dir.empty() ? "" : "  -> " + mr.dir));
     }
