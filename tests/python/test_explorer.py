@@ -282,15 +282,24 @@ def model_server(trained):
     dirs = f"{trained}/models/diff_v1,{trained}/models/standard"
     proc = subprocess.Popen([BINARY, "serve", "--port", "0", "--model", dirs], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
+    # Read the raw pipe: select() on a buffered readline misses lines already in Python's buffer
+    # (the model lines and the "listening" line often arrive in one chunk).
     url = None
+    said = b""
+    fd = proc.stdout.fileno()
     end = time.time() + 20
     while time.time() < end and url is None:
-        ready, _, _ = select.select([proc.stdout], [], [], 1)
+        ready, _, _ = select.select([fd], [], [], 1)
         if ready:
-            line = proc.stdout.readline()
-            if "listening on " in line:
-                url = line.split("listening on ")[1].split()[0].rstrip("/")
-    assert url, "the server did not start"
+            chunk = os.read(fd, 4096)
+            if not chunk:  # the server exited
+                break
+            said += chunk
+            text = said.decode(errors="replace")
+            rest = text.split("listening on ", 1)[1] if "listening on " in text else ""
+            if "\n" in rest:  # the whole line is in
+                url = rest.split()[0].rstrip("/")
+    assert url, f"the server did not start (exit status {proc.poll()}): {said.decode(errors='replace')}"
     yield url
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) == 0
