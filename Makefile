@@ -8,13 +8,21 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 # build tree (only the kernels and their tests are built there).
 SAN_BUILD ?= $(BUILD)/asan
 SAN_TESTS := test_fused test_reference
+# libFuzzer harnesses (fuzz/), built with clang in their own tree. `make test` replays each
+# checked-in corpus and fuzzes FUZZ_REPLAY_SECONDS per harness; `make fuzz` fuzzes FUZZ_SECONDS.
+FUZZ_BUILD ?= $(BUILD)/fuzz
+FUZZ_SECONDS ?= 300
+FUZZ_REPLAY_SECONDS ?= 4
 
-.PHONY: all setup configure build test test-cpp test-python test-sanitize demo clean
+.PHONY: all setup setup-test configure build test test-cpp test-python test-sanitize fuzz-build fuzz test-fuzz demo clean
 
 all: build
 
 setup:
 	@scripts/setup.sh
+
+setup-test:
+	@scripts/setup.sh test
 
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
@@ -24,8 +32,8 @@ configure: setup $(BUILD)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-test: build
-	$(MAKE) --no-print-directory test-cpp test-python test-sanitize
+test: setup-test build
+	$(MAKE) --no-print-directory test-cpp test-python test-sanitize test-fuzz
 
 test-cpp:
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
@@ -37,12 +45,25 @@ $(SAN_BUILD)/CMakeCache.txt:
 	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDIFFATTN_SANITIZE=ON \
 	  -DDIFFATTN_PYTHON=OFF -DDIFFATTN_BENCH=OFF
 
-test-sanitize: setup $(SAN_BUILD)/CMakeCache.txt
+test-sanitize: setup-test $(SAN_BUILD)/CMakeCache.txt
 	cmake --build $(SAN_BUILD) -j $(JOBS) --target $(SAN_TESTS)
 	@set -e; for t in $(SAN_TESTS); do \
 	  echo "== $$t under ASan + UBSan"; \
 	  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 $(SAN_BUILD)/tests/cpp/$$t --gtest_brief=1; \
 	done
+
+$(FUZZ_BUILD)/CMakeCache.txt:
+	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DDIFFATTN_FUZZ=ON -DDIFFATTN_PYTHON=OFF -DDIFFATTN_BENCH=OFF -DDIFFATTN_TESTS=OFF
+
+fuzz-build: setup-test $(FUZZ_BUILD)/CMakeCache.txt
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzzers
+
+test-fuzz: fuzz-build
+	scripts/fuzz.sh $(FUZZ_BUILD) $(FUZZ_REPLAY_SECONDS)
+
+fuzz: fuzz-build
+	scripts/fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
 demo: build
 	$(BUILD)/diffattn demo

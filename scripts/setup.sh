@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# Installs the Debian packages listed in scripts/packages.txt that are not installed yet.
+# Installs the Debian packages listed in scripts/packages.txt (build and demo) that are not
+# installed yet; `scripts/setup.sh test` adds scripts/packages-test.txt (what only the tests need).
 # Safe to run again: with everything present it does nothing. Needs root only to install.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-mapfile -t wanted < <(grep -v -E '^\s*(#|$)' "$here/packages.txt")
+lists=("$here/packages.txt")
+case "${1:-}" in
+  "") ;;
+  test) lists+=("$here/packages-test.txt") ;;
+  *) echo "usage: scripts/setup.sh [test]" >&2; exit 2 ;;
+esac
+mapfile -t wanted < <(cat "${lists[@]}" | grep -v -E '^\s*(#|$)')
 
 missing=()
 for p in "${wanted[@]}"; do
