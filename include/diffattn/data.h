@@ -115,6 +115,14 @@ struct TrainOptions {
   static TrainOptions from_json(const std::string& text, const std::string& where);
 };
 
+// Throws InvalidArgument naming the option (the JSON key) when a count is out of range, a rate
+// is negative, B * T * accum overflows, or one micro-batch's activations (train_step_bytes, an
+// estimate) exceed this machine's physical memory. The Trainer calls it before allocating.
+void check_train_options(const TrainOptions& o, const ModelConfig& cfg);
+// Bytes of activations and gradients one forward + backward of (batch, seq_len) keeps, about;
+// throws InvalidArgument when the product overflows.
+int64_t train_step_bytes(const ModelConfig& cfg, int64_t batch, int64_t seq_len);
+
 struct StepLog {
   int64_t step = 0;  // 1-based count of optimizer steps taken
   double loss = 0, grad_norm = 0, lr = 0, tokens_per_s = 0;
@@ -142,6 +150,10 @@ class Trainer {
   // One optimizer step (accum micro-batches); returns its log (no eval, no save).
   StepLog step(const Dataset& train);
   void save() const;
+  // Changes how long the run goes and how often it evaluates and saves (what `train --resume`
+  // may change): checked like the constructor's options. A new `steps` also moves the end of
+  // the cosine decay, so the learning rate from the current step on follows the new schedule.
+  void set_schedule(int64_t steps, int64_t eval_every, int64_t eval_batches, int64_t save_every);
 
   Model& model() { return model_; }
   const TrainOptions& options() const { return opts_; }

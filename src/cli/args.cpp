@@ -122,7 +122,8 @@ int64_t Args::integer(const std::string& name) const {
   char* end = nullptr;
   const long long v = std::strtoll(s.c_str(), &end, 10);
   if (s.empty() || *end != '\0' || errno != 0) {
-    throw UsageError(name + " expects an integer, got \"" + s + "\"");
+    throw UsageError(name + " expects an integer" +
+                     (errno == ERANGE ? " that fits in 64 bits" : std::string()) + ", got \"" + s + "\"");
   }
   return v;
 }
@@ -134,6 +135,25 @@ double Args::number(const std::string& name) const {
   const double v = std::strtod(s.c_str(), &end);
   if (s.empty() || *end != '\0' || errno != 0 || !std::isfinite(v)) {
     throw UsageError(name + " expects a finite number, got \"" + s + "\"");
+  }
+  return v;
+}
+
+int64_t Args::integer(const std::string& name, int64_t lo, int64_t hi) const {
+  const int64_t v = integer(name);
+  if (v < lo || v > hi) {
+    throw UsageError(name + " must be between " + std::to_string(lo) + " and " +
+                     std::to_string(hi) + ", got " + str(name));
+  }
+  return v;
+}
+
+double Args::number(const std::string& name, double lo, double hi) const {
+  const double v = number(name);
+  if (v < lo || v > hi) {
+    std::ostringstream os;
+    os << name << " must be between " << lo << " and " << hi << ", got " << str(name);
+    throw UsageError(os.str());
   }
   return v;
 }

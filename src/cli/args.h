@@ -40,6 +40,9 @@ class Args {
   const std::string& str(const std::string& name) const;
   int64_t integer(const std::string& name) const;
   double number(const std::string& name) const;
+  // The same, and a UsageError naming the option when the value is outside [lo, hi].
+  int64_t integer(const std::string& name, int64_t lo, int64_t hi) const;
+  double number(const std::string& name, double lo, double hi) const;
   bool on(const std::string& name) const;
   std::string help() const;
   const std::string& command() const { return command_; }

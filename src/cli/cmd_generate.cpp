@@ -1,6 +1,8 @@
 // `diffattn generate --model DIR --prompt TEXT`: sampled continuation, streamed to stdout.
 // `--bench N` times N decode steps instead and prints tokens/s.
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 
@@ -46,8 +48,12 @@ int run_generate(const std::vector<std::string>& argv) {
          "Continue a prompt with a trained model: the prompt is prefilled through the KV cache,\n"
          "then one token at a time is decoded and printed as it comes (streamed).");
   a.option("--model", "DIR", "", "the model directory (required)")
-      .option("--prompt", "TEXT", "", "the text to continue")
-      .option("--max-new", "N", "200", "new tokens to generate")
+      .option("--prompt", "TEXT", "",
+              "the text to continue (empty: a newline); it must encode to at least one token and "
+              "fewer than the model's max_seq_len")
+      .option("--max-new", "N", "200",
+              "new tokens to generate, at most; generation stops earlier when the prompt and the "
+              "new tokens fill the model's max_seq_len (a note on stderr says so)")
       .option("--temperature", "X", "0.8", "softmax temperature; 0 is greedy")
       .option("--top-k", "K", "0", "sample from the K most likely tokens (0: all)")
       .option("--top-p", "P", "1.0", "nucleus sampling: the smallest set with probability >= P")
@@ -57,15 +63,40 @@ int run_generate(const std::vector<std::string>& argv) {
   if (!a.given("--model")) throw UsageError("--model DIR is required");
   const std::string dir = a.str("--model");
   Model m = load_model(dir);
-  if (a.integer("--bench") > 0) return bench_decode(m, std::min<int64_t>(64, m.config().max_seq_len / 2), a.integer("--bench"));
+  const int64_t bench_steps = a.integer("--bench", 0, int64_t{1} << 40);
+  if (bench_steps > 0) {
+    return bench_decode(m, std::max<int64_t>(1, std::min<int64_t>(64, m.config().max_seq_len / 2)),
+                        bench_steps);
+  }
   const auto tok = data::tokenizer_for(dir);
   data::GenerateOptions o;
-  o.max_new = a.integer("--max-new");
-  o.sampler.temperature = a.number("--temperature");
-  o.sampler.top_k = a.integer("--top-k");
+  o.max_new = a.integer("--max-new", 0, int64_t{1} << 40);
+  o.sampler.temperature = a.number("--temperature", 0, 1e30);
+  o.sampler.top_k = a.integer("--top-k", 0, int64_t{1} << 40);
   o.sampler.top_p = a.number("--top-p");
-  o.sampler.seed = static_cast<uint64_t>(a.integer("--seed"));
+  if (!(o.sampler.top_p > 0 && o.sampler.top_p <= 1)) {
+    throw UsageError("--top-p must be in (0, 1], got " + a.str("--top-p"));
+  }
+  o.sampler.seed = static_cast<uint64_t>(a.integer("--seed", 0, INT64_MAX));
   const std::string prompt = a.str("--prompt");
+  {
+    const size_t n = tok->encode(prompt.empty() ? std::string("\n") : prompt).size();
+    const int64_t cap = m.config().max_seq_len;
+    if (n == 0) {
+      throw UsageError("--prompt encodes to no tokens with the model's " + tok->name() +
+                       " tokenizer (it is empty or only whitespace); give some text to continue");
+    }
+    if (static_cast<int64_t>(n) >= cap) {
+      throw UsageError("--prompt is " + std::to_string(n) + " tokens; the model's max_seq_len is " +
+                       std::to_string(cap) + ", so a prompt may have at most " +
+                       std::to_string(cap - 1) + " tokens");
+    }
+    if (static_cast<int64_t>(n) + o.max_new > cap) {
+      std::cerr << "diffattn generate: note: the prompt (" << n << " tokens) and --max-new "
+                << o.max_new << " exceed max_seq_len " << cap << "; generating "
+                << cap - static_cast<int64_t>(n) << " new tokens\n";
+    }
+  }
   std::cout << prompt << std::flush;
   data::generate(m, *tok, prompt, o, [](const std::string& piece) { std::cout << piece << std::flush; });
   std::cout << "\n";

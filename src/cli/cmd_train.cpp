@@ -4,10 +4,12 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cmath>
 #include <memory>
 #include <cstdio>
 #include <iostream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "cli/args.h"
@@ -20,6 +22,10 @@ namespace diffattn::cli {
 namespace {
 
 using json = nlohmann::json;
+
+// Upper bound of the count flags (steps, batch, ...): far beyond any real run, small enough that
+// products of a few of them cannot wrap; the memory a step needs is checked by the library.
+constexpr int64_t kBig = int64_t{1} << 40;
 
 bool exists(const std::string& p) {
   struct stat st {};
@@ -64,6 +70,37 @@ int bench(const ModelConfig& cfg, const data::TrainOptions& o, int64_t steps) {
   return 0;
 }
 
+// On --resume the run's own options (saved in train_state.safetensors) are used. Flags that only
+// say how long to run and how often to evaluate or save may change (--steps, --eval-every,
+// --eval-batches, --save-every); a flag that would change the numbers of the steps already
+// taken is an error naming it and the run's value, unless it repeats that value.
+void check_resume_flags(const Args& a, const data::TrainOptions& o, const data::TrainOptions& run) {
+  auto same = [&](const char* flag, bool equal, const std::string& was) {
+    if (a.given(flag) && !equal) {
+      throw UsageError(std::string(flag) + " cannot change on --resume (the run was started with " +
+                       was + "); only --steps, --eval-every, --eval-batches and --save-every can");
+    }
+  };
+  auto num = [](double x) { std::ostringstream os; os << x; return os.str(); };
+  same("--batch", o.batch == run.batch, std::to_string(run.batch));
+  same("--seq-len", o.seq_len == run.seq_len, std::to_string(run.seq_len));
+  same("--accum", o.accum == run.accum, std::to_string(run.accum));
+  same("--lr", o.adamw.lr == run.adamw.lr, num(run.adamw.lr));
+  same("--min-lr", o.adamw.min_lr == run.adamw.min_lr, num(run.adamw.min_lr));
+  same("--warmup", o.adamw.warmup == run.adamw.warmup, std::to_string(run.adamw.warmup));
+  same("--weight-decay", o.adamw.weight_decay == run.adamw.weight_decay, num(run.adamw.weight_decay));
+  same("--clip", o.adamw.clip == run.adamw.clip, num(run.adamw.clip));
+  same("--seed", o.seed == run.seed, std::to_string(run.seed));
+  same("--corpus", o.corpus == run.corpus, run.corpus);
+  same("--tokenizer", o.tokenizer == run.tokenizer, run.tokenizer);
+  for (const char* flag : {"--config", "--init", "--preset", "--attention", "--vocab-size"}) {
+    if (a.given(flag)) {
+      throw UsageError(std::string(flag) + " cannot be used with --resume: the run's model and "
+                       "options come from its train_state.safetensors");
+    }
+  }
+}
+
 int run_train(const std::vector<std::string>& argv) {
   Args a("train",
          "Train a language model: DIFF V1, DIFF V2 or a standard Transformer of equal size, on the\n"
@@ -97,7 +134,9 @@ int run_train(const std::vector<std::string>& argv) {
       .option("--save-every", "N", "50", "write the resume point every N steps")
       .option("--init", "DIR", "", "start from this model directory's weights and config "
               "(and its tokenizer.model) instead of a preset")
-      .flag("--resume", "continue the run in --out from its train_state.safetensors")
+      .flag("--resume", "continue the run in --out from its train_state.safetensors, with its "
+            "saved options; --steps (to train further), --eval-every, --eval-batches and "
+            "--save-every may change, any other training flag that differs is an error")
       .flag("--no-progress", "no progress bar on stderr")
       .option("--bench", "N", "0", "time N training steps on random tokens and print tokens/s");
   if (!a.parse(argv)) return 0;
@@ -127,19 +166,19 @@ int run_train(const std::vector<std::string>& argv) {
   data::TrainOptions o = data::TrainOptions::from_json(cfgj.dump(), a.given("--config") ? a.str("--config") : "config");
   // JSON keys use underscores; flags use dashes.
   auto has = [&](const char* key) { return cfgj.contains(key); };
-  if (a.given("--steps") || !has("steps")) o.steps = a.integer("--steps");
-  if (a.given("--batch") || !has("batch")) o.batch = a.integer("--batch");
-  if (a.given("--seq-len") || !has("seq_len")) o.seq_len = a.integer("--seq-len");
-  if (a.given("--accum") || !has("accum")) o.accum = a.integer("--accum");
-  if (a.given("--lr") || !has("lr")) o.adamw.lr = a.number("--lr");
-  if (a.given("--min-lr") || !has("min_lr")) o.adamw.min_lr = a.number("--min-lr");
-  if (a.given("--warmup") || !has("warmup")) o.adamw.warmup = a.integer("--warmup");
-  if (a.given("--weight-decay") || !has("weight_decay")) o.adamw.weight_decay = a.number("--weight-decay");
-  if (a.given("--clip") || !has("clip")) o.adamw.clip = a.number("--clip");
-  if (a.given("--seed") || !has("seed")) o.seed = static_cast<uint64_t>(a.integer("--seed"));
-  if (a.given("--eval-every") || !has("eval_every")) o.eval_every = a.integer("--eval-every");
-  if (a.given("--eval-batches") || !has("eval_batches")) o.eval_batches = a.integer("--eval-batches");
-  if (a.given("--save-every") || !has("save_every")) o.save_every = a.integer("--save-every");
+  if (a.given("--steps") || !has("steps")) o.steps = a.integer("--steps", 1, kBig);
+  if (a.given("--batch") || !has("batch")) o.batch = a.integer("--batch", 1, kBig);
+  if (a.given("--seq-len") || !has("seq_len")) o.seq_len = a.integer("--seq-len", 1, kBig);
+  if (a.given("--accum") || !has("accum")) o.accum = a.integer("--accum", 1, kBig);
+  if (a.given("--lr") || !has("lr")) o.adamw.lr = a.number("--lr", 1e-30, 1e30);
+  if (a.given("--min-lr") || !has("min_lr")) o.adamw.min_lr = a.number("--min-lr", 0, 1e30);
+  if (a.given("--warmup") || !has("warmup")) o.adamw.warmup = a.integer("--warmup", 0, kBig);
+  if (a.given("--weight-decay") || !has("weight_decay")) o.adamw.weight_decay = a.number("--weight-decay", 0, 1e30);
+  if (a.given("--clip") || !has("clip")) o.adamw.clip = a.number("--clip", 0, 1e30);
+  if (a.given("--seed") || !has("seed")) o.seed = static_cast<uint64_t>(a.integer("--seed", 0, INT64_MAX));
+  if (a.given("--eval-every") || !has("eval_every")) o.eval_every = a.integer("--eval-every", 0, kBig);
+  if (a.given("--eval-batches") || !has("eval_batches")) o.eval_batches = a.integer("--eval-batches", 1, kBig);
+  if (a.given("--save-every") || !has("save_every")) o.save_every = a.integer("--save-every", 0, kBig);
   if (a.given("--corpus") || !has("corpus")) o.corpus = a.str("--corpus");
   if (a.given("--tokenizer") || !has("tokenizer")) o.tokenizer = a.str("--tokenizer");
   if (o.tokenizer != "bytes" && o.tokenizer != "sentencepiece") {
@@ -147,10 +186,12 @@ int run_train(const std::vector<std::string>& argv) {
   }
 
   const nn::AttnKind kind = parse_attn_kind(attention, "--attention");
-  if (a.integer("--bench") > 0) {
+  const int64_t bench_steps = a.integer("--bench", 0, kBig);
+  const int64_t vocab_size = a.integer("--vocab-size", 2, 1 << 20);
+  if (bench_steps > 0) {
     ModelConfig cfg = model_j.is_null() ? model_preset(preset, kind)
                                         : ModelConfig::from_json(model_j.dump(), "--config model");
-    return bench(cfg, data::TrainOptions(o), a.integer("--bench"));
+    return bench(cfg, data::TrainOptions(o), bench_steps);
   }
   if (!a.given("--out")) throw UsageError("--out DIR is required (the model directory to write)");
   const std::string dir = a.str("--out");
@@ -161,6 +202,16 @@ int run_train(const std::vector<std::string>& argv) {
   data::Corpus corpus;
   if (a.on("--resume")) {
     tr = std::make_unique<data::Trainer>(data::Trainer::resume(dir));
+    check_resume_flags(a, o, tr->options());
+    tr->set_schedule(a.given("--steps") ? o.steps : tr->options().steps,
+                     a.given("--eval-every") ? o.eval_every : tr->options().eval_every,
+                     a.given("--eval-batches") ? o.eval_batches : tr->options().eval_batches,
+                     a.given("--save-every") ? o.save_every : tr->options().save_every);
+    if (tr->steps_done() >= tr->options().steps) {
+      throw UsageError(dir + " is already at step " + std::to_string(tr->steps_done()) + " of " +
+                       std::to_string(tr->options().steps) +
+                       "; pass --steps N with N larger to train further");
+    }
     corpus = data::load_corpus(tr->options().corpus, cache);
     tok = data::tokenizer_for(dir);
     std::cerr << "resuming " << dir << " at step " << tr->steps_done() << "\n";
@@ -190,10 +241,10 @@ int run_train(const std::vector<std::string>& argv) {
     } else {
       if (o.tokenizer == "sentencepiece") {
         make_dirs(dir);
-        std::cerr << "training a SentencePiece tokenizer (" << a.integer("--vocab-size")
+        std::cerr << "training a SentencePiece tokenizer (" << vocab_size
                   << " pieces) on " << corpus.name << "...\n";
         data::train_sentencepiece(corpus.train, dir + "/tokenizer.model",
-                                  a.integer("--vocab-size"), static_cast<uint32_t>(o.seed));
+                                  vocab_size, static_cast<uint32_t>(o.seed));
         tok = data::load_sentencepiece(dir + "/tokenizer.model");
       } else {
         tok = data::byte_tokenizer();

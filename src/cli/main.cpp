@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -117,6 +119,15 @@ int main(int argc, char** argv) {
     } catch (const cli::UsageError& e) {
       std::cerr << "diffattn " << name << ": " << e.what() << "\n";
       return 2;
+    } catch (const std::bad_alloc&) {
+      // Sizes from flags and files are checked before they are allocated; this is what is left.
+      std::cerr << "diffattn " << name << ": error: out of memory (an allocation failed; lower "
+                   "the sizes given: --batch, --seq-len, the model's size or the input's)\n";
+      return 1;
+    } catch (const std::length_error& e) {
+      std::cerr << "diffattn " << name << ": error: a size is too large (" << e.what()
+                << "); lower the sizes given\n";
+      return 1;
     } catch (const std::exception& e) {
       std::cerr << "diffattn " << name << ": error: " << e.what() << "\n";
       return 1;

@@ -9,11 +9,22 @@ namespace diffattn::data {
 std::string generate(Model& m, const Tokenizer& tok, const std::string& prompt,
                      const GenerateOptions& o,
                      const std::function<void(const std::string&)>& on_text) {
+  if (o.max_new < 0) {
+    throw InvalidArgument("generate: max_new must be >= 0, got " + std::to_string(o.max_new));
+  }
+  // An empty prompt starts from a newline (the KJV corpus is one verse a line). A prompt that
+  // encodes to no tokens at all (SentencePiece drops whitespace, newlines included) leaves the
+  // model nothing to continue: the trained models have no BOS token to start from.
   std::vector<int32_t> ids = tok.encode(prompt.empty() ? std::string("\n") : prompt);
+  if (ids.empty()) {
+    throw InvalidArgument("generate: the prompt encodes to no tokens with the " + tok.name() +
+                          " tokenizer (it is empty or only whitespace); give some text to continue");
+  }
   const int64_t V = m.config().vocab_size, cap = m.config().max_seq_len;
   if (static_cast<int64_t>(ids.size()) >= cap) {
     throw InvalidArgument("generate: the prompt has " + std::to_string(ids.size()) +
-                          " tokens, the model's max_seq_len is " + std::to_string(cap));
+                          " tokens, the model's max_seq_len is " + std::to_string(cap) +
+                          " (the prompt and at least one new token must fit)");
   }
   const int64_t n_new = std::min<int64_t>(o.max_new, cap - static_cast<int64_t>(ids.size()));
   m.cache_reset(1, static_cast<int64_t>(ids.size()) + n_new);

@@ -130,6 +130,7 @@ Trainer::Trainer(const std::string& dir, Model model, const TrainOptions& opts)
                           " exceeds the model's max_seq_len = " +
                           std::to_string(model_.config().max_seq_len));
   }
+  check_train_options(opts_, model_.config());
   opts_.adamw.total_steps = opts_.steps;
   adam_.reset(model_.params.size());
 }

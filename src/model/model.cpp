@@ -303,6 +303,11 @@ void Model::cache_reset(int64_t B, int64_t capacity) {
 int64_t Model::cache_len() const { return caches_.empty() ? 0 : caches_[0].len; }
 
 void Model::infer(const int32_t* tokens, int64_t B, int64_t Tn, float* logits_last) {
+  // An empty prefill has no last position to give logits for.
+  if (B < 1 || Tn < 1) {
+    throw InvalidArgument("infer: tokens must be (B, Tn) with B, Tn >= 1, got (" +
+                          std::to_string(B) + ", " + std::to_string(Tn) + ")");
+  }
   if (caches_.empty() || caches_[0].B != B) {
     throw InvalidArgument("infer: call cache_reset(B = " + std::to_string(B) + ", ...) first");
   }
