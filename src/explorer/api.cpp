@@ -24,6 +24,75 @@ struct BadRequest {
   std::string message;
 };
 
+// JSON text of j; any string that is not valid UTF-8 has its bad bytes replaced by U+FFFD, so
+// output is always valid UTF-8 and dumping never throws.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// Offset of the first byte that does not start or continue a well-formed UTF-8 sequence
+// (overlong forms, surrogates and code points above U+10FFFF included), or npos.
+size_t utf8_error_at(const std::string& s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned c = p[i];
+    size_t len = 0;
+    unsigned lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
+    if (c < 0x80) len = 1;
+    else if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c == 0xE0) { len = 3; lo = 0xA0; }
+    else if (c >= 0xE1 && c <= 0xEC) len = 3;
+    else if (c == 0xED) { len = 3; hi = 0x9F; }
+    else if (c >= 0xEE && c <= 0xEF) len = 3;
+    else if (c == 0xF0) { len = 4; lo = 0x90; }
+    else if (c >= 0xF1 && c <= 0xF3) len = 4;
+    else if (c == 0xF4) { len = 4; hi = 0x8F; }
+    else return i;
+    if (i + len > n) return i;
+    for (size_t k = 1; k < len; ++k) {
+      const unsigned b = p[i + k];
+      if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) return i;
+    }
+    i += len;
+  }
+  return std::string::npos;
+}
+
+// Labels of the prompt's tokens: the token's text when it is valid UTF-8 on its own; a
+// byte-level model splits a non-ASCII character into bytes, each shown as <0xNN>.
+std::string token_label(const std::string& text) {
+  if (utf8_error_at(text) == std::string::npos) return text;
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  for (const unsigned char c : text) {
+    if (c < 0x80) {
+      out += static_cast<char>(c);
+    } else {
+      out += "<0x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+      out += '>';
+    }
+  }
+  return out;
+}
+
+// A request path as it may appear in a message: printable ASCII kept, anything else as %XX,
+// and at most 200 bytes of it.
+std::string printable_path(const std::string& path) {
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  for (const unsigned char c : path.substr(0, 200)) {
+    if (c >= 0x20 && c < 0x7F) {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return path.size() > 200 ? out + "..." : out;
+}
+
 json matrix(const std::vector<float>& m, int64_t rows, int64_t cols) {
   json out = json::array();
   for (int64_t i = 0; i < rows; ++i) {
@@ -156,7 +225,7 @@ json model_views(const json& req, float lambda, bool lambda_given, DiffMode mode
   const int64_t layer = int_field(req, "layer", c.n_layers - 1, 0, c.n_layers - 1);
   const int64_t head = int_field(req, "head", 0, -1, c.n_heads - 1);
   std::vector<std::string> labels;
-  for (int32_t id : ids) labels.push_back(lm.tok->decode({id}));
+  for (int32_t id : ids) labels.push_back(token_label(lm.tok->decode({id})));
   MapOptions mo;
   mo.mode = mode;
   if (lambda_given) mo.lambda = lambda;
@@ -185,6 +254,9 @@ json model_views(const json& req, float lambda, bool lambda_given, DiffMode mode
 }
 
 json views(const std::string& body) {
+  if (const size_t at = utf8_error_at(body); at != std::string::npos) {
+    throw BadRequest{"the body is not valid UTF-8 (byte " + std::to_string(at) + ")"};
+  }
   json req;
   try {
     req = json::parse(body.empty() ? std::string("{}") : body);
@@ -261,6 +333,8 @@ json views(const std::string& body) {
            {{"diff", matrix(v.out_diff, v.T, v.Dv)}, {"standard", matrix(v.out_standard, v.T, v.Dv)}}}};
 }
 
+Response handle_request(const std::string& method, const std::string& path, const std::string& body);
+
 }  // namespace
 
 void add_model(const std::string& dir) {
@@ -268,10 +342,23 @@ void add_model(const std::string& dir) {
 }
 
 Response error_response(int status, const std::string& message) {
-  return {status, "application/json", json{{"error", message}}.dump()};
+  return {status, "application/json", dump(json{{"error", message}})};
 }
 
 Response handle(const std::string& method, const std::string& path, const std::string& body) {
+  try {
+    return handle_request(method, path, body);
+  } catch (const std::bad_alloc&) {
+    return error_response(503, "the server is out of memory");
+  } catch (...) {
+    // Every input error is answered above; reaching here is a bug, still never an escape.
+    return error_response(500, "internal error");
+  }
+}
+
+namespace {
+
+Response handle_request(const std::string& method, const std::string& path, const std::string& body) {
   if (body.size() > kMaxBodyBytes) {
     return error_response(413, "the body is " + std::to_string(body.size()) +
                                    " bytes; the limit is " + std::to_string(kMaxBodyBytes));
@@ -285,11 +372,11 @@ Response handle(const std::string& method, const std::string& path, const std::s
   try {
     if (path == "/api/info") {
       if (method != "GET") return error_response(405, "/api/info takes GET");
-      return {200, "application/json", info().dump()};
+      return {200, "application/json", dump(info())};
     }
     if (path == "/api/views") {
       if (method != "POST") return error_response(405, "/api/views takes POST with a JSON body");
-      return {200, "application/json", views(body).dump()};
+      return {200, "application/json", dump(views(body))};
     }
   } catch (const BadRequest& e) {
     return error_response(400, e.message);
@@ -297,7 +384,9 @@ Response handle(const std::string& method, const std::string& path, const std::s
     // The library rejected something the checks above let through: still the caller's input.
     return error_response(400, e.what());
   }
-  return error_response(404, "no such page: " + path);
+  return error_response(404, "no such page: " + printable_path(path));
 }
+
+}  // namespace
 
 }  // namespace diffattn::explorer
