@@ -1,12 +1,23 @@
-// Process-wide settings of the library: the number of threads its kernels use.
+// Process-wide settings of the library: the number of threads its kernels use, and the
+// machine's memory (what sizes read from outside input are checked against).
 // DIFFATTN_NUM_THREADS in the environment sets the starting value (default: every hardware
 // thread OpenMP sees); set_num_threads changes it; the CLI's --threads N calls it.
 #pragma once
+
+#include <cstdint>
+#include <string>
 
 namespace diffattn {
 
 int num_threads();
 // n >= 1; throws InvalidArgument otherwise. Layers that call BLAS follow this value too.
 void set_num_threads(int n);
+
+// Physical memory of this machine in bytes (0 if the system does not say).
+int64_t memory_bytes();
+// Throws InvalidArgument "<what> needs about X GiB, more than this machine's Y GiB of memory"
+// when bytes exceeds memory_bytes(): called before an allocation whose size comes from a file
+// or a flag, so it fails with words instead of std::bad_alloc or a swap storm.
+void check_fits_in_memory(double bytes, const std::string& what);
 
 }  // namespace diffattn

@@ -119,11 +119,11 @@ RetrievalSpec RetrievalSpec::from_json(const std::string& text, const std::strin
   for (const auto& [k, v] : j.items()) {
     if (k == "task") {
       if (!v.is_string() || v.get<std::string>() != "retrieval") {
-        throw InvalidArgument(where + ": \"task\" must be \"retrieval\", got " + v.dump());
+        throw InvalidArgument(where + ": \"task\" must be \"retrieval\", got " + json_brief(v));
       }
       continue;
     }
-    if (!v.is_number_integer()) throw InvalidArgument(where + ": \"" + k + "\" must be an integer, got " + v.dump());
+    if (!v.is_number_integer()) throw InvalidArgument(where + ": \"" + k + "\" must be an integer, got " + json_brief(v));
     const int64_t x = v.get<int64_t>();
     if (k == "context") s.context = x;
     else if (k == "min_context") s.min_context = x;

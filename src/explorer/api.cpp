@@ -12,6 +12,7 @@
 #include "diffattn/experiment.h"
 #include "diffattn/inspect.h"
 #include "diffattn/views.h"
+#include "model/json_util.h"
 #include "explorer/assets.h"
 
 namespace diffattn::explorer {
@@ -106,12 +107,12 @@ json matrix(const std::vector<float>& m, int64_t rows, int64_t cols) {
 double number_field(const json& j, const char* key, double def, double lo, double hi) {
   if (!j.contains(key)) return def;
   if (!j[key].is_number()) {
-    throw BadRequest{std::string("\"") + key + "\" must be a number, got " + j[key].dump()};
+    throw BadRequest{std::string("\"") + key + "\" must be a number, got " + json_brief(j[key])};
   }
   const double v = j[key].get<double>();
   if (!std::isfinite(v) || v < lo || v > hi) {
     throw BadRequest{std::string("\"") + key + "\" must be between " + json(lo).dump() + " and " +
-                     json(hi).dump() + ", got " + j[key].dump()};
+                     json(hi).dump() + ", got " + json_brief(j[key])};
   }
   return v;
 }
@@ -119,7 +120,7 @@ double number_field(const json& j, const char* key, double def, double lo, doubl
 int64_t int_field(const json& j, const char* key, int64_t def, int64_t lo, int64_t hi) {
   if (!j.contains(key)) return def;
   if (!j[key].is_number_integer()) {
-    throw BadRequest{std::string("\"") + key + "\" must be an integer, got " + j[key].dump()};
+    throw BadRequest{std::string("\"") + key + "\" must be an integer, got " + json_brief(j[key])};
   }
   const int64_t v = j[key].get<int64_t>();
   if (v < lo || v > hi) {
@@ -259,9 +260,9 @@ json views(const std::string& body) {
   }
   json req;
   try {
-    req = json::parse(body.empty() ? std::string("{}") : body);
-  } catch (const json::parse_error& e) {
-    throw BadRequest{std::string("the body is not valid JSON: ") + e.what()};
+    req = parse_json_bounded(body.empty() ? std::string("{}") : body, "the body");
+  } catch (const InvalidArgument& e) {
+    throw BadRequest{e.what()};
   }
   if (!req.is_object()) throw BadRequest{"the body must be a JSON object"};
   const std::set<std::string> known = {"source", "lambda", "mode", "causal", "length", "head_dim",

@@ -37,19 +37,23 @@ nn::AttnLayerShape ModelConfig::attn_shape(int64_t l) const {
 }
 
 void ModelConfig::validate(const std::string& where) const {
-  auto positive = [&](const char* key, int64_t v) {
-    if (v < 1) {
-      throw InvalidArgument(where + ": " + key + " must be at least 1, got " + std::to_string(v));
+  // Each size between 1 and a bound far above any published model (Llama 3 405B: vocab 128256,
+  // d_model 16384, 126 layers, ffn 53248): a wrapped or absurd size is an error here, before
+  // tensor_table multiplies them or anything is allocated.
+  auto in_range = [&](const char* key, int64_t v, int64_t hi) {
+    if (v < 1 || v > hi) {
+      throw InvalidArgument(where + ": " + key + " must be between 1 and " + std::to_string(hi) +
+                            ", got " + std::to_string(v));
     }
   };
-  positive("vocab_size", vocab_size);
-  positive("d_model", d_model);
-  positive("n_layers", n_layers);
-  positive("n_heads", n_heads);
-  positive("n_kv_heads", n_kv_heads);
-  positive("head_dim", head_dim);
-  positive("ffn_dim", ffn_dim);
-  positive("max_seq_len", max_seq_len);
+  in_range("vocab_size", vocab_size, int64_t{1} << 24);
+  in_range("d_model", d_model, int64_t{1} << 18);
+  in_range("n_layers", n_layers, int64_t{1} << 12);
+  in_range("n_heads", n_heads, int64_t{1} << 12);
+  in_range("n_kv_heads", n_kv_heads, int64_t{1} << 12);
+  in_range("head_dim", head_dim, int64_t{1} << 14);
+  in_range("ffn_dim", ffn_dim, int64_t{1} << 20);
+  in_range("max_seq_len", max_seq_len, int64_t{1} << 24);
   if (n_heads % n_kv_heads != 0) {
     throw InvalidArgument(where + ": n_kv_heads = " + std::to_string(n_kv_heads) +
                           " does not divide n_heads = " + std::to_string(n_heads));
@@ -108,20 +112,20 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& w
   auto integer = [&](const char* key) {
     const json& v = need(key);
     if (!v.is_number_integer()) {
-      throw InvalidArgument(where + ": \"" + key + "\" must be an integer, got " + v.dump());
+      throw InvalidArgument(where + ": \"" + key + "\" must be an integer, got " + json_brief(v));
     }
     return v.get<int64_t>();
   };
   auto number = [&](const char* key) {
     const json& v = need(key);
     if (!v.is_number()) {
-      throw InvalidArgument(where + ": \"" + key + "\" must be a number, got " + v.dump());
+      throw InvalidArgument(where + ": \"" + key + "\" must be a number, got " + json_brief(v));
     }
     return v.get<double>();
   };
   const json& fmt = need("format");
   if (!fmt.is_string() || fmt.get<std::string>() != "diffattn/1") {
-    throw InvalidArgument(where + ": \"format\" is " + fmt.dump() + ", expected \"diffattn/1\"");
+    throw InvalidArgument(where + ": \"format\" is " + json_brief(fmt) + ", expected \"diffattn/1\"");
   }
   const json& att = need("attention");
   if (!att.is_string()) throw InvalidArgument(where + ": \"attention\" must be a string");
@@ -184,11 +188,19 @@ ModelConfig model_preset(const std::string& name, nn::AttnKind kind, int64_t voc
 std::vector<TensorInfo> tensor_table(const ModelConfig& c) {
   std::vector<TensorInfo> t;
   int64_t off = 0;
+  // Sizes come from a config.json: every product and the running offset are checked.
   auto add = [&](const std::string& name, Shape shape, bool decay) {
     int64_t n = 1;
-    for (int64_t d : shape) n *= d;
+    for (int64_t d : shape) {
+      if (d < 0 || __builtin_mul_overflow(n, d, &n)) {
+        throw InvalidArgument("tensor " + name + " of shape " + shape_str(shape) +
+                              ": size out of range");
+      }
+    }
     t.push_back({name, shape, off, n, decay});
-    off += n;
+    if (__builtin_add_overflow(off, n, &off)) {
+      throw InvalidArgument("tensor " + name + ": the model's total size overflows 64 bits");
+    }
   };
   const int64_t C = c.d_model;
   add("embed_tokens.weight", {c.vocab_size, C}, true);

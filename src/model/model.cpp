@@ -8,6 +8,7 @@
 
 #include "diffattn/model.h"
 #include "diffattn/nn.h"
+#include "diffattn/runtime.h"
 
 namespace diffattn {
 
@@ -47,6 +48,9 @@ Model::Model(const ModelConfig& cfg) : cfg_(cfg) {
   for (size_t i = 0; i < table_.size(); ++i) index_[table_[i].name] = i;
   int64_t total = 0;
   for (const TensorInfo& t : table_) total += t.numel;
+  // params and grads (8 bytes a weight) before anything is allocated and touched.
+  check_fits_in_memory(8.0 * static_cast<double>(total),
+                       "a model of " + std::to_string(total) + " parameters (weights and gradients)");
   params.assign(static_cast<size_t>(total), 0.0f);
   grads.assign(static_cast<size_t>(total), 0.0f);
   auto at = [&](const std::string& n) { return table_[index_.at(n)].offset; };

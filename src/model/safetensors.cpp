@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "diffattn/model.h"
+#include "model/json_util.h"
 
 namespace diffattn {
 
@@ -85,9 +86,10 @@ SafeTensorsFile read_safetensors(const std::string& path) {
   }
   json header;
   try {
-    header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(hl));
-  } catch (const json::exception& e) {
-    throw IoError(path + ": corrupted safetensors header (not valid JSON: " + e.what() + ")");
+    header = parse_json_bounded(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(hl),
+                                path + ": corrupted safetensors header");
+  } catch (const InvalidArgument& e) {
+    throw IoError(e.what());
   }
   if (!header.is_object()) throw IoError(path + ": corrupted safetensors header (not an object)");
   const uint64_t data_size = bytes.size() - 8 - hl;
@@ -110,7 +112,7 @@ SafeTensorsFile read_safetensors(const std::string& path) {
     }
     SafeTensor t;
     const json& dt = v.at("dtype");
-    const std::string dts = dt.is_string() ? dt.get<std::string>() : dt.dump();
+    const std::string dts = dt.is_string() ? dt.get<std::string>() : json_brief(dt);
     size_t esize = 4;
     if (dts == "F32") {
       t.dtype = DType::F32;
@@ -127,7 +129,7 @@ SafeTensorsFile read_safetensors(const std::string& path) {
     if (!v.at("shape").is_array()) throw IoError(where + ": shape is not a list");
     for (const json& d : v.at("shape")) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0) {
-        throw IoError(where + ": shape " + v.at("shape").dump() + " is not a list of sizes");
+        throw IoError(where + ": shape " + json_brief(v.at("shape")) + " is not a list of sizes");
       }
       t.shape.push_back(d.get<int64_t>());
       n *= d.get<int64_t>();
@@ -135,7 +137,7 @@ SafeTensorsFile read_safetensors(const std::string& path) {
     const json& offs = v.at("data_offsets");
     if (!offs.is_array() || offs.size() != 2 || !offs[0].is_number_unsigned() ||
         !offs[1].is_number_unsigned()) {
-      throw IoError(where + ": data_offsets " + offs.dump() + " is not [begin, end]");
+      throw IoError(where + ": data_offsets " + json_brief(offs) + " is not [begin, end]");
     }
     const uint64_t b = offs[0].get<uint64_t>(), e = offs[1].get<uint64_t>();
     if (b > e || e > data_size) {
