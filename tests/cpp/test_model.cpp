@@ -274,5 +274,47 @@ TEST(Config, JsonRoundTripAndLambdaSchedule) {
   EXPECT_THROW(ModelConfig::from_json("{\"format\": \"diffattn/1\", \"bogus\": 1}", "x"), InvalidArgument);
 }
 
+
+// Hostile config.json text (issue 9): sizes that would wrap the int64 products, sizes that
+// would allocate far more than the machine has, nesting that would overflow the stack in
+// dump(): each is an InvalidArgument naming the field, never a crash or a bad_alloc.
+TEST(Config, HostileJsonIsAClearError) {
+  auto error_of = [](const std::string& text) {
+    try {
+      ModelConfig::from_json(text, "m/config.json");
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  auto with = [](const std::string& key, const std::string& value) {
+    std::string j = tiny(nn::AttnKind::DiffV1).to_json();
+    const size_t at = j.find("\"" + key + "\": ");
+    const size_t start = at + key.size() + 4, end = j.find_first_of(",\n}", start);
+    return j.substr(0, start) + value + j.substr(end);
+  };
+  EXPECT_NE(error_of(with("vocab_size", "4611686018427387904")).find("vocab_size must be between 1 and"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("ffn_dim", "3000000000")).find("ffn_dim must be between"), std::string::npos);
+  EXPECT_NE(error_of(with("n_layers", "1000000")).find("n_layers must be between"), std::string::npos);
+  const std::string deep = "{\"format\": " + std::string(300000, '[') + std::string(300000, ']') + "}";
+  EXPECT_NE(error_of(deep).find("m/config.json: JSON nested deeper than 64 levels"), std::string::npos);
+  // A long or nested wrong value is quoted briefly, never dumped whole.
+  const std::string msg = error_of(with("d_model", "[[1, 2], \"" + std::string(1000, 'x') + "\"]"));
+  EXPECT_NE(msg.find("\"d_model\" must be an integer, got a list of 2 values"), std::string::npos) << msg;
+  const std::string msg2 = error_of(with("d_model", "\"" + std::string(1000, 'x') + "\""));
+  EXPECT_LT(msg2.size(), 200u) << msg2;
+  // In range one by one, too large together: the model's size is checked against memory first.
+  ModelConfig big = tiny(nn::AttnKind::Standard);
+  big.vocab_size = int64_t{1} << 24;
+  big.d_model = int64_t{1} << 18;
+  try {
+    Model m(big);
+    FAIL() << "a 4.4e12-parameter model was allocated";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("more than this machine's"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace diffattn
