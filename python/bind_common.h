@@ -15,6 +15,14 @@ namespace diffattn::python {
 // names the tensor and says what it got.
 ConstView view_of(const char* op, const char* name, const pybind11::handle& obj);
 
+// A read-only view of a NumPy float32 array with any non-negative strides (a whole number of
+// elements each); the kernels check what they can read. No copy.
+ConstView strided_view_of(const char* op, const char* name, const pybind11::handle& obj);
+
+// A new float32 array of the given shape laid out with the given element strides (uninitialised;
+// its buffer spans what the strides reach, so a gradient can take its input's layout).
+pybind11::array_t<float> new_strided_array(const Shape& shape, const Shape& strides);
+
 // A new float32 array of the given shape (uninitialised).
 pybind11::array_t<float> new_array(const Shape& shape);
 

@@ -1,6 +1,9 @@
-// Python bindings of the operator family. Arrays must be NumPy float32 and C-contiguous: a
-// silent conversion would hide a copy or a precision change, so anything else is a ValueError
-// that names the tensor. The GIL is released while a kernel runs.
+// Python bindings of the operator family. q, k, v are NumPy float32 arrays, read in place through
+// their strides (views of a fused QKV buffer or a transposed (B, heads, T, D) tensor: no copy)
+// as long as their last dimension is contiguous; anything else is a ValueError that names the
+// tensor (a silent conversion would hide a copy or a precision change). The forwards can return
+// their saved statistics (out, lse, o2) and the backwards take them back, so a training step
+// runs one forward and one backward kernel. The GIL is released while a kernel runs.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -37,11 +40,26 @@ AttnOptions options(bool causal, std::optional<double> scale, const std::string&
 }
 
 Backend backend_of(const std::optional<std::string>& name, const char* op) {
-  if (!name || *name == "auto") return Backend::Auto;
-  if (*name == "reference") return Backend::Reference;
-  if (*name == "fused") return Backend::Fused;
-  throw InvalidArgument(std::string(op) + ": backend must be \"auto\", \"fused\" or "
-                        "\"reference\", got \"" + *name + "\"");
+  if (!name) return Backend::Auto;
+  if (*name != "auto" && *name != "fused" && *name != "reference") {
+    throw InvalidArgument(std::string(op) + ": backend must be \"auto\", \"fused\" or "
+                          "\"reference\", got \"" + *name + "\"");
+  }
+  return parse_backend(*name, std::string(op) + ": backend");
+}
+
+AttnParams diff_params(const char* op, const py::handle& q, const py::handle& k,
+                       const py::handle& v, const py::handle& lam, const AttnOptions& o) {
+  AttnParams p = diff_attn_params(strided_view_of(op, "q", q), strided_view_of(op, "k", k),
+                                  strided_view_of(op, "v", v), view_of(op, "lam", lam), o);
+  check_lambda(p, op);
+  return p;
+}
+
+AttnParams std_params(const char* op, const py::handle& q, const py::handle& k,
+                      const py::handle& v, const AttnOptions& o) {
+  return attn_params(strided_view_of(op, "q", q), strided_view_of(op, "k", k),
+                     strided_view_of(op, "v", v), o);
 }
 
 // Forward with saved statistics; returns (out, lse, o2) where o2 is None for standard attention.
@@ -68,14 +86,62 @@ Forward forward(AttnParams p, Backend backend) {
   return f;
 }
 
+// The statistics a forward saved, as the caller hands them back: each must have the shape the
+// forward gave it (out and o2 (B, Tq, H, Dv), lse (B, maps*H, Tq)), contiguous.
+Forward saved(const AttnParams& p, const py::handle& out, const py::handle& lse,
+              const py::handle& o2, const char* op) {
+  Forward f;
+  f.p = p;
+  f.out = py::reinterpret_borrow<py::array_t<float>>(out);
+  const ConstView vo = view_of(op, "out", out), vl = view_of(op, "lse", lse);
+  check_shape(op, "out", vo.shape, p.out_shape(), "(B, Tq, H, Dv)");
+  check_shape(op, "lse", vl.shape, p.lse_shape(), "(B, maps*H, Tq)");
+  // The backward only reads them: AttnBwdParams holds them as inputs.
+  f.p.out = const_cast<float*>(vo.data);
+  f.p.lse = const_cast<float*>(vl.data);
+  if (p.maps == 2) {
+    const ConstView v2 = view_of(op, "o2", o2);
+    check_shape(op, "o2", v2.shape, p.out_shape(), "(B, Tq, H, Dv)");
+    f.p.o2 = const_cast<float*>(v2.data);
+  }
+  return f;
+}
+
+// Whether the caller handed back saved statistics: all of them or none.
+bool has_saved(const py::object& out, const py::object& lse, const py::object& o2, bool diff,
+               const char* op) {
+  const int given = !out.is_none() + !lse.is_none() + (diff ? !o2.is_none() : 0);
+  const int all = diff ? 3 : 2;
+  if (given != 0 && given != all) {
+    throw InvalidArgument(std::string(op) + ": pass all of the forward's saved statistics (" +
+                          (diff ? "out, lse, o2" : "out, lse") + ") or none of them");
+  }
+  return given == all;
+}
+
 py::tuple backward(const Forward& f, const py::handle& dout_obj, Backend backend,
                    const char* op) {
-  const ConstView dout = view_of(op, "dout", dout_obj);
+  // dout is read with out's layout (contiguous): a strided float32 dout is copied once; any
+  // other dtype or type is left to view_of, which names it.
+  py::object dout_obj2 = py::reinterpret_borrow<py::object>(dout_obj);
+  if (py::isinstance<py::array>(dout_obj)) {
+    const auto a = py::reinterpret_borrow<py::array>(dout_obj);
+    if (a.dtype().is(py::dtype::of<float>()) && !(a.flags() & py::array::c_style)) {
+      dout_obj2 = py::array_t<float, py::array::c_style>::ensure(dout_obj);
+    }
+  }
+  const ConstView dout = view_of(op, "dout", dout_obj2);
   check_shape(op, "dout", dout.shape, f.p.out_shape(), "(B, Tq, H, Dv)");
   AttnBwdParams bp(f.p);
   bp.dout = dout.data;
-  py::array_t<float> dq = new_array(f.p.q_shape()), dk = new_array(f.p.k_shape()),
-                     dv = new_array(f.p.v_shape());
+  // Each gradient takes its input's layout (the kernels write dq with q's strides).
+  const AttnParams& p = f.p;
+  py::array_t<float> dq = new_strided_array(p.q_shape(), {p.q_batch_stride, p.q_row_stride,
+                                                          p.q_head_stride, 1});
+  py::array_t<float> dk = new_strided_array(p.k_shape(), {p.k_batch_stride, p.k_row_stride,
+                                                          p.k_head_stride, 1});
+  py::array_t<float> dv = new_strided_array(p.v_shape(), {p.v_batch_stride, p.v_row_stride,
+                                                          p.v_head_stride, 1});
   bp.dq = dq.mutable_data();
   bp.dk = dk.mutable_data();
   bp.dv = dv.mutable_data();
@@ -107,15 +173,16 @@ void bind_kernels(py::module_& m) {
       "diff_attention",
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& lam,
          bool causal, std::optional<double> scale, const std::string& mode,
-         std::optional<std::string> backend) {
+         std::optional<std::string> backend, bool return_stats) -> py::object {
         const char* op = "diff_attention";
-        const AttnParams p =
-            diff_attn_params(view_of(op, "q", q), view_of(op, "k", k), view_of(op, "v", v),
-                             view_of(op, "lam", lam), options(causal, scale, mode, op));
-        return forward(p, backend_of(backend, op)).out;
+        const AttnParams p = diff_params(op, q, k, v, lam, options(causal, scale, mode, op));
+        const Forward f = forward(p, backend_of(backend, op));
+        if (return_stats) return py::make_tuple(f.out, f.lse, f.o2);
+        return f.out;
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("lam"), py::arg("causal") = false,
       py::arg("scale") = py::none(), py::arg("mode") = "signed", py::arg("backend") = py::none(),
+      py::arg("return_stats") = false,
       R"doc(Differential attention (arXiv:2410.05258, Eq. 1).
 
 q (B, Tq, 2H, D): pair h uses sub-head 2h (map 1) and 2h+1 (map 2).
@@ -125,61 +192,76 @@ Returns out (B, Tq, H, Dv) = softmax(s q1 k1^T) v - lam softmax(s q2 k2^T) v,
 s = scale or 1/sqrt(D). Pair h reads key/value group h // (H // G).
 causal: query i sees key j iff j <= i + Tk - Tq. mode "clamp": the textbook's
 max(A1 - lam A2, 0) renormalised per row. backend: "auto", "fused" or "reference".
-All arrays: NumPy float32, C-contiguous.)doc");
+return_stats: return (out, lse, o2), the statistics diff_attention_backward takes
+back: lse (B, 2H, Tq) the log-sum-exp of each map's scaled scores, o2 (B, Tq, H, Dv)
+map 2's output A2 v.
+Arrays: NumPy float32. q, k, v may be strided views (any non-negative strides with a
+contiguous last dimension, e.g. a (B, heads, T, D) array transposed to (B, T, heads, D)):
+they are read in place. lam is contiguous.)doc");
 
   m.def(
       "diff_attention_backward",
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& lam,
          const py::handle& dout, bool causal, std::optional<double> scale,
-         std::optional<std::string> backend) {
+         std::optional<std::string> backend, const py::object& out, const py::object& lse,
+         const py::object& o2) {
         const char* op = "diff_attention_backward";
-        const AttnParams p =
-            diff_attn_params(view_of(op, "q", q), view_of(op, "k", k), view_of(op, "v", v),
-                             view_of(op, "lam", lam), options(causal, scale, "signed", op));
+        const AttnParams p = diff_params(op, q, k, v, lam, options(causal, scale, "signed", op));
         const Backend b = backend_of(backend, op);
+        if (has_saved(out, lse, o2, true, op)) return backward(saved(p, out, lse, o2, op), dout, b, op);
         return backward(forward(p, b), dout, b, op);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("lam"), py::arg("dout"),
       py::arg("causal") = false, py::arg("scale") = py::none(), py::arg("backend") = py::none(),
+      py::arg("out") = py::none(), py::arg("lse") = py::none(), py::arg("o2") = py::none(),
       R"doc(Gradients of signed differential attention: returns (dq, dk, dv, dlam), each with
-the shape of its input; dout has out's shape (B, Tq, H, Dv).)doc");
+the shape of its input (dq, dk, dv also with its input's strides); dout has out's shape
+(B, Tq, H, Dv). Given the forward's saved statistics (out, lse, o2 from
+diff_attention(..., return_stats=True)) it runs no forward; without them it runs one.)doc");
 
   m.def(
       "attention",
       [](const py::handle& q, const py::handle& k, const py::handle& v, bool causal,
-         std::optional<double> scale, std::optional<std::string> backend) {
+         std::optional<double> scale, std::optional<std::string> backend,
+         bool return_stats) -> py::object {
         const char* op = "attention";
-        const AttnParams p = attn_params(view_of(op, "q", q), view_of(op, "k", k),
-                                         view_of(op, "v", v), options(causal, scale, "signed", op));
-        return forward(p, backend_of(backend, op)).out;
+        const AttnParams p = std_params(op, q, k, v, options(causal, scale, "signed", op));
+        const Forward f = forward(p, backend_of(backend, op));
+        if (return_stats) return py::make_tuple(f.out, f.lse);
+        return f.out;
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false,
       py::arg("scale") = py::none(), py::arg("backend") = py::none(),
+      py::arg("return_stats") = false,
       R"doc(Standard softmax attention: q (B, Tq, H, D), k (B, Tk, G, D), v (B, Tk, G, Dv)
--> out (B, Tq, H, Dv). Head h reads group h // (H // G).)doc");
+-> out (B, Tq, H, Dv). Head h reads group h // (H // G). return_stats: return
+(out, lse), lse (B, H, Tq). Strided q, k, v as for diff_attention.)doc");
 
   m.def(
       "attention_backward",
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& dout,
-         bool causal, std::optional<double> scale, std::optional<std::string> backend) {
+         bool causal, std::optional<double> scale, std::optional<std::string> backend,
+         const py::object& out, const py::object& lse) {
         const char* op = "attention_backward";
-        const AttnParams p = attn_params(view_of(op, "q", q), view_of(op, "k", k),
-                                         view_of(op, "v", v), options(causal, scale, "signed", op));
+        const AttnParams p = std_params(op, q, k, v, options(causal, scale, "signed", op));
         const Backend b = backend_of(backend, op);
+        if (has_saved(out, lse, py::none(), false, op)) {
+          return backward(saved(p, out, lse, py::none(), op), dout, b, op);
+        }
         return backward(forward(p, b), dout, b, op);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dout"), py::arg("causal") = false,
       py::arg("scale") = py::none(), py::arg("backend") = py::none(),
-      R"doc(Gradients of standard attention: returns (dq, dk, dv).)doc");
+      py::arg("out") = py::none(), py::arg("lse") = py::none(),
+      R"doc(Gradients of standard attention: returns (dq, dk, dv). Given the forward's saved
+(out, lse) from attention(..., return_stats=True) it runs no forward.)doc");
 
   m.def(
       "diff_attention_maps",
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& lam,
          bool causal, std::optional<double> scale) {
         const char* op = "diff_attention_maps";
-        const AttnParams p =
-            diff_attn_params(view_of(op, "q", q), view_of(op, "k", k), view_of(op, "v", v),
-                             view_of(op, "lam", lam), options(causal, scale, "signed", op));
+        const AttnParams p = diff_params(op, q, k, v, lam, options(causal, scale, "signed", op));
         const Forward f = forward(p, Backend::Auto);
         return py::make_tuple(maps_of(f, 0), maps_of(f, 1));
       },
@@ -193,13 +275,25 @@ recomputed from the forward's saved log-sum-exp.)doc");
       [](const py::handle& q, const py::handle& k, const py::handle& v, bool causal,
          std::optional<double> scale) {
         const char* op = "attention_map";
-        const AttnParams p = attn_params(view_of(op, "q", q), view_of(op, "k", k),
-                                         view_of(op, "v", v), options(causal, scale, "signed", op));
+        const AttnParams p = std_params(op, q, k, v, options(causal, scale, "signed", op));
         return maps_of(forward(p, Backend::Auto), 0);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false,
       py::arg("scale") = py::none(),
       R"doc(The softmax map of standard attention, (B, H, Tq, Tk).)doc");
+
+  m.def(
+      "kernel_calls",
+      [] {
+        const KernelCalls c = kernel_calls();
+        py::dict d;
+        d["forward"] = c.forward;
+        d["backward"] = c.backward;
+        d["decode"] = c.decode;
+        return d;
+      },
+      R"doc(How many forward, backward and decode kernel calls this process has run, as a dict:
+shows, for example, that a backward given the saved statistics runs no forward.)doc");
 }
 
 }  // namespace diffattn::python

@@ -3,6 +3,10 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
 #include "bind_common.h"
 
 namespace py = pybind11;
@@ -26,6 +30,49 @@ ConstView view_of(const char* op, const char* name, const py::handle& obj) {
                           " must be C-contiguous (use numpy.ascontiguousarray)");
   }
   return ConstView{static_cast<const float*>(a.data()), shape};
+}
+
+ConstView strided_view_of(const char* op, const char* name, const py::handle& obj) {
+  if (!py::isinstance<py::array>(obj)) {
+    throw InvalidArgument(std::string(op) + ": " + name +
+                          " must be a NumPy float32 array, got " +
+                          std::string(py::str(py::type::of(obj).attr("__name__"))));
+  }
+  const auto a = py::reinterpret_borrow<py::array>(obj);
+  Shape shape(a.shape(), a.shape() + a.ndim());
+  if (!a.dtype().is(py::dtype::of<float>())) {
+    throw InvalidArgument(std::string(op) + ": " + name + " must be float32, got " +
+                          std::string(py::str(a.dtype())) + " array of shape " + shape_str(shape));
+  }
+  if (reinterpret_cast<uintptr_t>(a.data()) % alignof(float) != 0) {
+    throw InvalidArgument(std::string(op) + ": " + name + " of shape " + shape_str(shape) +
+                          " is not aligned to 4 bytes (use numpy.ascontiguousarray)");
+  }
+  Shape strides(static_cast<size_t>(a.ndim()));
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) {
+    const py::ssize_t bytes = a.strides()[i];
+    if (bytes % static_cast<py::ssize_t>(sizeof(float)) != 0) {
+      throw InvalidArgument(std::string(op) + ": " + name + " of shape " + shape_str(shape) +
+                            " has a stride of " + std::to_string(bytes) +
+                            " bytes, not a whole number of float32 elements");
+    }
+    strides[static_cast<size_t>(i)] = bytes / static_cast<py::ssize_t>(sizeof(float));
+  }
+  return ConstView{static_cast<const float*>(a.data()), shape, strides};
+}
+
+py::array_t<float> new_strided_array(const Shape& shape, const Shape& strides) {
+  int64_t span = 1;  // the furthest element the strides reach, plus one
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == 0) return new_array(shape);
+    span += (shape[i] - 1) * std::max<int64_t>(strides[i], 0);
+  }
+  py::array_t<float> buffer(static_cast<py::ssize_t>(span));
+  std::vector<py::ssize_t> dims(shape.begin(), shape.end()), bytes(strides.size());
+  for (size_t i = 0; i < strides.size(); ++i) {
+    bytes[i] = static_cast<py::ssize_t>(strides[i] * static_cast<int64_t>(sizeof(float)));
+  }
+  return py::array_t<float>(dims, bytes, buffer.mutable_data(), buffer);
 }
 
 py::array_t<float> new_array(const Shape& shape) {

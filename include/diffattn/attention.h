@@ -25,16 +25,27 @@ struct AttnOptions {
   DiffMode mode = DiffMode::Signed;
 };
 
-// A float32 row-major contiguous tensor as the caller holds it.
+// A float32 tensor as the caller holds it: data, shape and element strides, outermost first
+// (PyTorch's and NumPy's order, in elements rather than bytes). Empty strides mean row-major
+// contiguous. The operators read the innermost dimension contiguously and every other one
+// through its stride: a fused QKV buffer, a KV cache with spare capacity, a (B, heads, T, D)
+// tensor transposed to (B, T, heads, D).
 struct ConstView {
   const float* data = nullptr;
   Shape shape;
+  Shape strides{};  // empty: contiguous
+
+  // The strides in force: `strides`, or the contiguous ones of `shape`.
+  Shape effective_strides() const;
 };
+// Row-major contiguous strides of a shape.
+Shape contiguous_strides(const Shape& shape);
 
 // One attention call. maps == 2: differential attention, pair h of H subtracts sub-head 2h+1's
 // map (times lambda) from sub-head 2h's. maps == 1: standard softmax attention with H heads.
-// Heads are contiguous inside a row; rows and batches may be strided (views into a fused QKV
-// buffer or a KV cache with spare capacity). Strides are in elements.
+// Batches, rows and heads may be strided (views into a fused QKV buffer, a KV cache with spare
+// capacity, a transposed (B, heads, T, D) tensor); the last dimension is contiguous. Strides are
+// in elements; set_contiguous_strides() (the builders call it) sets the row-major ones.
 struct AttnParams {
   // ---- sizes ----
   int64_t B = 0, Tq = 0, Tk = 0;
@@ -54,13 +65,13 @@ struct AttnParams {
   const float* k = nullptr;    // (B, Tk, kv_key_heads(), D)
   const float* v = nullptr;    // (B, Tk, G, Dv)
   const float* lam = nullptr;  // (H) or (B, Tq, H); unused when maps == 1
-  int64_t q_batch_stride = 0, q_row_stride = 0;
-  int64_t k_batch_stride = 0, k_row_stride = 0;
-  int64_t v_batch_stride = 0, v_row_stride = 0;
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
 
   // ---- outputs ----
   float* out = nullptr;        // (B, Tq, H, Dv)
-  int64_t o_batch_stride = 0, o_row_stride = 0;
+  int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
   // Saved statistics, written by the forward when non-null and read by the backward:
   float* lse = nullptr;        // (B, maps*H, Tq) natural-log sum of exp(scale*q.k) per map;
                                //   +inf for a row that sees no key
@@ -110,10 +121,13 @@ struct AttnDecodeParams : AttnParams {
   explicit AttnDecodeParams(const AttnParams& fwd) : AttnParams(fwd) {}
 };
 
-// Build and validate the params of differential attention from the caller's tensors.
-// The key layout is told by k's head count: 2G (separate keys, V1) or G (shared, V2), G being
-// v's head count. Throws InvalidArgument naming the tensor, the expected and the actual shape.
-// Output pointers are left null: allocate out_shape() (and lse_shape(), out_shape() for o2).
+// Build and validate the params of differential attention from the caller's tensors, strides
+// included (the views' strides become the params' batch, row and head strides; the last
+// dimension must be contiguous). The key layout is told by k's head count: 2G (separate keys,
+// V1) or G (shared, V2), G being v's head count. Throws InvalidArgument naming the tensor, the
+// expected and the actual shape or stride. Checks shapes only: no tensor data is read (see
+// check_lambda). Output pointers are left null with contiguous strides: allocate out_shape()
+// (and lse_shape(), out_shape() for o2), or set o_*_stride for a strided out.
 AttnParams diff_attn_params(const ConstView& q, const ConstView& k, const ConstView& v,
                             const ConstView& lam, const AttnOptions& opts);
 
@@ -121,10 +135,23 @@ AttnParams diff_attn_params(const ConstView& q, const ConstView& k, const ConstV
 AttnParams attn_params(const ConstView& q, const ConstView& k, const ConstView& v,
                        const AttnOptions& opts);
 
-// Checks a filled params struct before a kernel reads it: sizes, strides, pointers, finite
-// lambda. Every entry point calls it; callers that fill params by hand may call it too.
+// Checks a filled params struct before a kernel reads it: sizes, strides, pointers, and that
+// no output overlaps itself. O(1): reads no tensor data (a CUDA backend's lambda lives on the
+// device). Every entry point calls it; callers that fill params by hand may call it too.
 void check_params(const AttnParams& p, const char* op);
 void check_params(const AttnBwdParams& p, const char* op);
+// Reads lambda (on the host) and throws naming the first non-finite entry. The Python and
+// command-line surfaces call it on user input; the model's hot path skips it (a NaN lambda
+// there gives NaN outputs, which the kernels propagate).
+void check_lambda(const AttnParams& p, const char* op);
+
+// How many calls each entry point has run in this process (forward includes the calls that
+// took the decode path by themselves): a way to show that a backward given the saved
+// statistics runs no forward.
+struct KernelCalls {
+  uint64_t forward = 0, backward = 0, decode = 0;
+};
+KernelCalls kernel_calls();
 
 // Forward: out (and lse, o2 when non-null) from q, k, v, lam.
 void attention_fwd(const AttnParams& p, Backend backend = Backend::Auto);
@@ -148,8 +175,12 @@ void attention_bwd_ref(const AttnBwdParams& p);
 // are 0. Needs p.lse from a forward. For looking inside: the fast paths never store this.
 void attention_probs(const AttnParams& p, int map, float* probs);
 
-// The backend Auto resolves to (environment variable DIFFATTN_BACKEND may force "reference").
+// The backend Auto resolves to: the environment variable DIFFATTN_BACKEND may force
+// "reference". The variable is read once, on the first call, and kept for the process.
 Backend resolve_backend(Backend requested);
+// Parses "auto", "fused" or "reference" (the one parser of backend names); throws naming
+// `where` otherwise.
+Backend parse_backend(const std::string& name, const std::string& where);
 const char* backend_name(Backend b);
 
 // FLOPs of one forward, counted as FlashAttention does: 2 per multiply-add of every QK^T and

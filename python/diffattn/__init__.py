@@ -1,11 +1,19 @@
 """diffattn: differential attention (arXiv:2410.05258) and the Differential Transformer.
 
-The operators take NumPy float32, C-contiguous arrays in (batch, seq, head, dim) order:
+The operators take NumPy float32 arrays in (batch, seq, head, dim) order; q, k and v may be
+strided views (a contiguous last dimension; read in place, no copy):
 
     out = diffattn.diff_attention(q, k, v, lam, causal=False, scale=None, mode="signed")
     dq, dk, dv, dlam = diffattn.diff_attention_backward(q, k, v, lam, dout, causal=False)
     out = diffattn.attention(q, k, v, causal=False)
     dq, dk, dv = diffattn.attention_backward(q, k, v, dout, causal=False)
+
+A training step keeps the forward's saved statistics and hands them to the backward, which
+then runs no forward of its own:
+
+    out, lse, o2 = diffattn.diff_attention(q, k, v, lam, causal=True, return_stats=True)
+    dq, dk, dv, dlam = diffattn.diff_attention_backward(q, k, v, lam, dout, causal=True,
+                                                        out=out, lse=lse, o2=o2)
 
 A trained model directory (docs/FORMAT.md) loads as
 
@@ -14,9 +22,10 @@ A trained model directory (docs/FORMAT.md) loads as
     loss = m.loss(tokens, targets)        # mean cross-entropy over all positions
     grads = m.gradients(tokens, targets)  # {FORMAT.md tensor name: array}
 
-Anything else (another dtype, a strided view, inconsistent shapes, a NaN lambda) raises
-ValueError naming the tensor, the expected and the actual shape. backend="reference" (or the
-environment variable DIFFATTN_BACKEND=reference) forces the reference implementation.
+Anything else (another dtype, a non-contiguous last dimension, negative strides, inconsistent
+shapes, a NaN lambda) raises ValueError naming the tensor, the expected and the actual shape.
+backend="reference" (or the environment variable DIFFATTN_BACKEND=reference, read once when
+the first operator runs) forces the reference implementation.
 """
 
 import os as _os

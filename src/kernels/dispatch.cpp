@@ -1,6 +1,7 @@
 // API -> params check -> backend -> kernel. Every route a call can take is in this file:
 // Auto resolves to the fused CPU kernels (DIFFATTN_BACKEND=reference forces the oracle), and
 // a forward with a few query rows against a long cache takes the split-KV decode path.
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -9,16 +10,35 @@
 
 namespace diffattn {
 
-Backend resolve_backend(Backend requested) {
-  if (requested != Backend::Auto) return requested;
-  const char* env = std::getenv("DIFFATTN_BACKEND");
-  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0 ||
-      std::strcmp(env, "fused") == 0) {
-    return Backend::Fused;
-  }
-  if (std::strcmp(env, "reference") == 0) return Backend::Reference;
-  throw InvalidArgument(std::string("DIFFATTN_BACKEND is \"") + env +
+Backend parse_backend(const std::string& name, const std::string& where) {
+  if (name == "auto") return Backend::Auto;
+  if (name == "fused") return Backend::Fused;
+  if (name == "reference") return Backend::Reference;
+  throw InvalidArgument(where + " is \"" + name +
                         "\", expected \"auto\", \"fused\" or \"reference\"");
+}
+
+namespace {
+
+// DIFFATTN_BACKEND, read once: Auto means the fused kernels unless it says "reference".
+Backend env_backend() {
+  static const Backend b = [] {
+    const char* env = std::getenv("DIFFATTN_BACKEND");
+    if (env == nullptr || *env == '\0') return Backend::Fused;
+    const Backend named = parse_backend(env, "DIFFATTN_BACKEND");
+    return named == Backend::Auto ? Backend::Fused : named;
+  }();
+  return b;
+}
+
+std::atomic<uint64_t> g_forward{0}, g_backward{0}, g_decode{0};
+
+}  // namespace
+
+KernelCalls kernel_calls() { return {g_forward.load(), g_backward.load(), g_decode.load()}; }
+
+Backend resolve_backend(Backend requested) {
+  return requested != Backend::Auto ? requested : env_backend();
 }
 
 const char* backend_name(Backend b) {
@@ -39,6 +59,7 @@ bool decode_capable(const AttnParams& p) { return p.maps == 1 || p.mode == DiffM
 
 void attention_fwd(const AttnParams& p, Backend backend) {
   const char* op = p.maps == 2 ? "diff_attention" : "attention";
+  g_forward.fetch_add(1, std::memory_order_relaxed);
   if (resolve_backend(backend) == Backend::Reference) return attention_fwd_ref(p);
   check_params(p, op);
   if (p.Tq <= fused::DecodeTiles::kMaxRows && p.Tk >= fused::DecodeTiles::kMinKeys &&
@@ -50,6 +71,7 @@ void attention_fwd(const AttnParams& p, Backend backend) {
 
 void attention_decode(const AttnDecodeParams& p, Backend backend) {
   const char* op = p.maps == 2 ? "diff_attention_decode" : "attention_decode";
+  g_decode.fetch_add(1, std::memory_order_relaxed);
   if (resolve_backend(backend) == Backend::Reference) return attention_fwd_ref(p);
   check_params(p, op);
   if (p.key_chunk < 0) {
@@ -61,6 +83,7 @@ void attention_decode(const AttnDecodeParams& p, Backend backend) {
 }
 
 void attention_bwd(const AttnBwdParams& p, Backend backend) {
+  g_backward.fetch_add(1, std::memory_order_relaxed);
   if (resolve_backend(backend) == Backend::Reference) return attention_bwd_ref(p);
   check_params(p, p.maps == 2 ? "diff_attention_backward" : "attention_backward");
   attention_bwd_fused(p);

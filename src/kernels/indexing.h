@@ -26,19 +26,19 @@ struct Rows {
   }
 
   const float* q(int64_t b, int64_t t, int64_t head) const {
-    return p.q + b * p.q_batch_stride + t * p.q_row_stride + head * p.D;
+    return p.q + b * p.q_batch_stride + t * p.q_row_stride + head * p.q_head_stride;
   }
   const float* k(int64_t b, int64_t t, int64_t head) const {
-    return p.k + b * p.k_batch_stride + t * p.k_row_stride + head * p.D;
+    return p.k + b * p.k_batch_stride + t * p.k_row_stride + head * p.k_head_stride;
   }
   const float* v(int64_t b, int64_t t, int64_t g) const {
-    return p.v + b * p.v_batch_stride + t * p.v_row_stride + g * p.Dv;
+    return p.v + b * p.v_batch_stride + t * p.v_row_stride + g * p.v_head_stride;
   }
   float* out(int64_t b, int64_t t, int64_t h) const {
-    return p.out + b * p.o_batch_stride + t * p.o_row_stride + h * p.Dv;
+    return p.out + b * p.o_batch_stride + t * p.o_row_stride + h * p.o_head_stride;
   }
   const float* dout(int64_t b, int64_t t, int64_t h) const {
-    return dout_ + b * p.o_batch_stride + t * p.o_row_stride + h * p.Dv;
+    return dout_ + b * p.o_batch_stride + t * p.o_row_stride + h * p.o_head_stride;
   }
   // lse is (B, maps*H, Tq), indexed by query sub-head.
   int64_t lse_index(int64_t b, int64_t qh, int64_t t) const {

@@ -25,7 +25,19 @@ int64_t AttnParams::numel(const Shape& s) const {
   return n;
 }
 
+Shape contiguous_strides(const Shape& shape) {
+  Shape st(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;) st[i - 1] = st[i] * std::max<int64_t>(shape[i], 1);
+  return st;
+}
+
+Shape ConstView::effective_strides() const {
+  return strides.empty() ? contiguous_strides(shape) : strides;
+}
+
 void AttnParams::set_contiguous_strides() {
+  q_head_stride = k_head_stride = D;
+  v_head_stride = o_head_stride = Dv;
   q_row_stride = q_heads() * D;
   q_batch_stride = Tq * q_row_stride;
   k_row_stride = key_heads() * D;
@@ -111,6 +123,41 @@ void fill_from_q_v(const char* op, int maps, const ConstView& q, const ConstView
   }
 }
 
+// The batch, row and head strides of a rank-4 view (B, T, heads, dim); its last dimension must
+// be contiguous. A dimension of size 1 is never stepped over, so its stride is not checked.
+struct Strides4 {
+  int64_t batch, row, head;
+};
+Strides4 take_strides(const char* op, const char* name, const ConstView& x) {
+  const Shape st = x.effective_strides();
+  if (st.size() != x.shape.size()) {
+    fail(op, std::string(name) + " has " + std::to_string(st.size()) + " strides for shape " +
+                 shape_str(x.shape) + " of rank " + std::to_string(x.shape.size()));
+  }
+  for (size_t i = 0; i < st.size(); ++i) {
+    if (st[i] < 0 && x.shape[i] > 1) {
+      fail(op, std::string(name) + " has strides " + shape_str(st) +
+                   ": negative strides are not supported (copy the tensor first)");
+    }
+  }
+  if (x.shape[3] > 1 && st[3] != 1) {
+    fail(op, std::string(name) + " has strides " + shape_str(st) + " (elements) for shape " +
+                 shape_str(x.shape) + ": its last dimension must be contiguous (stride 1); "
+                 "copy the tensor first");
+  }
+  auto at = [&](size_t i) { return x.shape[i] > 1 ? st[i] : std::max<int64_t>(st[i], 0); };
+  return {at(0), at(1), at(2)};
+}
+
+void fill_strides(const char* op, const ConstView& q, const ConstView& k, const ConstView& v,
+                  AttnParams& p) {
+  const Strides4 sq = take_strides(op, "q", q), sk = take_strides(op, "k", k),
+                 sv = take_strides(op, "v", v);
+  p.q_batch_stride = sq.batch, p.q_row_stride = sq.row, p.q_head_stride = sq.head;
+  p.k_batch_stride = sk.batch, p.k_row_stride = sk.row, p.k_head_stride = sk.head;
+  p.v_batch_stride = sv.batch, p.v_row_stride = sv.row, p.v_head_stride = sv.head;
+}
+
 void fill_options(const char* op, const AttnOptions& opts, AttnParams& p) {
   if (!std::isfinite(opts.scale)) fail(op, "scale must be finite, got " + std::to_string(opts.scale));
   p.causal = opts.causal;
@@ -156,6 +203,10 @@ AttnParams diff_attn_params(const ConstView& q, const ConstView& k, const ConstV
   p.v = v.data;
   p.lam = lam.data;
   p.set_contiguous_strides();
+  fill_strides(op, q, k, v, p);
+  if (!lam.strides.empty() && lam.strides != contiguous_strides(lam.shape) && p.H > 1) {
+    fail(op, "lam has strides " + shape_str(lam.strides) + ": lambda must be contiguous");
+  }
   need_data(op, "q", q.data, p.numel(p.q_shape()));
   need_data(op, "k", k.data, p.numel(p.k_shape()));
   need_data(op, "v", v.data, p.numel(p.v_shape()));
@@ -178,6 +229,7 @@ AttnParams attn_params(const ConstView& q, const ConstView& k, const ConstView& 
   p.k = k.data;
   p.v = v.data;
   p.set_contiguous_strides();
+  fill_strides(op, q, k, v, p);
   need_data(op, "q", q.data, p.numel(p.q_shape()));
   need_data(op, "k", k.data, p.numel(p.k_shape()));
   need_data(op, "v", v.data, p.numel(p.v_shape()));
@@ -186,16 +238,34 @@ AttnParams attn_params(const ConstView& q, const ConstView& k, const ConstView& 
 
 namespace {
 
-void check_strides(const char* op, const char* name, int64_t batch_stride, int64_t row_stride,
-                   int64_t B, int64_t T, int64_t row_extent) {
-  if (row_stride < row_extent && T > 1) {
-    fail(op, std::string(name) + " row stride " + std::to_string(row_stride) +
-                 " is smaller than a row (" + std::to_string(row_extent) + " elements)");
+// A (B, T, heads, dim) layout with a contiguous last dimension. Inputs may repeat elements
+// (a broadcast view reads the same numbers twice); an output must not, or two results would
+// land on one element: its dimensions, sorted by stride, must each step past everything the
+// smaller ones span.
+void check_layout(const char* op, const char* name, bool written, int64_t B, int64_t T,
+                  int64_t heads, int64_t dim, int64_t batch_stride, int64_t row_stride,
+                  int64_t head_stride) {
+  const int64_t size[4] = {B, T, heads, dim}, stride[4] = {batch_stride, row_stride, head_stride, 1};
+  for (int i = 0; i < 3; ++i) {
+    if (stride[i] < 0 && size[i] > 1) {
+      fail(op, std::string(name) + ": negative stride " + std::to_string(stride[i]));
+    }
   }
-  if (B > 1 && T > 0 && batch_stride < (T - 1) * row_stride + row_extent) {
-    fail(op, std::string(name) + " batch stride " + std::to_string(batch_stride) +
-                 " overlaps the previous batch (needs at least " +
-                 std::to_string((T - 1) * row_stride + row_extent) + ")");
+  if (!written) return;
+  int order[4] = {3, 2, 1, 0};
+  std::sort(order, order + 4, [&](int a, int b) { return stride[a] < stride[b]; });
+  int64_t span = 0;  // the largest offset the dimensions seen so far reach
+  for (int i : order) {
+    if (size[i] <= 1) continue;
+    if (stride[i] <= span) {
+      std::ostringstream os;
+      os << name << " has shape " << shape_str({B, T, heads, dim}) << " and strides "
+         << shape_str({batch_stride, row_stride, head_stride, 1})
+         << ": its elements overlap (an output needs a stride above " << span
+         << " for dimension " << i << ")";
+      fail(op, os.str());
+    }
+    span += (size[i] - 1) * stride[i];
   }
 }
 
@@ -212,17 +282,24 @@ void check_params(const AttnParams& p, const char* op) {
     fail(op, "H = " + std::to_string(p.H) + " is not divisible by G = " + std::to_string(p.G));
   }
   if (!std::isfinite(p.scale)) fail(op, "scale must be finite");
-  check_strides(op, "q", p.q_batch_stride, p.q_row_stride, p.B, p.Tq, p.q_heads() * p.D);
-  check_strides(op, "k", p.k_batch_stride, p.k_row_stride, p.B, p.Tk, p.key_heads() * p.D);
-  check_strides(op, "v", p.v_batch_stride, p.v_row_stride, p.B, p.Tk, p.G * p.Dv);
-  check_strides(op, "out", p.o_batch_stride, p.o_row_stride, p.B, p.Tq, p.H * p.Dv);
+  check_layout(op, "q", false, p.B, p.Tq, p.q_heads(), p.D, p.q_batch_stride, p.q_row_stride,
+               p.q_head_stride);
+  check_layout(op, "k", false, p.B, p.Tk, p.key_heads(), p.D, p.k_batch_stride, p.k_row_stride,
+               p.k_head_stride);
+  check_layout(op, "v", false, p.B, p.Tk, p.G, p.Dv, p.v_batch_stride, p.v_row_stride,
+               p.v_head_stride);
+  check_layout(op, "out", true, p.B, p.Tq, p.H, p.Dv, p.o_batch_stride, p.o_row_stride,
+               p.o_head_stride);
   need_data(op, "q", p.q, p.numel(p.q_shape()));
   need_data(op, "k", p.k, p.numel(p.k_shape()));
   need_data(op, "v", p.v, p.numel(p.v_shape()));
   need_data(op, "out", p.out, p.numel(p.out_shape()));
-  if (p.maps == 2) {
+  if (p.maps == 2) need_data(op, "lam", p.lam, p.numel(p.lam_shape()));
+}
+
+void check_lambda(const AttnParams& p, const char* op) {
+  if (p.maps == 2 && p.lam != nullptr) {
     const int64_t n = p.numel(p.lam_shape());
-    need_data(op, "lam", p.lam, n);
     for (int64_t i = 0; i < n; ++i) {
       if (!std::isfinite(p.lam[i])) {
         std::ostringstream os;
@@ -242,6 +319,13 @@ void check_params(const AttnBwdParams& p, const char* op) {
   }
   const int64_t nq = p.numel(p.out_shape());
   need_data(op, "dout", p.dout, nq);
+  // Gradients take their input's layout, so that layout must not overlap itself.
+  check_layout(op, "dq (q's layout)", true, p.B, p.Tq, p.q_heads(), p.D, p.q_batch_stride,
+               p.q_row_stride, p.q_head_stride);
+  check_layout(op, "dk (k's layout)", true, p.B, p.Tk, p.key_heads(), p.D, p.k_batch_stride,
+               p.k_row_stride, p.k_head_stride);
+  check_layout(op, "dv (v's layout)", true, p.B, p.Tk, p.G, p.Dv, p.v_batch_stride,
+               p.v_row_stride, p.v_head_stride);
   need_data(op, "lse (saved by the forward)", p.lse, p.numel(p.lse_shape()));
   need_data(op, "dq", p.dq, p.numel(p.q_shape()));
   need_data(op, "dk", p.dk, p.numel(p.k_shape()));

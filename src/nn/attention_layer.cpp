@@ -55,26 +55,19 @@ AttnParams make_params(const AttnLayerShape& s, int64_t B, int64_t Tq, const flo
   const float* v = cache ? cache->v.data() : proj + s.n_q() + s.n_k();
   AttnOptions opts;
   opts.causal = true;
-  const ConstView qv{q, {B, Tq, s.q_heads(), s.D}};
-  const ConstView kv{k, {B, Tk, s.k_heads(), s.D}};
-  const ConstView vv{v, {B, Tk, s.G, s.Dv()}};
+  // q is a column block of the (B, T, n_proj) projection; k and v are too, or rows of the
+  // cache, whose batches are `capacity` positions apart.
+  const int64_t krow = cache ? s.n_k() : np, vrow = cache ? s.n_v() : np;
+  const int64_t kcap = cache ? cache->capacity : Tq;
+  const ConstView qv{q, {B, Tq, s.q_heads(), s.D}, {Tq * np, np, s.D, 1}};
+  const ConstView kv{k, {B, Tk, s.k_heads(), s.D}, {kcap * krow, krow, s.D, 1}};
+  const ConstView vv{v, {B, Tk, s.G, s.Dv()}, {kcap * vrow, vrow, s.Dv(), 1}};
   AttnParams p;
   if (s.kind == AttnKind::Standard) {
     p = attn_params(qv, kv, vv, opts);
   } else {
     const Shape lam_shape = s.kind == AttnKind::DiffV1 ? Shape{s.H} : Shape{B, Tq, s.H};
     p = diff_attn_params(qv, kv, vv, {lam, lam_shape}, opts);
-  }
-  p.q_row_stride = np;
-  p.q_batch_stride = Tq * np;
-  if (cache) {
-    p.k_row_stride = s.n_k();
-    p.k_batch_stride = cache->capacity * s.n_k();
-    p.v_row_stride = s.n_v();
-    p.v_batch_stride = cache->capacity * s.n_v();
-  } else {
-    p.k_row_stride = p.v_row_stride = np;
-    p.k_batch_stride = p.v_batch_stride = Tq * np;
   }
   return p;
 }

@@ -352,12 +352,25 @@ TEST(Errors, ShapesAreNamedWithExpectedAndActual) {
             std::string::npos) << e;
 }
 
-TEST(Errors, NanLambdaIsRejectedBeforeAnyKernelRuns) {
+TEST(Errors, NanLambdaIsRejectedByTheDataCheck) {
+  // check_lambda reads lambda (the Python and CLI surfaces call it); check_params reads no
+  // tensor data, so the kernels themselves see a NaN lambda and give NaN, never a finite lie.
   Problem pr = textbook_problem(DiffMode::Signed, NAN);
-  const std::string e = error_of([&] { testing::run_fwd(pr); });
+  std::vector<float> out(20);
+  AttnParams p = pr.params();
+  p.out = out.data();
+  const std::string e = error_of([&] { check_lambda(p, "diff_attention"); });
   EXPECT_NE(e.find("lam[0] is nan"), std::string::npos) << e;
+  EXPECT_NO_THROW(check_params(p, "diff_attention"));
+  for (Backend b : {Backend::Reference, Backend::Fused}) {
+    const testing::FwdResult r = testing::run_fwd(pr, b);
+    EXPECT_TRUE(std::isnan(r.out[0])) << backend_name(b);
+  }
   pr.lam = {INFINITY};
-  EXPECT_NE(error_of([&] { testing::run_fwd(pr); }).find("must be finite"), std::string::npos);
+  p = pr.params();
+  p.out = out.data();
+  EXPECT_NE(error_of([&] { check_lambda(p, "diff_attention"); }).find("must be finite"),
+            std::string::npos);
 }
 
 TEST(Errors, ClampModeHasNoBackward) {

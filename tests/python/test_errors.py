@@ -58,9 +58,11 @@ def test_wrong_dtype_layout_or_type():
            diffattn.diff_attention, q.astype(np.float64), k, v, lam)
     raises(r"lam must be float32, got float16", diffattn.diff_attention, q, k, v,
            lam.astype(np.float16))
-    strided = np.zeros((1, 5, 4, 2), np.float32)[:, :, ::2]
-    raises(r"k of shape \(1, 5, 2, 2\) must be C-contiguous", diffattn.diff_attention, q,
-           strided, v, lam)
+    strided = np.zeros((1, 5, 2, 4), np.float32)[:, :, :, ::2]
+    raises(r"k has strides \(40, 8, 4, 2\) .* its last dimension must be contiguous",
+           diffattn.diff_attention, q, strided, v, lam)
+    raises(r"q has strides .* negative strides are not supported", diffattn.diff_attention,
+           q[:, ::-1], k, v, lam)
     raises(r"v must be a NumPy float32 array, got list", diffattn.diff_attention, q, k,
            v.tolist(), lam)
     raises(r"lam must be a NumPy float32 array, got float", diffattn.diff_attention, q, k, v, 0.4)

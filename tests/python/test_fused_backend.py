@@ -3,9 +3,11 @@ environment variable DIFFATTN_BACKEND=reference force the reference. (Their agre
 PyTorch over every shape is in test_operator_torch.py, which runs the default backend.)
 Also: `diffattn bench --json` runs and reports every row with its rates."""
 
+import io
 import json
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -34,10 +36,23 @@ def test_default_is_fused_and_reference_can_be_forced(Tq, Tk, monkeypatch):
     assert np.array_equal(default, fused)
     np.testing.assert_allclose(fused, ref, rtol=1e-4, atol=1e-5)
     assert not np.array_equal(fused, ref)  # two implementations: different rounding
-    monkeypatch.setenv("DIFFATTN_BACKEND", "reference")
-    assert np.array_equal(diffattn.diff_attention(q, k, v, lam, causal=True), ref)
-    monkeypatch.setenv("DIFFATTN_BACKEND", "fused")
-    assert np.array_equal(diffattn.diff_attention(q, k, v, lam, causal=True), fused)
+    # DIFFATTN_BACKEND is read once per process: each setting runs in a fresh interpreter.
+    for env, want in (("reference", ref), ("fused", fused)):
+        assert np.array_equal(default_in_subprocess(env, Tq, Tk), want)
+
+
+def default_in_subprocess(env_value, Tq, Tk, tmp=None):
+    """diff_attention of arrays(Tq, Tk) with default backend, run under DIFFATTN_BACKEND."""
+    script = ("import sys, numpy as np, diffattn, test_fused_backend as t\n"
+              f"q, k, v, lam = t.arrays({Tq}, {Tk})\n"
+              "np.save(sys.stdout.buffer, diffattn.diff_attention(q, k, v, lam, causal=True))\n")
+    env = dict(os.environ, DIFFATTN_BACKEND=env_value,
+               PYTHONPATH=os.pathsep.join([os.environ.get("PYTHONPATH", ""),
+                                           os.path.dirname(os.path.abspath(__file__))]))
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=120)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr.decode(errors="replace"))
+    return np.load(io.BytesIO(r.stdout))
 
 
 def test_backward_default_is_fused():
@@ -55,9 +70,8 @@ def test_bad_backend_names_are_errors(monkeypatch):
     q, k, v, lam = arrays()
     with pytest.raises(ValueError, match='backend must be "auto", "fused" or "reference"'):
         diffattn.diff_attention(q, k, v, lam, backend="gpu")
-    monkeypatch.setenv("DIFFATTN_BACKEND", "fast")
-    with pytest.raises(ValueError, match='DIFFATTN_BACKEND is "fast"'):
-        diffattn.diff_attention(q, k, v, lam)
+    with pytest.raises(RuntimeError, match='DIFFATTN_BACKEND is "fast"'):
+        default_in_subprocess("fast", 40, 40)
 
 
 @pytest.mark.skipif(not os.path.exists(TOOL), reason="needs build/diffattn")
