@@ -87,24 +87,22 @@ Forward forward(AttnParams p, Backend backend) {
 }
 
 // The statistics a forward saved, as the caller hands them back: each must have the shape the
-// forward gave it (out and o2 (B, Tq, H, Dv), lse (B, maps*H, Tq)), contiguous.
-Forward saved(const AttnParams& p, const py::handle& out, const py::handle& lse,
-              const py::handle& o2, const char* op) {
-  Forward f;
-  f.p = p;
-  f.out = py::reinterpret_borrow<py::array_t<float>>(out);
+// forward gave it (out and o2 (B, Tq, H, Dv), lse (B, maps*H, Tq)), contiguous. The backward
+// only reads them (AttnBwdParams holds them as const); the caller's arrays outlive the call.
+AttnBwdParams saved(const AttnParams& p, const py::handle& out, const py::handle& lse,
+                    const py::handle& o2, const char* op) {
+  AttnBwdParams bp(p);
   const ConstView vo = view_of(op, "out", out), vl = view_of(op, "lse", lse);
   check_shape(op, "out", vo.shape, p.out_shape(), "(B, Tq, H, Dv)");
   check_shape(op, "lse", vl.shape, p.lse_shape(), "(B, maps*H, Tq)");
-  // The backward only reads them: AttnBwdParams holds them as inputs.
-  f.p.out = const_cast<float*>(vo.data);
-  f.p.lse = const_cast<float*>(vl.data);
+  bp.out = vo.data;
+  bp.lse = vl.data;
   if (p.maps == 2) {
     const ConstView v2 = view_of(op, "o2", o2);
     check_shape(op, "o2", v2.shape, p.out_shape(), "(B, Tq, H, Dv)");
-    f.p.o2 = const_cast<float*>(v2.data);
+    bp.o2 = v2.data;
   }
-  return f;
+  return bp;
 }
 
 // Whether the caller handed back saved statistics: all of them or none.
@@ -119,7 +117,8 @@ bool has_saved(const py::object& out, const py::object& lse, const py::object& o
   return given == all;
 }
 
-py::tuple backward(const Forward& f, const py::handle& dout_obj, Backend backend,
+// bp: the forward's problem and saved statistics (from forward() or saved()).
+py::tuple backward(AttnBwdParams bp, const py::handle& dout_obj, Backend backend,
                    const char* op) {
   // dout is read with out's layout (contiguous): a strided float32 dout is copied once; any
   // other dtype or type is left to view_of, which names it.
@@ -131,11 +130,10 @@ py::tuple backward(const Forward& f, const py::handle& dout_obj, Backend backend
     }
   }
   const ConstView dout = view_of(op, "dout", dout_obj2);
-  check_shape(op, "dout", dout.shape, f.p.out_shape(), "(B, Tq, H, Dv)");
-  AttnBwdParams bp(f.p);
+  check_shape(op, "dout", dout.shape, bp.out_shape(), "(B, Tq, H, Dv)");
   bp.dout = dout.data;
   // Each gradient takes its input's layout (the kernels write dq with q's strides).
-  const AttnParams& p = f.p;
+  const AttnProblem& p = bp;
   py::array_t<float> dq = new_strided_array(p.q_shape(), {p.q_batch_stride, p.q_row_stride,
                                                           p.q_head_stride, 1});
   py::array_t<float> dk = new_strided_array(p.k_shape(), {p.k_batch_stride, p.k_row_stride,
@@ -146,15 +144,15 @@ py::tuple backward(const Forward& f, const py::handle& dout_obj, Backend backend
   bp.dk = dk.mutable_data();
   bp.dv = dv.mutable_data();
   py::array_t<float> dlam;
-  if (f.p.maps == 2) {
-    dlam = new_array(f.p.lam_shape());
+  if (p.maps == 2) {
+    dlam = new_array(p.lam_shape());
     bp.dlam = dlam.mutable_data();
   }
   {
     py::gil_scoped_release nogil;
     attention_bwd(bp, backend);
   }
-  if (f.p.maps == 2) return py::make_tuple(dq, dk, dv, dlam);
+  if (p.maps == 2) return py::make_tuple(dq, dk, dv, dlam);
   return py::make_tuple(dq, dk, dv);
 }
 
@@ -209,7 +207,8 @@ they are read in place. lam is contiguous.)doc");
         const AttnParams p = diff_params(op, q, k, v, lam, options(causal, scale, "signed", op));
         const Backend b = backend_of(backend, op);
         if (has_saved(out, lse, o2, true, op)) return backward(saved(p, out, lse, o2, op), dout, b, op);
-        return backward(forward(p, b), dout, b, op);
+        const Forward f = forward(p, b);  // its arrays outlive the backward
+        return backward(AttnBwdParams(f.p), dout, b, op);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("lam"), py::arg("dout"),
       py::arg("causal") = false, py::arg("scale") = py::none(), py::arg("backend") = py::none(),
@@ -248,7 +247,8 @@ diff_attention(..., return_stats=True)) it runs no forward; without them it runs
         if (has_saved(out, lse, py::none(), false, op)) {
           return backward(saved(p, out, lse, py::none(), op), dout, b, op);
         }
-        return backward(forward(p, b), dout, b, op);
+        const Forward f = forward(p, b);  // its arrays outlive the backward
+        return backward(AttnBwdParams(f.p), dout, b, op);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dout"), py::arg("causal") = false,
       py::arg("scale") = py::none(), py::arg("backend") = py::none(),

@@ -41,12 +41,14 @@ struct ConstView {
 // Row-major contiguous strides of a shape.
 Shape contiguous_strides(const Shape& shape);
 
-// One attention call. maps == 2: differential attention, pair h of H subtracts sub-head 2h+1's
-// map (times lambda) from sub-head 2h's. maps == 1: standard softmax attention with H heads.
-// Batches, rows and heads may be strided (views into a fused QKV buffer, a KV cache with spare
-// capacity, a transposed (B, heads, T, D) tensor); the last dimension is contiguous. Strides are
-// in elements; set_contiguous_strides() (the builders call it) sets the row-major ones.
-struct AttnParams {
+// One attention problem: sizes, options, the inputs and every layout. maps == 2: differential
+// attention, pair h of H subtracts sub-head 2h+1's map (times lambda) from sub-head 2h's.
+// maps == 1: standard softmax attention with H heads. Batches, rows and heads may be strided
+// (views into a fused QKV buffer, a KV cache with spare capacity, a transposed (B, heads, T, D)
+// tensor); the last dimension is contiguous. Strides are in elements; set_contiguous_strides()
+// (the builders call it) sets the row-major ones. The forward (AttnParams) adds the tensors it
+// writes; the backward (AttnBwdParams) reads them as const and adds its own.
+struct AttnProblem {
   // ---- sizes ----
   int64_t B = 0, Tq = 0, Tk = 0;
   int64_t H = 0;               // differential pairs (maps == 2) or heads (maps == 1)
@@ -69,14 +71,8 @@ struct AttnParams {
   int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
   int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
 
-  // ---- outputs ----
-  float* out = nullptr;        // (B, Tq, H, Dv)
+  // out's layout (the backward's dout shares it)
   int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
-  // Saved statistics, written by the forward when non-null and read by the backward:
-  float* lse = nullptr;        // (B, maps*H, Tq) natural-log sum of exp(scale*q.k) per map;
-                               //   +inf for a row that sees no key
-  float* o2 = nullptr;         // (B, Tq, H, Dv) contiguous: map 2's output A2 V (maps == 2,
-                               //   signed); out + lam*o2 recovers map 1's, dlam = -dout.o2
 
   int64_t q_heads() const { return maps * H; }
   int64_t key_heads() const { return (maps == 2 && !shared_keys) ? 2 * G : G; }
@@ -96,10 +92,23 @@ struct AttnParams {
   void set_contiguous_strides();
 };
 
+// A forward: the problem and what it writes.
+struct AttnParams : AttnProblem {
+  float* out = nullptr;  // (B, Tq, H, Dv), strided by o_*_stride
+  // Saved statistics, written when non-null and read by the backward:
+  float* lse = nullptr;  // (B, maps*H, Tq) natural-log sum of exp(scale*q.k) per map;
+                         //   +inf for a row that sees no key
+  float* o2 = nullptr;   // (B, Tq, H, Dv) contiguous: map 2's output A2 V (maps == 2,
+                         //   signed); out + lam*o2 recovers map 1's, dlam = -dout.o2
+};
+
 // The backward reads the forward's inputs, out, lse and (maps == 2) o2, plus dout, and writes
 // dq, dk, dv and dlam (overwritten, not accumulated). Gradients use their input's strides:
 // dq q's, dk k's, dv v's; dout uses out's; dlam is contiguous with lam's shape.
-struct AttnBwdParams : AttnParams {
+struct AttnBwdParams : AttnProblem {
+  const float* out = nullptr;   // the forward's outputs, read only
+  const float* lse = nullptr;
+  const float* o2 = nullptr;
   const float* dout = nullptr;  // (B, Tq, H, Dv)
   float* dq = nullptr;          // like q
   float* dk = nullptr;          // like k
@@ -107,7 +116,8 @@ struct AttnBwdParams : AttnParams {
   float* dlam = nullptr;        // like lam (maps == 2)
 
   AttnBwdParams() = default;
-  explicit AttnBwdParams(const AttnParams& fwd) : AttnParams(fwd) {}
+  explicit AttnBwdParams(const AttnParams& fwd)
+      : AttnProblem(fwd), out(fwd.out), lse(fwd.lse), o2(fwd.o2) {}
 };
 
 // Decode: a few query rows (Tq small, e.g. the newest token) against a long key/value cache.
@@ -138,12 +148,13 @@ AttnParams attn_params(const ConstView& q, const ConstView& k, const ConstView& 
 // Checks a filled params struct before a kernel reads it: sizes, strides, pointers, and that
 // no output overlaps itself. O(1): reads no tensor data (a CUDA backend's lambda lives on the
 // device). Every entry point calls it; callers that fill params by hand may call it too.
+void check_params(const AttnProblem& p, const char* op);  // the problem only (readers)
 void check_params(const AttnParams& p, const char* op);
 void check_params(const AttnBwdParams& p, const char* op);
 // Reads lambda (on the host) and throws naming the first non-finite entry. The Python and
 // command-line surfaces call it on user input; the model's hot path skips it (a NaN lambda
 // there gives NaN outputs, which the kernels propagate).
-void check_lambda(const AttnParams& p, const char* op);
+void check_lambda(const AttnProblem& p, const char* op);
 
 // How many calls each entry point has run in this process (forward includes the calls that
 // took the decode path by themselves): a way to show that a backward given the saved
@@ -172,8 +183,15 @@ void attention_bwd_ref(const AttnBwdParams& p);
 
 // The attention probabilities of map `map` (0, or 1 when maps == 2) for every head, recomputed
 // from the scores and the saved lse as the backward does: probs (B, H, Tq, Tk); masked entries
-// are 0. Needs p.lse from a forward. For looking inside: the fast paths never store this.
-void attention_probs(const AttnParams& p, int map, float* probs);
+// are 0. Needs lse from a forward. For looking inside: the fast paths never store this.
+void attention_probs(const AttnProblem& p, const float* lse, int map, float* probs);
+inline void attention_probs(const AttnParams& p, int map, float* probs) {
+  attention_probs(p, p.lse, map, probs);
+}
+// A saved forward (out and lse read only), e.g. Model::layer_attention's.
+inline void attention_probs(const AttnBwdParams& p, int map, float* probs) {
+  attention_probs(p, p.lse, map, probs);
+}
 
 // The backend Auto resolves to: the environment variable DIFFATTN_BACKEND may force
 // "reference". The variable is read once, on the first call, and kept for the process.
@@ -185,9 +203,9 @@ const char* backend_name(Backend b);
 
 // FLOPs of one forward, counted as FlashAttention does: 2 per multiply-add of every QK^T and
 // PV product over the (query, key) pairs that causality leaves visible.
-double attention_fwd_flops(const AttnParams& p);
+double attention_fwd_flops(const AttnProblem& p);
 // Number of (query, key) pairs visible in one (batch, head) slice.
-double visible_pairs(const AttnParams& p);
+double visible_pairs(const AttnProblem& p);
 
 }  // namespace diffattn
 

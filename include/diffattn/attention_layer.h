@@ -88,9 +88,8 @@ void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
 
 // The operator call a forward with save_stats made, rebuilt from its saved acts for looking
 // inside (no cache): q and k after RoPE and v as strided views of acts.proj, lam, out = acts.att
-// and lse = acts.lse. Only readers may use it (attention_probs); the pointers are cast from
-// const because AttnParams has one type for inputs and outputs.
-AttnParams attn_layer_params(const AttnLayerActs& acts, const AttnLayerShape& s, int64_t B,
+// and lse = acts.lse, all read only (a saved forward: the type the backward reads).
+AttnBwdParams attn_layer_params(const AttnLayerActs& acts, const AttnLayerShape& s, int64_t B,
                              int64_t T);
 
 struct AttnLayerScratch {

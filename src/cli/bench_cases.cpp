@@ -69,13 +69,13 @@ Tensors::Tensors(const ShapeSpec& spec, uint32_t seed, bool with_grads) : s(spec
   }
 }
 
-AttnBwdParams Tensors::bwd() const {
+AttnBwdParams Tensors::bwd() {
   AttnBwdParams b(p);
   b.dout = dout.data();
-  b.dq = const_cast<float*>(dq.data());
-  b.dk = const_cast<float*>(dk.data());
-  b.dv = const_cast<float*>(dv.data());
-  b.dlam = s.maps == 2 ? const_cast<float*>(dlam.data()) : nullptr;
+  b.dq = dq.data();
+  b.dk = dk.data();
+  b.dv = dv.data();
+  b.dlam = s.maps == 2 ? dlam.data() : nullptr;
   return b;
 }
 
@@ -101,7 +101,7 @@ ShapeSpec v2_equivalent(const ShapeSpec& d) {
   return s;
 }
 
-UpstreamRecipe::UpstreamRecipe(const Tensors& t) : t_(t) {
+UpstreamRecipe::UpstreamRecipe(Tensors& t) : t_(t) {
   const AttnParams& p = t.p;
   const int64_t nq = p.B * p.Tq * p.H * p.D, nk = p.B * p.Tk * p.G * p.D,
                 no = p.B * p.Tq * p.H * p.Dv;
@@ -147,7 +147,7 @@ void UpstreamRecipe::forward() {
   attention_fwd(p1);
   attention_fwd(p2);
   const AttnParams& p = t_.p;
-  float* out = const_cast<float*>(t_.out.data());
+  float* out = t_.out.data();
   for (int64_t r = 0; r < p.B * p.Tq; ++r) {
     for (int64_t h = 0; h < p.H; ++h) {
       const float lam = p.lam_per_token ? t_.lam[r * p.H + h] : t_.lam[h];

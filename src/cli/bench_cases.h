@@ -28,7 +28,7 @@ struct Tensors {
   explicit Tensors(const ShapeSpec& spec, uint32_t seed = 1, bool with_grads = true);
   Tensors(const Tensors&) = delete;
   Tensors& operator=(const Tensors&) = delete;
-  AttnBwdParams bwd() const;
+  AttnBwdParams bwd();  // writes the gradient buffers
   double fwd_flops() const { return attention_fwd_flops(p); }
   // Bytes of K and V one forward reads (each cache row once): the decode traffic.
   double kv_bytes() const;
@@ -46,13 +46,13 @@ ShapeSpec v2_equivalent(const ShapeSpec& diff);
 // two maps' heads, two standard attention calls (our fused kernel), then out = o1 - lam o2.
 class UpstreamRecipe {
  public:
-  explicit UpstreamRecipe(const Tensors& t);
+  explicit UpstreamRecipe(Tensors& t);  // writes t.out
   void forward();
   // Backward of the recipe: two standard backward calls, dlam = -dout . o2.
   void backward();
 
  private:
-  const Tensors& t_;
+  Tensors& t_;
   std::vector<float> q1, q2, k1, k2, o1, o2, lse1, lse2, dout2, dq1, dq2, dk1, dk2, dv1, dv2;
   AttnParams p1, p2;
   void split();

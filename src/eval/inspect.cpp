@@ -13,7 +13,7 @@ namespace diffattn {
 namespace {
 
 // The call restricted to sequence b of the batch.
-AttnParams batch_slice(AttnParams p, int64_t b) {
+AttnBwdParams batch_slice(AttnBwdParams p, int64_t b) {
   p.q += b * p.q_batch_stride;
   p.k += b * p.k_batch_stride;
   p.v += b * p.v_batch_stride;
@@ -25,7 +25,7 @@ AttnParams batch_slice(AttnParams p, int64_t b) {
 }
 
 // softmax([q1;q2].[k1;k2] / sqrt(2D)) of every pair of a one-sequence call: (H, T, T).
-void full_width_standard(const AttnParams& p, float* probs) {
+void full_width_standard(const AttnProblem& p, float* probs) {
   const int64_t T = p.Tq, H = p.H, G = p.G, D = p.D, Dv = p.Dv;
   std::vector<float> q(static_cast<size_t>(T * H * 2 * D)), k(static_cast<size_t>(T * G * 2 * D)),
       v(static_cast<size_t>(T * G * Dv));
@@ -69,7 +69,7 @@ LayerMaps layer_maps(const Model& m, int64_t layer, int64_t b, const MapOptions&
     throw InvalidArgument("layer_maps: sequence " + std::to_string(b) + " is outside the last forward's batch of " +
                           std::to_string(la.params.B));
   }
-  const AttnParams p = batch_slice(la.params, b);
+  const AttnBwdParams p = batch_slice(la.params, b);
   LayerMaps r;
   r.kind = la.shape.kind;
   r.layer = layer;

@@ -17,7 +17,7 @@ namespace {
 // probs[j] = exp(s_j - lse), s_j = scale * q.k_j. Returns lse (+inf when n == 0).
 double row_softmax(const Rows& r, int64_t b, int64_t i, int64_t h, int m, int64_t n,
                    std::vector<double>& probs) {
-  const AttnParams& p = r.p;
+  const AttnProblem& p = r.p;
   const float* qi = r.q(b, i, r.q_head(h, m));
   const int64_t kh = r.key_head(h, m);
   probs.assign(static_cast<size_t>(p.Tk), 0.0);
@@ -38,7 +38,7 @@ double row_softmax(const Rows& r, int64_t b, int64_t i, int64_t h, int m, int64_
 }
 
 // Number of keys query row i sees.
-int64_t visible(const AttnParams& p, int64_t i) {
+int64_t visible(const AttnProblem& p, int64_t i) {
   return std::max<int64_t>(0, std::min(p.last_key(i) + 1, p.Tk));
 }
 
@@ -184,21 +184,21 @@ void attention_bwd_ref(const AttnBwdParams& p) {
   }
 }
 
-void attention_probs(const AttnParams& p, int map, float* probs) {
+void attention_probs(const AttnProblem& p, const float* lse_saved, int map, float* probs) {
   check_params(p, "attention_probs");
   if (map < 0 || map >= p.maps) {
     throw InvalidArgument("attention_probs: map must be 0" +
                           std::string(p.maps == 2 ? " or 1" : "") + ", got " +
                           std::to_string(map));
   }
-  if (p.lse == nullptr) throw InvalidArgument("attention_probs: needs lse saved by a forward");
+  if (lse_saved == nullptr) throw InvalidArgument("attention_probs: needs lse saved by a forward");
   const Rows r(p);
   for (int64_t b = 0; b < p.B; ++b) {
     for (int64_t h = 0; h < p.H; ++h) {
       const int64_t qh = r.q_head(h, map), kh = r.key_head(h, map);
       for (int64_t i = 0; i < p.Tq; ++i) {
         float* row = probs + ((b * p.H + h) * p.Tq + i) * p.Tk;
-        const double lse = p.lse[r.lse_index(b, qh, i)];
+        const double lse = lse_saved[r.lse_index(b, qh, i)];
         const float* qi = r.q(b, i, qh);
         const int64_t n = visible(p, i);
         for (int64_t j = 0; j < p.Tk; ++j) {

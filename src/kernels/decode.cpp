@@ -189,10 +189,9 @@ void FusedDecode(const AttnDecodeParams& p) {
         for (int m = 0; m < p.maps; ++m) {
           const int64_t rr = (hh * p.maps + m) * p.Tq + t;
           const float l = lsum[rr];
-          inv[m] = l > 0 ? 1.0f / l : 0.0f;
+          inv[m] = l == 0 ? 0.0f : 1.0f / l;  // NaN (a NaN score) stays NaN
           if (p.lse) {
-            p.lse[r.lse_index(b, r.q_head(h, m), t)] =
-                l > 0 ? (mx[rr] + std::log2(l)) * kLn2 : std::numeric_limits<float>::infinity();
+            p.lse[r.lse_index(b, r.q_head(h, m), t)] = fused::lse_of(mx[rr], l);
           }
         }
         const float* o1 = &acc[((hh * p.maps) * p.Tq + t) * f.Dvp];

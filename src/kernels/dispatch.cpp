@@ -7,6 +7,7 @@
 
 #include "diffattn/attention.h"
 #include "kernels/fused.h"
+#include "kernels/indexing.h"
 
 namespace diffattn {
 
@@ -55,6 +56,26 @@ namespace {
 // The decode path serves signed and standard attention; clamp needs its two passes.
 bool decode_capable(const AttnParams& p) { return p.maps == 1 || p.mode == DiffMode::Signed; }
 
+// Whether every value a causal forward reads is finite. The fused kernels multiply whole key
+// tiles of P by V, so a masked-out weight (0) times a NaN or Inf value would poison rows that
+// never see that key; the reference (which defines the semantics: a bad value reaches exactly
+// the rows that attend to it) takes such calls. One read of v: O(Tk Dv) against the
+// kernel's O(Tq Tk D). NaN and Inf in q and k need no scan: they propagate through the scores.
+bool values_finite(const AttnProblem& p) {
+  const Rows r(p);
+    for (int64_t b = 0; b < p.B; ++b) {
+    for (int64_t t = 0; t < p.Tk; ++t) {
+      for (int64_t g = 0; g < p.G; ++g) {
+        const float* x = r.v(b, t, g);
+        float z = 0.0f;  // x * 0 is NaN exactly when x is NaN or Inf
+        for (int64_t d = 0; d < p.Dv; ++d) z += x[d] * 0.0f;
+        if (z != 0.0f) return false;
+      }
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 void attention_fwd(const AttnParams& p, Backend backend) {
@@ -62,6 +83,7 @@ void attention_fwd(const AttnParams& p, Backend backend) {
   g_forward.fetch_add(1, std::memory_order_relaxed);
   if (resolve_backend(backend) == Backend::Reference) return attention_fwd_ref(p);
   check_params(p, op);
+  if (p.causal && p.Tq > 1 && !values_finite(p)) return attention_fwd_ref(p);
   if (p.Tq <= fused::DecodeTiles::kMaxRows && p.Tk >= fused::DecodeTiles::kMinKeys &&
       decode_capable(p)) {
     return attention_decode_fused(AttnDecodeParams(p));
@@ -78,6 +100,7 @@ void attention_decode(const AttnDecodeParams& p, Backend backend) {
     throw InvalidArgument(std::string(op) + ": key_chunk must be >= 0 (0 picks), got " +
                           std::to_string(p.key_chunk));
   }
+  if (p.causal && p.Tq > 1 && !values_finite(p)) return attention_fwd_ref(p);
   if (!decode_capable(p)) return attention_fwd_fused(p);
   attention_decode_fused(p);
 }

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "diffattn/attention.h"
 #include "hwy/aligned_allocator.h"
@@ -25,8 +27,18 @@ namespace fused {
 using Buffer = hwy::AlignedFreeUniquePtr<float[]>;
 inline Buffer alloc(int64_t n) { return hwy::AllocateAligned<float>(static_cast<size_t>(n > 0 ? n : 1)); }
 
+// The log-sum-exp saved for a row, ln(sum exp(scale q.k)) = (m + log2 l) ln 2, from its
+// running max m (log2 units) and sum l: computed in double and rounded once, since the
+// backward rebuilds every probability of the row from it (a coherent error of the whole row).
+// +inf for a row that sees no key (l = 0).
+inline float lse_of(float m, float l) {
+  if (l == 0) return std::numeric_limits<float>::infinity();
+  return static_cast<float>((static_cast<double>(m) + std::log2(static_cast<double>(l))) *
+                            0.69314718055994530942);
+}
+
 // Number of keys query row i sees among keys [j0, j0 + nk): its mask inside one tile.
-inline int64_t visible_in_tile(const AttnParams& p, int64_t i, int64_t j0, int64_t nk) {
+inline int64_t visible_in_tile(const AttnProblem& p, int64_t i, int64_t j0, int64_t nk) {
   if (!p.causal) return nk;
   return std::clamp<int64_t>(p.last_key(i) + 1 - j0, 0, nk);
 }

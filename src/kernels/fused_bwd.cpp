@@ -40,7 +40,7 @@ using fused::round_up;
 struct BwdLayout {
   int64_t gs, nkh, qheads, Dp, Dvp, nkb, Tq_pad;
   float c;
-  explicit BwdLayout(const AttnParams& p) {
+  explicit BwdLayout(const AttnProblem& p) {
     gs = p.group_size();
     nkh = (p.maps == 2 && !p.shared_keys) ? 2 : 1;
     qheads = p.q_heads();
@@ -53,14 +53,16 @@ struct BwdLayout {
 };
 
 struct BwdScratch {
-  fused::Buffer kt, kp, vt, dk, dv, q, dO, dP, s, w;
-  BwdScratch(const AttnParams& p, const BwdLayout& f) {
+  fused::Buffer kt, kp, vt, dk, dv, dkh, dvh, q, dO, dP, s, w;
+  BwdScratch(const AttnProblem& p, const BwdLayout& f) {
     const int64_t Bk = BwdTiles::kBk, Bq = BwdTiles::kBq;
     kt = fused::alloc(f.nkh * p.D * Bk);   // (nkh, D, Bk) keys transposed
     kp = fused::alloc(f.nkh * Bk * f.Dp);  // (nkh, Bk, Dp) keys
     vt = fused::alloc(p.Dv * Bk);          // (Dv, Bk) values transposed
     dk = fused::alloc(f.nkh * Bk * f.Dp);  // (nkh, Bk, Dp) dK of the block
     dv = fused::alloc(Bk * f.Dvp);         // (Bk, Dvp) dV of the block
+    dkh = fused::alloc(f.nkh * Bk * f.Dp);  // (nkh, Bk, Dp) one pair's share of dK
+    dvh = fused::alloc(Bk * f.Dvp);         // (Bk, Dvp) one pair's share of dV
     q = fused::alloc(Bq * f.Dp);           // (Bq, Dp) one map's queries
     dO = fused::alloc(Bq * f.Dvp);         // (Bq, Dvp) dout of one pair
     dP = fused::alloc(Bq * Bk);            // (Bq, Bk) dout V^T
@@ -69,10 +71,15 @@ struct BwdScratch {
   }
 };
 
-// Per-row inputs of the backward, (B, maps*H, Tq): D_i and lse in log2 units.
+// Per-row inputs of the backward, (B, maps*H, Tq): D_i, and lse in log2 units as a float
+// lse2 and a factor rfac = 2^(lse2 - lse log2(e)) that is 1 within float rounding: the row's
+// probabilities are 2^(c s - lse2) rfac. A float lse2 alone would scale a whole row of P by up
+// to half an ulp of lse2 (3e-7 at lse2 ~ 8), an error common to every term of the row's dQ.
 struct RowStats {
-  std::vector<float> delta, lse2;
+  std::vector<float> delta, lse2, rfac;
 };
+
+constexpr int64_t kDpChunk = 32;
 
 // One key block of one (batch, group): dK, dV of its rows and its share of dQ.
 void BwdItem(const AttnBwdParams& p, const BwdLayout& f, const RowStats& st, BwdScratch& w,
@@ -95,13 +102,21 @@ void BwdItem(const AttnBwdParams& p, const BwdLayout& f, const RowStats& st, Bwd
   const size_t N = hn::Lanes(d);
   // The first query row that sees key j0 (bottom-right causal: j <= i + Tk - Tq).
   const int64_t qstart = p.causal ? std::max<int64_t>(0, j0 - (p.Tk - p.Tq)) : 0;
-  for (int64_t hh = 0; hh < f.gs; ++hh) {
+  // dK and dV sum over every query row of every pair of the group: gs * Tq terms. Each pair's
+  // share is summed in its own buffer (dkh, dvh: Tq / Bq partials of Bq terms, MicroKernel),
+  // then added to the block's total, so no float32 chain is longer than Bq + Tq / Bq + gs
+  // (FlashAttention's accuracy rule, tests/python/test_precision.py).
+  for (int64_t hh = 0; hh < f.gs && qstart < p.Tq; ++hh) {
     const int64_t h = g * f.gs + hh;
     for (int64_t i0 = qstart; i0 < p.Tq; i0 += Bq) {
+      const bool fresh = i0 == qstart;  // the pair's first block starts its partials from 0
       const int64_t nq = std::min(Bq, p.Tq - i0), nqp = round_up(nq, kRowPad);
       fused::pack_rows(w.dO.get(), f.Dvp, nqp, r.dout(b, i0, h), p.o_row_stride, nq, p.Dv);
       // dP (nqp, Bk) = dout V^T
-      Gemm(nqp, Bk, p.Dv, w.dO.get(), f.Dvp, 1, w.vt.get(), Bk, w.dP.get(), Bk, false);
+      for (int64_t c0 = 0; c0 < p.Dv; c0 += kDpChunk) {
+        Gemm(nqp, Bk, std::min(kDpChunk, p.Dv - c0), w.dO.get() + c0, f.Dvp, 1,
+             w.vt.get() + c0 * Bk, Bk, w.dP.get(), Bk, c0 > 0);
+      }
       for (int m = 0; m < p.maps; ++m) {
         const int64_t qh = r.q_head(h, m), kl = f.nkh == 2 ? m : 0;
         fused::pack_rows(w.q.get(), f.Dp, nqp, r.q(b, i0, qh), p.q_row_stride, nq, p.D);
@@ -116,11 +131,15 @@ void BwdItem(const AttnBwdParams& p, const BwdLayout& f, const RowStats& st, Bwd
           const int64_t vis = real ? fused::visible_in_tile(p, i0 + t, j0, nk) : 0;
           NormalisedRow(srow, Bk, vis, f.c, real ? st.lse2[stat + t] : 0.0f);
           const float cl = (p.maps == 2 && real) ? -r.lam(b, i0 + t, h) : 0.0f;
-          const float coef = (m == 0 ? 1.0f : cl) * p.scale;
+          // A row that sees a single key has P = 1 whatever its score: dS = 0 exactly, where
+          // P (dP - D) would leave the rounding of dP and D (which no longer cancel).
+          const bool single = real && std::min(p.last_key(i0 + t) + 1, p.Tk) == 1;
+          const float coef = single ? 0.0f : (m == 0 ? 1.0f : cl) * p.scale;
+          const VF vr = hn::Set(d, real ? st.rfac[stat + t] : 1.0f);
           const VF vdelta = hn::Set(d, real ? st.delta[stat + t] : 0.0f);
           const VF vcoef = hn::Set(d, coef), vcl = hn::Set(d, cl);
           for (int64_t j = 0; j < Bk; j += N) {
-            const VF P = hn::LoadU(d, srow + j);
+            const VF P = hn::Mul(hn::LoadU(d, srow + j), vr);
             // the weights of dv: P1 (map 1, or standard), then + c P2
             if (m == 0) {
               hn::StoreU(P, d, wrow + j);
@@ -133,15 +152,17 @@ void BwdItem(const AttnBwdParams& p, const BwdLayout& f, const RowStats& st, Bwd
           }
         }
         // dK (Bk, Dp) += dS^T Q;  dQ (nqp, Dp) += dS K  (into this thread's partial)
-        Gemm(Bk, f.Dp, nqp, w.s.get(), 1, Bk, w.q.get(), f.Dp, w.dk.get() + kl * Bk * f.Dp,
-             f.Dp, true);
+        Gemm(Bk, f.Dp, nqp, w.s.get(), 1, Bk, w.q.get(), f.Dp, w.dkh.get() + kl * Bk * f.Dp,
+             f.Dp, !(fresh && (m == 0 || f.nkh == 2)));
         float* dqp = dq_part + ((b * f.Tq_pad + i0) * f.qheads + qh) * f.Dp;
         Gemm(nqp, f.Dp, nk, w.s.get(), Bk, 1, w.kp.get() + kl * Bk * f.Dp, f.Dp, dqp,
              f.qheads * f.Dp, true);
       }
       // dV (Bk, Dvp) += W^T dout
-      Gemm(Bk, f.Dvp, nqp, w.w.get(), 1, Bk, w.dO.get(), f.Dvp, w.dv.get(), f.Dvp, true);
+      Gemm(Bk, f.Dvp, nqp, w.w.get(), 1, Bk, w.dO.get(), f.Dvp, w.dvh.get(), f.Dvp, !fresh);
     }
+    AddTo(w.dkh.get(), w.dk.get(), static_cast<size_t>(f.nkh * Bk * f.Dp));
+    AddTo(w.dvh.get(), w.dv.get(), static_cast<size_t>(Bk * f.Dvp));
   }
   for (int64_t kl = 0; kl < f.nkh; ++kl) {
     const int64_t kh = f.nkh == 2 ? 2 * g + kl : g;
@@ -168,12 +189,14 @@ void FusedBackward(const AttnBwdParams& p) {
   RowStats st;
   st.delta.resize(static_cast<size_t>(p.B * f.qheads * Tq));
   st.lse2.resize(st.delta.size());
+  st.rfac.resize(st.delta.size());
+  std::vector<double> dl2(p.maps == 2 && !p.lam_per_token ? static_cast<size_t>(p.B * H * Tq) : 0);
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t bi = 0; bi < p.B * Tq; ++bi) {
     const int64_t b = bi / Tq, i = bi % Tq;
     for (int64_t h = 0; h < H; ++h) {
       const float* dout = r.dout(b, i, h);
-      const float* out = r.out(b, i, h);
+      const float* out = r.saved_out(b, i, h);
       double d1 = 0;
       for (int64_t d = 0; d < p.Dv; ++d) d1 += static_cast<double>(dout[d]) * out[d];
       if (p.maps == 2) {
@@ -182,12 +205,18 @@ void FusedBackward(const AttnBwdParams& p) {
         for (int64_t d = 0; d < p.Dv; ++d) d2 += static_cast<double>(dout[d]) * o2[d];
         d1 += r.lam(b, i, h) * d2;  // dout . (out + lam o2): map 1's output
         st.delta[r.lse_index(b, 2 * h + 1, i)] = static_cast<float>(d2);
-        if (p.lam_per_token) p.dlam[(b * Tq + i) * H + h] = static_cast<float>(-d2);
+        if (p.lam_per_token) {
+          p.dlam[(b * Tq + i) * H + h] = static_cast<float>(-d2);
+        } else {
+          dl2[(b * H + h) * Tq + i] = d2;
+        }
       }
       st.delta[r.lse_index(b, r.q_head(h, 0), i)] = static_cast<float>(d1);
       for (int m = 0; m < p.maps; ++m) {
         const int64_t idx = r.lse_index(b, r.q_head(h, m), i);
-        st.lse2[idx] = p.lse[idx] * kLog2e;
+        const double L = p.lse[idx] * 1.44269504088896340736;
+        st.lse2[idx] = static_cast<float>(L);
+        st.rfac[idx] = std::isfinite(L) ? static_cast<float>(std::exp2(st.lse2[idx] - L)) : 1.0f;
       }
     }
   }
@@ -195,7 +224,7 @@ void FusedBackward(const AttnBwdParams& p) {
     for (int64_t h = 0; h < H; ++h) {
       double s = 0;
       for (int64_t b = 0; b < p.B; ++b) {
-        for (int64_t i = 0; i < Tq; ++i) s -= st.delta[r.lse_index(b, 2 * h + 1, i)];
+        for (int64_t i = 0; i < Tq; ++i) s -= dl2[(b * H + h) * Tq + i];
       }
       p.dlam[h] = static_cast<float>(s);
     }

@@ -160,28 +160,28 @@ class FwdItem {
       for (int64_t t = 0; t < nq_; ++t) {
         const int64_t i = i0_ + t;
         const int64_t r1 = (hh * p_.maps) * f_.Bq + t;
-        const float inv1 = w_.l[r1] > 0 ? 1.0f / w_.l[r1] : 0.0f;
+        const float inv1 = w_.l[r1] == 0 ? 0.0f : 1.0f / w_.l[r1];  // NaN stays NaN
         const float* o1 = w_.o.get() + r1 * f_.Dvp;
         float* out = r_.out(b_, i, h);
         save_lse(h, 0, i, r1);
         if (p_.maps == 1) {
-          for (int64_t d = 0; d < p_.Dv; ++d) out[d] = inv1 > 0 ? o1[d] * inv1 : 0.0f;
+          for (int64_t d = 0; d < p_.Dv; ++d) out[d] = inv1 != 0 ? o1[d] * inv1 : 0.0f;
           continue;
         }
         const int64_t r2 = r1 + f_.Bq;
-        const float inv2 = w_.l[r2] > 0 ? 1.0f / w_.l[r2] : 0.0f;
+        const float inv2 = w_.l[r2] == 0 ? 0.0f : 1.0f / w_.l[r2];
         const float* o2 = w_.o.get() + r2 * f_.Dvp;
         save_lse(h, 1, i, r2);
         // out = A1 V - lam A2 V (arXiv:2410.05258 Eq. 1); a row that sees no key is 0.
         const float lam = r_.lam(b_, i, h);
         for (int64_t d = 0; d < p_.Dv; ++d) {
-          const float a1v = inv1 > 0 ? o1[d] * inv1 : 0.0f;
-          const float a2v = inv2 > 0 ? o2[d] * inv2 : 0.0f;
+          const float a1v = inv1 != 0 ? o1[d] * inv1 : 0.0f;
+          const float a2v = inv2 != 0 ? o2[d] * inv2 : 0.0f;
           out[d] = a1v - lam * a2v;
         }
         if (p_.o2) {
           float* dst = p_.o2 + r_.o2_index(b_, i, h);
-          for (int64_t d = 0; d < p_.Dv; ++d) dst[d] = inv2 > 0 ? o2[d] * inv2 : 0.0f;
+          for (int64_t d = 0; d < p_.Dv; ++d) dst[d] = inv2 != 0 ? o2[d] * inv2 : 0.0f;
         }
       }
     }
@@ -190,9 +190,7 @@ class FwdItem {
   // lse = ln(sum exp(scale q.k)) = (m + log2 l) ln 2; +inf for a row that sees no key.
   void save_lse(int64_t h, int m, int64_t i, int64_t row) const {
     if (!p_.lse) return;
-    const float l = w_.l[row];
-    p_.lse[r_.lse_index(b_, r_.q_head(h, m), i)] =
-        l > 0 ? (w_.m[row] + std::log2(l)) * kLn2 : std::numeric_limits<float>::infinity();
+    p_.lse[r_.lse_index(b_, r_.q_head(h, m), i)] = fused::lse_of(w_.m[row], w_.l[row]);
   }
 
   // Clamp mode (the textbook's variant): the weights max(A1 - lam A2, 0) need both maps
@@ -207,8 +205,9 @@ class FwdItem {
       }
     }
     for (int64_t row = 0; row < f_.R; ++row) {
-      w_.L[row] = w_.l[row] > 0 ? w_.m[row] + std::log2(w_.l[row])
-                                : std::numeric_limits<float>::infinity();
+      // l = 0: no key seen (+inf, p = 0); a NaN l (a NaN score) stays NaN and reaches out.
+      w_.L[row] = w_.l[row] == 0 ? std::numeric_limits<float>::infinity()
+                                 : w_.m[row] + std::log2(w_.l[row]);
       w_.wsum[row] = 0.0f;
     }
     bool first = true;
@@ -243,14 +242,14 @@ class FwdItem {
         save_lse(h, 0, i, r1);
         save_lse(h, 1, i, r2);
         // A row that clamps to all zeros stays zero rather than dividing by zero.
-        const float inv = w_.wsum[r1] > 0 ? 1.0f / w_.wsum[r1] : 0.0f;
+        const float inv = w_.wsum[r1] == 0 ? 0.0f : 1.0f / w_.wsum[r1];  // NaN stays NaN
         float* out = r_.out(b_, i, h);
         const float* o1 = w_.o.get() + r1 * f_.Dvp;
-        for (int64_t d = 0; d < p_.Dv; ++d) out[d] = inv > 0 ? o1[d] * inv : 0.0f;
+        for (int64_t d = 0; d < p_.Dv; ++d) out[d] = inv != 0 ? o1[d] * inv : 0.0f;
         if (p_.o2) {
           float* dst = p_.o2 + r_.o2_index(b_, i, h);
           const float* o2 = w_.o.get() + r2 * f_.Dvp;
-          const bool any = w_.l[r2] > 0;
+          const bool any = w_.l[r2] != 0;  // NaN counts: it must show
           for (int64_t d = 0; d < p_.Dv; ++d) dst[d] = any ? o2[d] : 0.0f;
         }
       }

@@ -9,11 +9,15 @@
 namespace diffattn {
 
 struct Rows {
-  const AttnParams& p;
+  const AttnProblem& p;
+  float* out_ = nullptr;         // a forward's out (written)
+  const float* saved_ = nullptr;  // out as the backward reads it
   const float* dout_ = nullptr;  // set for a backward
 
-  explicit Rows(const AttnParams& params) : p(params) {}
-  explicit Rows(const AttnBwdParams& params) : p(params), dout_(params.dout) {}
+  explicit Rows(const AttnProblem& params) : p(params) {}
+  explicit Rows(const AttnParams& params) : p(params), out_(params.out), saved_(params.out) {}
+  explicit Rows(const AttnBwdParams& params)
+      : p(params), saved_(params.out), dout_(params.dout) {}
 
   // Key/value group of pair (or head) h: GQA at the pair level.
   int64_t group(int64_t h) const { return h / p.group_size(); }
@@ -35,7 +39,10 @@ struct Rows {
     return p.v + b * p.v_batch_stride + t * p.v_row_stride + g * p.v_head_stride;
   }
   float* out(int64_t b, int64_t t, int64_t h) const {
-    return p.out + b * p.o_batch_stride + t * p.o_row_stride + h * p.o_head_stride;
+    return out_ + b * p.o_batch_stride + t * p.o_row_stride + h * p.o_head_stride;
+  }
+  const float* saved_out(int64_t b, int64_t t, int64_t h) const {
+    return saved_ + b * p.o_batch_stride + t * p.o_row_stride + h * p.o_head_stride;
   }
   const float* dout(int64_t b, int64_t t, int64_t h) const {
     return dout_ + b * p.o_batch_stride + t * p.o_row_stride + h * p.o_head_stride;

@@ -19,7 +19,7 @@ std::string shape_str(const Shape& shape) {
   return os.str();
 }
 
-int64_t AttnParams::numel(const Shape& s) const {
+int64_t AttnProblem::numel(const Shape& s) const {
   int64_t n = 1;
   for (int64_t d : s) n *= d;
   return n;
@@ -35,7 +35,7 @@ Shape ConstView::effective_strides() const {
   return strides.empty() ? contiguous_strides(shape) : strides;
 }
 
-void AttnParams::set_contiguous_strides() {
+void AttnProblem::set_contiguous_strides() {
   q_head_stride = k_head_stride = D;
   v_head_stride = o_head_stride = Dv;
   q_row_stride = q_heads() * D;
@@ -271,7 +271,10 @@ void check_layout(const char* op, const char* name, bool written, int64_t B, int
 
 }  // namespace
 
-void check_params(const AttnParams& p, const char* op) {
+namespace {
+
+// Sizes, options, input layouts and data, and out's layout (which dout shares).
+void check_problem(const AttnProblem& p, const char* op) {
   if (p.maps != 1 && p.maps != 2) fail(op, "maps must be 1 or 2, got " + std::to_string(p.maps));
   if (p.B < 0 || p.Tq < 0 || p.Tk < 0) fail(op, "negative batch or sequence size");
   need_positive(op, "H", p.H);
@@ -293,11 +296,19 @@ void check_params(const AttnParams& p, const char* op) {
   need_data(op, "q", p.q, p.numel(p.q_shape()));
   need_data(op, "k", p.k, p.numel(p.k_shape()));
   need_data(op, "v", p.v, p.numel(p.v_shape()));
-  need_data(op, "out", p.out, p.numel(p.out_shape()));
   if (p.maps == 2) need_data(op, "lam", p.lam, p.numel(p.lam_shape()));
 }
 
-void check_lambda(const AttnParams& p, const char* op) {
+}  // namespace
+
+void check_params(const AttnProblem& p, const char* op) { check_problem(p, op); }
+
+void check_params(const AttnParams& p, const char* op) {
+  check_problem(p, op);
+  need_data(op, "out", p.out, p.numel(p.out_shape()));
+}
+
+void check_lambda(const AttnProblem& p, const char* op) {
   if (p.maps == 2 && p.lam != nullptr) {
     const int64_t n = p.numel(p.lam_shape());
     for (int64_t i = 0; i < n; ++i) {
@@ -312,7 +323,8 @@ void check_lambda(const AttnParams& p, const char* op) {
 }
 
 void check_params(const AttnBwdParams& p, const char* op) {
-  check_params(static_cast<const AttnParams&>(p), op);
+  check_problem(p, op);
+  need_data(op, "out (saved by the forward)", p.out, p.numel(p.out_shape()));
   if (p.maps == 2 && p.mode != DiffMode::Signed) {
     fail(op, "the backward is defined for signed differential attention and standard "
              "attention; clamp mode has a forward only");
@@ -336,7 +348,7 @@ void check_params(const AttnBwdParams& p, const char* op) {
   }
 }
 
-double visible_pairs(const AttnParams& p) {
+double visible_pairs(const AttnProblem& p) {
   if (!p.causal) return static_cast<double>(p.Tq) * static_cast<double>(p.Tk);
   double n = 0;
   for (int64_t i = 0; i < p.Tq; ++i) {
@@ -346,7 +358,7 @@ double visible_pairs(const AttnParams& p) {
   return n;
 }
 
-double attention_fwd_flops(const AttnParams& p) {
+double attention_fwd_flops(const AttnProblem& p) {
   // Per visible (query, key) pair and map: a D-long dot product and a Dv-long axpy.
   return visible_pairs(p) * static_cast<double>(p.B) * static_cast<double>(p.H) * p.maps * 2.0 *
          static_cast<double>(p.D + p.Dv);

@@ -38,11 +38,12 @@ inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // 2^x with a relative error of about 1e-7 (measured: 1.0e-7 over [-126, 10]) for x in
 // [-126.5, 127]; exactly 0 below -126.5, so a masked score of -inf gives a weight of 0 (and
-// weights under 2^-126, below the smallest normal float, vanish). x = n + f with
+// weights under 2^-126, below the smallest normal float, vanish). NaN gives NaN (a NaN or
+// Inf in q or k makes a NaN score, which must reach the output, not be clamped to 0 or 2^127). x = n + f with
 // n = round(x), |f| <= 1/2; 2^f by a degree-6 polynomial (the minimax coefficients of
 // Cephes' exp2f), 2^n by building the float's exponent field.
-HWY_INLINE VF Exp2(DF d, VF x) {
-  x = hn::Min(hn::Max(x, hn::Set(d, -127.0f)), hn::Set(d, 127.0f));
+HWY_INLINE VF Exp2(DF d, VF x_in) {
+  const VF x = hn::Min(hn::Max(x_in, hn::Set(d, -127.0f)), hn::Set(d, 127.0f));
   const VF n = hn::Round(x);
   const VF f = hn::Sub(x, n);
   VF p = hn::Set(d, 1.535336188319500e-4f);
@@ -55,13 +56,17 @@ HWY_INLINE VF Exp2(DF d, VF x) {
   const hn::RebindToSigned<DF> di;
   // n in [-127, 127]: n + 127 in [0, 254] is a valid biased exponent; 0 encodes +0.0.
   const auto bits = hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127)));
-  return hn::Mul(p, hn::BitCast(d, bits));
+  const VF y = hn::Mul(p, hn::BitCast(d, bits));
+  return hn::IfThenElse(hn::IsNaN(x_in), x_in, y);
 }
 
 // The micro-kernel: C (MR x NV vectors) = [C * row_scale] + A (MR x k) B (k x NV vectors).
 // A's element (r, kk) is a[r * a_rs + kk * a_cs] (so A or A^T of a row-major buffer), B's
 // row kk starts at b + kk * ldb, C's row r at c + r * ldc. accumulate == false starts from 0;
 // row_scale (may be null) multiplies the loaded C rows (the online-softmax rescale).
+// The k products are summed in registers from zero and only then added to C: a C that
+// accumulates over many calls (dK, dV over every query row of a group; O over every key tile)
+// is a sum of k-term partials, so its rounding grows with calls + k, not calls * k.
 template <int MR, int NV>
 HWY_INLINE void MicroKernel(DF d, size_t kdim, const float* HWY_RESTRICT a, size_t a_rs,
                             size_t a_cs, const float* HWY_RESTRICT b, size_t ldb,
@@ -69,15 +74,8 @@ HWY_INLINE void MicroKernel(DF d, size_t kdim, const float* HWY_RESTRICT a, size
                             const float* HWY_RESTRICT row_scale) {
   const size_t N = hn::Lanes(d);
   VF acc[MR][NV];
-  if (accumulate) {
-    for (int r = 0; r < MR; ++r) {
-      const VF s = hn::Set(d, row_scale ? row_scale[r] : 1.0f);
-      for (int v = 0; v < NV; ++v) acc[r][v] = hn::Mul(hn::LoadU(d, c + r * ldc + v * N), s);
-    }
-  } else {
-    for (int r = 0; r < MR; ++r) {
-      for (int v = 0; v < NV; ++v) acc[r][v] = hn::Zero(d);
-    }
+  for (int r = 0; r < MR; ++r) {
+    for (int v = 0; v < NV; ++v) acc[r][v] = hn::Zero(d);
   }
   for (size_t kk = 0; kk < kdim; ++kk) {
     VF bv[NV];
@@ -86,6 +84,16 @@ HWY_INLINE void MicroKernel(DF d, size_t kdim, const float* HWY_RESTRICT a, size
     for (int r = 0; r < MR; ++r) {
       const VF av = hn::Set(d, ak[r * a_rs]);
       for (int v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(av, bv[v], acc[r][v]);
+    }
+  }
+  if (accumulate && row_scale) {
+    for (int r = 0; r < MR; ++r) {
+      const VF s = hn::Set(d, row_scale[r]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(hn::LoadU(d, c + r * ldc + v * N), s, acc[r][v]);
+    }
+  } else if (accumulate) {
+    for (int r = 0; r < MR; ++r) {
+      for (int v = 0; v < NV; ++v) acc[r][v] = hn::Add(hn::LoadU(d, c + r * ldc + v * N), acc[r][v]);
     }
   }
   for (int r = 0; r < MR; ++r) {
@@ -205,6 +213,13 @@ HWY_INLINE float Dot(const float* HWY_RESTRICT x, const float* HWY_RESTRICT y, s
   float s = hn::GetLane(hn::SumOfLanes(d, hn::Add(a0, a1)));
   for (; i < n; ++i) s += x[i] * y[i];
   return s;
+}
+
+// y[0, n) += x[0, n), n % Lanes == 0.
+HWY_INLINE void AddTo(const float* HWY_RESTRICT x, float* HWY_RESTRICT y, size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  for (size_t i = 0; i < n; i += N) hn::StoreU(hn::Add(hn::LoadU(d, x + i), hn::LoadU(d, y + i)), d, y + i);
 }
 
 // y[0, n) += a * x[0, n), n % Lanes == 0.

@@ -140,7 +140,7 @@ void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
   linear_fwd(out, src, w.out_proj, BT, s.n_out(), s.C);
 }
 
-AttnParams attn_layer_params(const AttnLayerActs& acts, const AttnLayerShape& s, int64_t B,
+AttnBwdParams attn_layer_params(const AttnLayerActs& acts, const AttnLayerShape& s, int64_t B,
                              int64_t T) {
   const int64_t BT = B * T;
   if (static_cast<int64_t>(acts.proj.size()) != BT * s.n_proj() ||
@@ -149,9 +149,9 @@ AttnParams attn_layer_params(const AttnLayerActs& acts, const AttnLayerShape& s,
     throw InvalidArgument("attention layer: no saved statistics of a forward over (B, T) = (" +
                           std::to_string(B) + ", " + std::to_string(T) + ")");
   }
-  AttnParams p = make_params(s, B, T, acts.proj.data(), acts.lam.data(), nullptr);
-  p.out = const_cast<float*>(acts.att.data());
-  p.lse = const_cast<float*>(acts.lse.data());
+  AttnBwdParams p(make_params(s, B, T, acts.proj.data(), acts.lam.data(), nullptr));
+  p.out = acts.att.data();
+  p.lse = acts.lse.data();
   return p;
 }
 
@@ -187,9 +187,9 @@ void attn_layer_bwd(float* dinp, const AttnLayerGrads& g, const float* dout,
     }
   }
   AttnBwdParams bp(make_params(s, B, T, acts.proj.data(), acts.lam.data(), nullptr));
-  bp.out = const_cast<float*>(acts.att.data());
-  bp.lse = const_cast<float*>(acts.lse.data());
-  bp.o2 = s.maps() == 2 ? const_cast<float*>(acts.o2.data()) : nullptr;
+  bp.out = acts.att.data();
+  bp.lse = acts.lse.data();
+  bp.o2 = s.maps() == 2 ? acts.o2.data() : nullptr;
   bp.dout = datt;
   bp.dq = dproj;
   bp.dk = dproj + s.n_q();

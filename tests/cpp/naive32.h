@@ -16,7 +16,7 @@ namespace diffattn::testing {
 // One row's softmax over its n visible keys, in float; probs sized Tk (zeros beyond n).
 inline void naive_row(const Rows& r, int64_t b, int64_t i, int64_t h, int m, int64_t n,
                       std::vector<float>& probs) {
-  const AttnParams& p = r.p;
+  const AttnProblem& p = r.p;
   probs.assign(static_cast<size_t>(p.Tk), 0.0f);
   if (n <= 0) return;
   const float* qi = r.q(b, i, r.q_head(h, m));
