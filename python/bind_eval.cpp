@@ -23,9 +23,7 @@ namespace diffattn::python {
 namespace {
 
 DiffMode mode_of(const std::string& mode, const char* op) {
-  if (mode == "signed") return DiffMode::Signed;
-  if (mode == "clamp") return DiffMode::Clamp;
-  throw InvalidArgument(std::string(op) + ": mode must be \"signed\" or \"clamp\", got \"" + mode + "\"");
+  return parse_diff_mode(mode, std::string(op) + ": mode");
 }
 
 py::array_t<float> array_of(const std::vector<float>& v, const Shape& shape) {

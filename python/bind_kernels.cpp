@@ -28,23 +28,12 @@ AttnOptions options(bool causal, std::optional<double> scale, const std::string&
     if (*scale == 0.0) throw InvalidArgument(std::string(op) + ": scale must be non-zero");
     o.scale = static_cast<float>(*scale);
   }
-  if (mode == "signed") {
-    o.mode = DiffMode::Signed;
-  } else if (mode == "clamp") {
-    o.mode = DiffMode::Clamp;
-  } else {
-    throw InvalidArgument(std::string(op) + ": mode must be \"signed\" or \"clamp\", got \"" +
-                          mode + "\"");
-  }
+  o.mode = parse_diff_mode(mode, std::string(op) + ": mode");
   return o;
 }
 
 Backend backend_of(const std::optional<std::string>& name, const char* op) {
   if (!name) return Backend::Auto;
-  if (*name != "auto" && *name != "fused" && *name != "reference") {
-    throw InvalidArgument(std::string(op) + ": backend must be \"auto\", \"fused\" or "
-                          "\"reference\", got \"" + *name + "\"");
-  }
   return parse_backend(*name, std::string(op) + ": backend");
 }
 

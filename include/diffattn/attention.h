@@ -199,6 +199,10 @@ Backend resolve_backend(Backend requested);
 // Parses "auto", "fused" or "reference" (the one parser of backend names); throws naming
 // `where` otherwise.
 Backend parse_backend(const std::string& name, const std::string& where);
+// Parses "signed" or "clamp" (the one parser of mode names, for the CLI, the explorer and
+// Python); throws InvalidArgument "<where> is "x", expected "signed" or "clamp"".
+DiffMode parse_diff_mode(const std::string& name, const std::string& where);
+const char* diff_mode_name(DiffMode m);
 const char* backend_name(Backend b);
 
 // FLOPs of one forward, counted as FlashAttention does: 2 per multiply-add of every QK^T and

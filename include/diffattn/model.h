@@ -6,13 +6,13 @@
 #include <cstdint>
 #include <map>
 #include <optional>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "diffattn/attention_layer.h"
 #include "diffattn/error.h"
 #include "diffattn/files.h"
+#include "diffattn/rng.h"
 
 namespace diffattn {
 
@@ -239,7 +239,7 @@ class Sampler {
 
  private:
   SamplerOptions o_;
-  std::mt19937_64 rng_;
+  Rng rng_;
 };
 
 // Number of parameters of a config (all tensors).

@@ -1,4 +1,4 @@
-// The textbook's worked example ("The cat sat on mat", ../shared/seeds/000, Chapter 14.15):
+// The textbook's worked example ("The cat sat on mat", Chapter 14.15; docs/claims.md):
 // five tokens, Q and K of width 4 split into two halves of 2 (map 1: columns 0-1, map 2:
 // columns 2-3), V of width 4, lambda = 0.4. As tensors of the operator contract with B = 1,
 // H = G = 1: q (1, 5, 2, 2), k (1, 5, 2, 2), v (1, 5, 1, 4); standard attention uses the full

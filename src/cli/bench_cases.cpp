@@ -1,11 +1,11 @@
 // Benchmark cases shared by `diffattn bench` and bench/: see bench_cases.h.
 #include "cli/bench_cases.h"
+#include "diffattn/rng.h"
 
 #include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
-#include <random>
 #include <sstream>
 
 namespace diffattn::bench {
@@ -21,10 +21,9 @@ std::string ShapeSpec::str() const {
 namespace {
 
 std::vector<float> randn(int64_t n, uint32_t seed, float sd = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, sd);
+  Rng rng(seed);
   std::vector<float> x(static_cast<size_t>(n));
-  for (float& v : x) v = dist(rng);
+  for (float& v : x) v = static_cast<float>(sd * rng.normal());
   return x;
 }
 

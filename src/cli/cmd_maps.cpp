@@ -88,11 +88,10 @@ int run_maps(const std::vector<std::string>& argv) {
   }
   MapOptions mo;
   if (a.given("--lambda")) mo.lambda = a.number("--lambda");
-  const std::string mode = a.str("--mode");
-  if (mode == "clamp") {
-    mo.mode = DiffMode::Clamp;
-  } else if (mode != "signed") {
-    throw UsageError("--mode is \"" + mode + "\", expected signed or clamp");
+  try {
+    mo.mode = parse_diff_mode(a.str("--mode"), "--mode");
+  } catch (const InvalidArgument& e) {
+    throw UsageError(e.what());
   }
   m.forward(p.ids.data(), nullptr, 1, T);
 

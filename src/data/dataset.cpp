@@ -3,20 +3,9 @@
 #include <string>
 
 #include "diffattn/data.h"
+#include "diffattn/rng.h"
 
 namespace diffattn::data {
-
-namespace {
-
-uint64_t mix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 TokenWindows::TokenWindows(std::vector<int32_t> tokens, uint64_t seed, std::string name)
     : tokens_(std::move(tokens)), seed_(seed), name_(std::move(name)) {}
@@ -31,7 +20,7 @@ void TokenWindows::batch(uint64_t index, int64_t B, int64_t T, int32_t* tokens,
   const uint64_t starts = static_cast<uint64_t>(n - T);
   for (int64_t b = 0; b < B; ++b) {
     const uint64_t h =
-        mix(mix(seed_ + 0x9E3779B97F4A7C15ull * (index + 1)) ^ static_cast<uint64_t>(b));
+        mix64(mix64(seed_ + kGolden64 * (index + 1)) ^ static_cast<uint64_t>(b));
     const int64_t s = static_cast<int64_t>(h % starts);
     for (int64_t t = 0; t < T; ++t) {
       tokens[b * T + t] = tokens_[static_cast<size_t>(s + t)];

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "diffattn/files.h"
+#include "diffattn/rng.h"
 #include "model/json_util.h"
 
 namespace diffattn::data {
@@ -21,19 +22,14 @@ using json = nlohmann::json;
 // is drawn without drawing the ones before it.
 struct Stream {
   uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
+  uint64_t next() { return splitmix64(s); }
   // Uniform in [0, n), n >= 1 (the modulo bias is below 2^-40 for the n used here).
   int64_t below(int64_t n) { return static_cast<int64_t>(next() % static_cast<uint64_t>(n)); }
 };
 
 Stream stream_of(uint64_t seed, uint64_t index) {
   Stream st{seed * 0xD1B54A32D192ED03ull ^ 0x7265747269657661ull};  // "retrieva"
-  st.s = st.next() + index * 0x9E3779B97F4A7C15ull;
+  st.s = st.next() + index * kGolden64;
   st.next();
   return st;
 }

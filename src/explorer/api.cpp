@@ -245,7 +245,7 @@ json model_views(const json& req, float lambda, bool lambda_given, DiffMode mode
           {"lambda", v.lambda},
           {"lambda_learned", !lambda_given || c.attention == nn::AttnKind::Standard},
           {"lambda_varies", v.lambda_varies},
-          {"mode", mode == DiffMode::Signed ? "signed" : "clamp"},
+          {"mode", diff_mode_name(mode)},
           {"causal", true},
           {"views",
            {{"map1", nullable_matrix(v.map1, v.T)},
@@ -295,11 +295,10 @@ json views(const std::string& body) {
   DiffMode mode = DiffMode::Signed;
   if (req.contains("mode")) {
     if (!req["mode"].is_string()) throw BadRequest{"\"mode\" must be a string"};
-    const std::string m = req["mode"].get<std::string>();
-    if (m == "clamp") {
-      mode = DiffMode::Clamp;
-    } else if (m != "signed") {
-      throw BadRequest{"\"mode\" must be \"signed\" or \"clamp\", got \"" + m + "\""};
+    try {
+      mode = parse_diff_mode(req["mode"].get<std::string>(), "\"mode\"");
+    } catch (const InvalidArgument& e) {
+      throw BadRequest{e.what()};
     }
   }
   if (source == "model") return model_views(req, lambda, req.contains("lambda"), mode);
@@ -323,7 +322,7 @@ json views(const std::string& body) {
   return {{"source", v.source},
           {"tokens", v.tokens},
           {"lambda", v.lambda},
-          {"mode", mode == DiffMode::Signed ? "signed" : "clamp"},
+          {"mode", diff_mode_name(mode)},
           {"causal", v.causal},
           {"views",
            {{"map1", matrix(v.map1, v.T, v.T)},

@@ -19,6 +19,14 @@ Backend parse_backend(const std::string& name, const std::string& where) {
                         "\", expected \"auto\", \"fused\" or \"reference\"");
 }
 
+DiffMode parse_diff_mode(const std::string& name, const std::string& where) {
+  if (name == "signed") return DiffMode::Signed;
+  if (name == "clamp") return DiffMode::Clamp;
+  throw InvalidArgument(where + " is \"" + name + "\", expected \"signed\" or \"clamp\"");
+}
+
+const char* diff_mode_name(DiffMode m) { return m == DiffMode::Clamp ? "clamp" : "signed"; }
+
 namespace {
 
 // DIFFATTN_BACKEND, read once: Auto means the fused kernels unless it says "reference".

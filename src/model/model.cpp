@@ -8,24 +8,18 @@
 
 #include "diffattn/model.h"
 #include "diffattn/nn.h"
+#include "diffattn/rng.h"
 #include "diffattn/runtime.h"
 
 namespace diffattn {
 
 namespace {
 
-// splitmix64: a small, fully specified generator, so seeded weights are the same everywhere.
-uint64_t splitmix64(uint64_t& s) {
-  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// Standard normal by Box-Muller from two uniforms in (0, 1].
+// Standard normal by Box-Muller from two uniforms in (0, 1], on splitmix64 (include/diffattn/
+// rng.h) so seeded weights are the same everywhere (tests/python/model_helpers.py mirrors it).
 double normal(uint64_t& s) {
-  const double u1 = (static_cast<double>(splitmix64(s) >> 11) + 1.0) * 0x1.0p-53;
-  const double u2 = static_cast<double>(splitmix64(s) >> 11) * 0x1.0p-53;
+  const double u1 = unit_double(splitmix64(s)) + 0x1.0p-53;
+  const double u2 = unit_double(splitmix64(s));
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
 }
 

@@ -49,7 +49,7 @@ int32_t Sampler::sample(const float* logits, int64_t V) {
     z = 0;
     for (size_t i = 0; i < n; ++i) z += p[i];
   }
-  const double u = std::uniform_real_distribution<double>(0.0, z)(rng_);
+  const double u = rng_.uniform() * z;  // the library's RNG: the same draw everywhere
   double c = 0;
   for (size_t i = 0; i < n; ++i) {
     c += p[i];

@@ -72,9 +72,9 @@ def test_nan_lambda_and_bad_options():
     q, k, v, lam = arrays()
     raises(r"lam\[0\] is nan .* lambda must be finite", diffattn.diff_attention, q, k, v,
            np.array([np.nan], np.float32))
-    raises(r"mode must be \"signed\" or \"clamp\", got \"relu\"", diffattn.diff_attention, q, k,
+    raises(r"mode is \"relu\", expected \"signed\" or \"clamp\"", diffattn.diff_attention, q, k,
            v, lam, mode="relu")
-    raises(r"backend must be", diffattn.diff_attention, q, k, v, lam, backend="gpu")
+    raises(r"backend is \"gpu\", expected", diffattn.diff_attention, q, k, v, lam, backend="gpu")
     raises(r"scale must be finite", diffattn.diff_attention, q, k, v, lam, scale=float("inf"))
 
 
