@@ -136,6 +136,12 @@ class Model {
     std::vector<float> attn_out;  // (N, C) scratch: the attention, then the FFN branch output
     nn::AttnLayerActs attn;
   };
+  // One decoder layer, the body training and KV-cache inference share: x_out = x_mid +
+  // down(silu(gate f) * up f), f = rmsnorm(x_mid), x_mid = x_in + attn(rmsnorm(x_in)). a's
+  // buffers are resized (no allocation once large enough); with save, a keeps what backward()
+  // reads. x_out may be x_in (inference updates the stream in place).
+  void layer_fwd(int64_t l, LayerActs& a, const float* x_in, float* x_out, int64_t B, int64_t T,
+                 const float* cos_t, const float* sin_t, nn::KVCache* cache, bool save);
   nn::AttnLayerWeights attn_weights(int64_t l) const;
   nn::AttnLayerGrads attn_grads(int64_t l);
   void rope_for(int64_t pos0, int64_t T);
@@ -163,7 +169,12 @@ class Model {
   std::vector<float> dlogits_;     // (N, V)
   // inference
   std::vector<nn::KVCache> caches_;
-  std::vector<LayerActs> infer_acts_;
+  // infer()'s buffers, reused by every layer and every call: after the prefill, decoding a
+  // token allocates nothing here.
+  struct InferScratch {
+    LayerActs layer;
+    std::vector<float> x, cos, sin, last, normed, rstd;
+  } infer_;
 };
 
 // ---- safetensors ----

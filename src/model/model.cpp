@@ -23,11 +23,6 @@ double normal(uint64_t& s) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
 }
 
-void add_into(float* y, const float* x, int64_t n) {
-#pragma omp parallel for schedule(static) if (n >= nn::kParallelMin)
-  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
-}
-
 // out = a + b (the residual stream's next value, written where the backward will read it).
 void add3(float* out, const float* a, const float* b, int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= nn::kParallelMin)
@@ -140,6 +135,35 @@ void Model::rope_for(int64_t pos0, int64_t T) {
 
 void Model::zero_grads() { std::fill(grads.begin(), grads.end(), 0.0f); }
 
+void Model::layer_fwd(int64_t l, LayerActs& a, const float* x_in, float* x_out, int64_t B,
+                      int64_t T, const float* cos_t, const float* sin_t, nn::KVCache* cache,
+                      bool save) {
+  const int64_t C = cfg_.d_model, F = cfg_.ffn_dim, BT = B * T;
+  const size_t nx = static_cast<size_t>(BT * C);
+  const float* P = params.data();
+  const LayerOffsets& o = off_[static_cast<size_t>(l)];
+  // x_mid = x_in + attn(rmsnorm(x_in, attn_norm))
+  a.an.resize(nx);
+  a.an_rstd.resize(static_cast<size_t>(BT));
+  nn::rmsnorm_fwd(a.an.data(), a.an_rstd.data(), x_in, P + o.attn_norm, BT, C, cfg_.norm_eps);
+  a.attn_out.resize(nx);
+  nn::attn_layer_fwd(a.attn_out.data(), a.attn, a.an.data(), attn_weights(l), cfg_.attn_shape(l),
+                     B, T, cos_t, sin_t, cache, save);
+  a.x_mid.resize(nx);
+  add3(a.x_mid.data(), x_in, a.attn_out.data(), BT * C);
+  // x_out = x_mid + down(silu(gate f) * up f), f = rmsnorm(x_mid, ffn_norm)
+  a.fn.resize(nx);
+  a.fn_rstd.resize(static_cast<size_t>(BT));
+  nn::rmsnorm_fwd(a.fn.data(), a.fn_rstd.data(), a.x_mid.data(), P + o.ffn_norm, BT, C,
+                  cfg_.norm_eps);
+  a.gu.resize(static_cast<size_t>(BT * 2 * F));
+  nn::linear_fwd(a.gu.data(), a.fn.data(), P + o.gate_up, BT, C, 2 * F);
+  a.h.resize(static_cast<size_t>(BT * F));
+  nn::swiglu_fwd(a.h.data(), a.gu.data(), a.gu.data() + F, BT, F, 2 * F);
+  nn::linear_fwd(a.attn_out.data(), a.h.data(), P + o.down, BT, F, C);
+  add3(x_out, a.x_mid.data(), a.attn_out.data(), BT * C);
+}
+
 double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) {
   if (B < 1 || T < 1) {
     throw InvalidArgument("forward: tokens must be (B, T) with B, T >= 1, got (" +
@@ -150,7 +174,7 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, 
                           " positions, more than max_seq_len = " +
                           std::to_string(cfg_.max_seq_len));
   }
-  const int64_t C = cfg_.d_model, F = cfg_.ffn_dim, V = cfg_.vocab_size, BT = B * T;
+  const int64_t C = cfg_.d_model, V = cfg_.vocab_size, BT = B * T;
   const float* P = params.data();
   B_ = B;
   T_ = T;
@@ -170,31 +194,10 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, 
   nn::embedding_fwd(acts_[0].x_in.data(), tokens, P + embed_off_, BT, C, V);
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     LayerActs& a = acts_[static_cast<size_t>(l)];
-    const LayerOffsets& o = off_[static_cast<size_t>(l)];
-    // x_mid = x_in + attn(rmsnorm(x_in, attn_norm))
-    a.an.resize(nx);
-    a.an_rstd.resize(static_cast<size_t>(BT));
-    nn::rmsnorm_fwd(a.an.data(), a.an_rstd.data(), a.x_in.data(), P + o.attn_norm, BT, C,
-                    cfg_.norm_eps);
-    a.attn_out.resize(nx);
-    nn::attn_layer_fwd(a.attn_out.data(), a.attn, a.an.data(), attn_weights(l),
-                       cfg_.attn_shape(l), B, T, cos_.data(), sin_.data(), nullptr, true);
-    a.x_mid.resize(nx);
-    add3(a.x_mid.data(), a.x_in.data(), a.attn_out.data(), BT * C);
-    // x_out = x_mid + down(silu(gate f) * up f), f = rmsnorm(x_mid, ffn_norm)
-    a.fn.resize(nx);
-    a.fn_rstd.resize(static_cast<size_t>(BT));
-    nn::rmsnorm_fwd(a.fn.data(), a.fn_rstd.data(), a.x_mid.data(), P + o.ffn_norm, BT, C,
-                    cfg_.norm_eps);
-    a.gu.resize(static_cast<size_t>(BT * 2 * F));
-    nn::linear_fwd(a.gu.data(), a.fn.data(), P + o.gate_up, BT, C, 2 * F);
-    a.h.resize(static_cast<size_t>(BT * F));
-    nn::swiglu_fwd(a.h.data(), a.gu.data(), a.gu.data() + F, BT, F, 2 * F);
-    nn::linear_fwd(a.attn_out.data(), a.h.data(), P + o.down, BT, F, C);
     std::vector<float>& next =
         l + 1 < cfg_.n_layers ? acts_[static_cast<size_t>(l + 1)].x_in : x_final_;
     next.resize(nx);
-    add3(next.data(), a.x_mid.data(), a.attn_out.data(), BT * C);
+    layer_fwd(l, a, a.x_in.data(), next.data(), B, T, cos_.data(), sin_.data(), nullptr, true);
   }
   nf_.resize(x_final_.size());
   nf_rstd_.resize(static_cast<size_t>(BT));
@@ -295,7 +298,7 @@ void Model::cache_reset(int64_t B, int64_t capacity) {
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     caches_[static_cast<size_t>(l)].reset(cfg_.attn_shape(l), B, capacity);
   }
-  infer_acts_.resize(static_cast<size_t>(cfg_.n_layers));
+
 }
 
 int64_t Model::cache_len() const { return caches_.empty() ? 0 : caches_[0].len; }
@@ -309,7 +312,7 @@ void Model::infer(const int32_t* tokens, int64_t B, int64_t Tn, float* logits_la
   if (caches_.empty() || caches_[0].B != B) {
     throw InvalidArgument("infer: call cache_reset(B = " + std::to_string(B) + ", ...) first");
   }
-  const int64_t pos0 = cache_len(), C = cfg_.d_model, F = cfg_.ffn_dim, V = cfg_.vocab_size;
+  const int64_t pos0 = cache_len(), C = cfg_.d_model, V = cfg_.vocab_size;
   if (pos0 + Tn > caches_[0].capacity) {
     throw InvalidArgument("infer: " + std::to_string(pos0) + " cached positions plus " +
                           std::to_string(Tn) + " new exceed the cache's " +
@@ -317,33 +320,27 @@ void Model::infer(const int32_t* tokens, int64_t B, int64_t Tn, float* logits_la
   }
   const int64_t BT = B * Tn;
   const float* P = params.data();
-  const int64_t half = cfg_.head_dim / 2;
-  std::vector<float> cs(static_cast<size_t>(Tn * half)), sn(cs.size());
-  nn::rope_table(cs.data(), sn.data(), pos0, Tn, cfg_.head_dim, cfg_.rope_theta);
-  std::vector<float> x(static_cast<size_t>(BT * C)), an(x.size()), rstd(static_cast<size_t>(BT)),
-      tmp(x.size()), gu(static_cast<size_t>(BT * 2 * F)), h(static_cast<size_t>(BT * F));
-  nn::embedding_fwd(x.data(), tokens, P + embed_off_, BT, C, V);
+  InferScratch& s = infer_;
+  const size_t half = static_cast<size_t>(cfg_.head_dim / 2);
+  s.cos.resize(static_cast<size_t>(Tn) * half);
+  s.sin.resize(s.cos.size());
+  nn::rope_table(s.cos.data(), s.sin.data(), pos0, Tn, cfg_.head_dim, cfg_.rope_theta);
+  s.x.resize(static_cast<size_t>(BT * C));
+  nn::embedding_fwd(s.x.data(), tokens, P + embed_off_, BT, C, V);
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
-    const LayerOffsets& o = off_[static_cast<size_t>(l)];
-    nn::rmsnorm_fwd(an.data(), rstd.data(), x.data(), P + o.attn_norm, BT, C, cfg_.norm_eps);
-    nn::attn_layer_fwd(tmp.data(), infer_acts_[static_cast<size_t>(l)].attn, an.data(),
-                       attn_weights(l), cfg_.attn_shape(l), B, Tn, cs.data(), sn.data(),
-                       &caches_[static_cast<size_t>(l)], false);
-    add_into(x.data(), tmp.data(), BT * C);
-    nn::rmsnorm_fwd(an.data(), rstd.data(), x.data(), P + o.ffn_norm, BT, C, cfg_.norm_eps);
-    nn::linear_fwd(gu.data(), an.data(), P + o.gate_up, BT, C, 2 * F);
-    nn::swiglu_fwd(h.data(), gu.data(), gu.data() + F, BT, F, 2 * F);
-    nn::linear_fwd(tmp.data(), h.data(), P + o.down, BT, F, C);
-    add_into(x.data(), tmp.data(), BT * C);
+    layer_fwd(l, s.layer, s.x.data(), s.x.data(), B, Tn, s.cos.data(), s.sin.data(),
+              &caches_[static_cast<size_t>(l)], false);
   }
   // Only each sequence's last new row needs logits.
-  std::vector<float> last(static_cast<size_t>(B * C)), nl(last.size()), r(static_cast<size_t>(B));
+  s.last.resize(static_cast<size_t>(B * C));
+  s.normed.resize(s.last.size());
+  s.rstd.resize(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
-    std::memcpy(&last[static_cast<size_t>(b * C)], &x[static_cast<size_t>((b * Tn + Tn - 1) * C)],
+    std::memcpy(&s.last[static_cast<size_t>(b * C)], &s.x[static_cast<size_t>((b * Tn + Tn - 1) * C)],
                 sizeof(float) * static_cast<size_t>(C));
   }
-  nn::rmsnorm_fwd(nl.data(), r.data(), last.data(), P + norm_off_, B, C, cfg_.norm_eps);
-  nn::linear_fwd(logits_last, nl.data(), lm_head(), B, C, V);
+  nn::rmsnorm_fwd(s.normed.data(), s.rstd.data(), s.last.data(), P + norm_off_, B, C, cfg_.norm_eps);
+  nn::linear_fwd(logits_last, s.normed.data(), lm_head(), B, C, V);
 }
 
 }  // namespace diffattn
