@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "bind_common.h"
+#include "diffattn/hf_tokenizer.h"
 #include "diffattn/model.h"
 
 namespace py = pybind11;
@@ -138,6 +139,26 @@ void bind_model(py::module_& m) {
       "Load a model directory (config.json + model.safetensors, docs/FORMAT.md). Errors name the "
       "file and the tensor or key: OSError for unreadable or corrupted files, ValueError for a "
       "config that is not diffattn/1.");
+
+  py::class_<HfTokenizer>(m, "HfTokenizer",
+                          "A Hugging Face tokenizer.json (byte-level BPE: GPT-2, Llama 3 and their "
+                          "copies); ids equal the tokenizers library's.")
+      .def_static("load", &HfTokenizer::load, py::arg("path"),
+                  "Reads a tokenizer.json, or a directory holding one (OSError naming the file "
+                  "and field for what is unsupported or broken).")
+      .def_static("from_json", &HfTokenizer::from_json, py::arg("text"), py::arg("where") = "tokenizer.json")
+      .def(
+          "encode",
+          [](const HfTokenizer& t, const std::string& text, bool add_special_tokens) {
+            return t.encode(text, add_special_tokens);
+          },
+          py::arg("text"), py::arg("add_special_tokens") = false,
+          "Token ids of a str; add_special_tokens applies the file's template (Llama 3: BOS).")
+      .def("decode", &HfTokenizer::decode, py::arg("ids"), py::arg("skip_special") = false)
+      .def_property_readonly("vocab_size", &HfTokenizer::vocab_size)
+      .def("token", &HfTokenizer::token, py::arg("id"))
+      .def("id_of", &HfTokenizer::id_of, py::arg("token"), "The id of a token string, -1 if none.")
+      .def("is_special", &HfTokenizer::is_special, py::arg("id"));
 }
 
 }  // namespace diffattn::python

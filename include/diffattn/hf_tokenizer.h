@@ -1,0 +1,59 @@
+// Hugging Face `tokenizer.json` (the `tokenizers` library's file) for byte-level BPE models:
+// GPT-2, Llama 3 and the many models that copy their layout. Encoding reproduces the library's
+// ids (tests: the vectors in ../shared/data/tokenizers, when present beside the repository).
+//
+// Supported, checked when the file is read (anything else is an error naming the field):
+//   model            BPE (type "BPE", or no type with vocab and merges: the old format), merges
+//                    as "a b" strings or [a, b] pairs, ignore_merges, no dropout, no byte_fallback
+//   normalizer       null
+//   pre_tokenizer    ByteLevel (GPT-2's regex unless use_regex is false), Split with a Regex or
+//                    String pattern and behavior "Isolated", and Sequences of those
+//   post_processor   ByteLevel, TemplateProcessing (special tokens around the sequence, e.g.
+//                    Llama 3's BOS), and Sequences of those; null
+//   decoder          ByteLevel
+//   added_tokens     matched in the text before pre-tokenization, longest first
+//
+// Limits: the file at most 256 MiB (read_file), a vocabulary of at most 2^24 tokens, token
+// strings and texts are UTF-8 (invalid UTF-8 is an error naming the byte offset).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace diffattn {
+
+class HfTokenizer {
+ public:
+  // Parses the text of a tokenizer.json; `where` (the path) starts every error (IoError).
+  static HfTokenizer from_json(const std::string& text, const std::string& where);
+  // Reads a tokenizer.json file, or a directory holding one.
+  static HfTokenizer load(const std::string& path);
+
+  HfTokenizer(HfTokenizer&&) noexcept;
+  HfTokenizer& operator=(HfTokenizer&&) noexcept;
+  ~HfTokenizer();
+
+  // Token ids of a UTF-8 text; add_special_tokens applies the post-processor's template
+  // (Llama 3: <|begin_of_text|> in front; GPT-2: nothing).
+  std::vector<int32_t> encode(const std::string& text, bool add_special_tokens = false) const;
+  // The text of ids (byte-level decoding; added tokens as their content unless skip_special).
+  // An id outside the vocabulary is an error.
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
+
+  // Number of ids: max id + 1 over the model's vocabulary and the added tokens.
+  int64_t vocab_size() const;
+  // The token string of an id (byte-level form, e.g. "Ġhello"), "" for a hole in the ids.
+  const std::string& token(int32_t id) const;
+  // The id of a token string (vocabulary or added token); -1 if none.
+  int32_t id_of(const std::string& token) const;
+  bool is_special(int32_t id) const;
+
+ private:
+  struct Impl;
+  explicit HfTokenizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace diffattn

@@ -1,0 +1,622 @@
+// Hugging Face tokenizer.json, byte-level BPE (include/diffattn/hf_tokenizer.h).
+//
+// encode(text): split out the added tokens (longest match first), pre-tokenize each remaining
+// segment (regex splits, then bytes -> GPT-2's printable characters), run BPE on each piece
+// (the pair of lowest merge rank first, a heap over a linked list: O(n log n) for a piece of n
+// bytes, so a long run without spaces cannot hang it), then the template's special tokens.
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "diffattn/hf_tokenizer.h"
+
+#include <pcre2.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <queue>
+#include <unordered_map>
+
+#include "diffattn/error.h"
+#include "diffattn/files.h"
+#include "model/json_util.h"
+
+namespace diffattn {
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr int64_t kMaxVocab = int64_t{1} << 24;
+
+// GPT-2's regex, the ByteLevel pre-tokenizer's default (use_regex true).
+const char* kGpt2Regex =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+// GPT-2's bytes_to_unicode: printable bytes map to themselves, the others to U+0100 on.
+std::array<std::string, 256> byte_chars() {
+  std::array<std::string, 256> out;
+  int next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+    const int cp = printable ? b : next++;
+    std::string s;
+    if (cp < 0x80) {
+      s.push_back(static_cast<char>(cp));
+    } else {
+      s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+    out[static_cast<size_t>(b)] = s;
+  }
+  return out;
+}
+
+// Byte offset of the first invalid UTF-8 sequence, or npos.
+size_t utf8_error(const std::string& s) {
+  size_t i = 0;
+  const size_t n = s.size();
+  while (i < n) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t len = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c >> 5) == 0x6) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c >> 4) == 0xE) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c >> 3) == 0x1E) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return i;
+    }
+    if (i + len > n) return i;
+    for (size_t k = 1; k < len; ++k) {
+      const unsigned char d = static_cast<unsigned char>(s[i + k]);
+      if ((d >> 6) != 0x2) return i;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    const uint32_t min = len == 2 ? 0x80 : len == 3 ? 0x800 : 0x10000;
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+    i += len;
+  }
+  return std::string::npos;
+}
+
+// A compiled regex (PCRE2, UTF and Unicode properties, as the tokenizers library's engine).
+class Regex {
+ public:
+  Regex(const std::string& pattern, const std::string& where) {
+    int err = 0;
+    PCRE2_SIZE off = 0;
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                          PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
+    if (!code_) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof msg);
+      throw IoError(where + ": the regex does not compile at offset " + std::to_string(off) + " (" +
+                    reinterpret_cast<const char*>(msg) + ")");
+    }
+    pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // optional: falls back to the interpreter
+  }
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+  ~Regex() { pcre2_code_free(code_); }
+
+  // Isolated split: every match and every gap between matches is a piece, in order.
+  void split(const std::string& s, std::vector<std::string>& out) const {
+    pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
+    size_t pos = 0, gap = 0;
+    while (pos <= s.size()) {
+      const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), pos,
+                                 PCRE2_NO_UTF_CHECK, md, nullptr);
+      if (rc < 0) break;  // no more matches (the text was checked to be UTF-8)
+      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+      const size_t b = ov[0], e = ov[1];
+      if (e == b) {  // an empty match: step one character on
+        pos = b + 1;
+        while (pos < s.size() && (static_cast<unsigned char>(s[pos]) >> 6) == 0x2) ++pos;
+        continue;
+      }
+      if (b > gap) out.push_back(s.substr(gap, b - gap));
+      out.push_back(s.substr(b, e - b));
+      pos = gap = e;
+    }
+    if (gap < s.size()) out.push_back(s.substr(gap));
+    pcre2_match_data_free(md);
+  }
+
+ private:
+  pcre2_code* code_ = nullptr;
+};
+
+struct AddedToken {
+  std::string content;
+  int32_t id = 0;
+  bool special = false;
+};
+
+// One step of the pre-tokenizer: a regex split, or the byte-level mapping (with its regex).
+struct PreStep {
+  std::unique_ptr<Regex> regex;  // null: no split
+  bool byte_level = false;
+  bool add_prefix_space = false;
+};
+
+std::string str_field(const json& j, const char* key, const std::string& where) {
+  if (!j.contains(key) || !j[key].is_string()) {
+    throw IoError(where + ": \"" + key + "\" must be a string");
+  }
+  return j[key].get<std::string>();
+}
+
+bool bool_field(const json& j, const char* key, bool def, const std::string& where) {
+  if (!j.contains(key) || j[key].is_null()) return def;
+  if (!j[key].is_boolean()) throw IoError(where + ": \"" + key + "\" must be true or false");
+  return j[key].get<bool>();
+}
+
+// Escapes a literal string for use as a regex (Split with a String pattern).
+std::string regex_quote(const std::string& s) { return "\\Q" + s + "\\E"; }
+
+}  // namespace
+
+struct HfTokenizer::Impl {
+  std::string where;
+  std::unordered_map<std::string, int32_t> vocab;  // model vocabulary and added tokens
+  std::vector<std::string> tokens;                 // id -> token string
+  std::vector<char> special;                       // id -> special added token
+  std::vector<AddedToken> added;                   // longest content first
+  std::array<std::vector<size_t>, 256> added_by_byte;  // indices into added by first byte
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (a, b) -> (rank, ab)
+  bool ignore_merges = false;
+  std::vector<PreStep> pre;
+  std::vector<int32_t> prefix, suffix;  // the template's special tokens around the sequence
+  std::array<std::string, 256> byte_char = byte_chars();
+  std::array<int32_t, 256> byte_id{};
+  std::unordered_map<std::string, int> char_byte;  // the inverse of byte_char
+
+  void bpe(const std::string& piece, std::vector<int32_t>& out) const;
+  void encode_segment(const std::string& seg, std::vector<int32_t>& out) const;
+};
+
+namespace {
+
+void parse_pre(const json& j, const std::string& where, std::vector<PreStep>& steps) {
+  if (j.is_null()) return;
+  if (!j.is_object()) throw IoError(where + ": must be an object or null");
+  const std::string type = str_field(j, "type", where);
+  if (type == "Sequence") {
+    if (!j.contains("pretokenizers") || !j["pretokenizers"].is_array()) {
+      throw IoError(where + ": a Sequence needs a \"pretokenizers\" list");
+    }
+    for (size_t i = 0; i < j["pretokenizers"].size(); ++i) {
+      parse_pre(j["pretokenizers"][i], where + ".pretokenizers[" + std::to_string(i) + "]", steps);
+    }
+  } else if (type == "ByteLevel") {
+    PreStep s;
+    s.byte_level = true;
+    s.add_prefix_space = bool_field(j, "add_prefix_space", false, where);
+    if (bool_field(j, "use_regex", true, where)) s.regex = std::make_unique<Regex>(kGpt2Regex, where);
+    steps.push_back(std::move(s));
+  } else if (type == "Split") {
+    const std::string behavior = str_field(j, "behavior", where);
+    if (behavior != "Isolated") {
+      throw IoError(where + ": Split behavior \"" + behavior + "\" is not supported (Isolated)");
+    }
+    if (bool_field(j, "invert", false, where)) throw IoError(where + ": an inverted Split is not supported");
+    if (!j.contains("pattern") || !j["pattern"].is_object()) {
+      throw IoError(where + ": Split needs a \"pattern\" object");
+    }
+    const json& pat = j["pattern"];
+    PreStep s;
+    if (pat.contains("Regex") && pat["Regex"].is_string()) {
+      s.regex = std::make_unique<Regex>(pat["Regex"].get<std::string>(), where + ".pattern");
+    } else if (pat.contains("String") && pat["String"].is_string()) {
+      s.regex = std::make_unique<Regex>(regex_quote(pat["String"].get<std::string>()), where + ".pattern");
+    } else {
+      throw IoError(where + ": pattern must be {\"Regex\": ...} or {\"String\": ...}");
+    }
+    steps.push_back(std::move(s));
+  } else {
+    throw IoError(where + ": pre-tokenizer type \"" + type +
+                  "\" is not supported (ByteLevel, Split, Sequence)");
+  }
+}
+
+void parse_post(const json& j, const std::string& where,
+                const std::unordered_map<std::string, int32_t>& vocab,
+                std::vector<int32_t>& prefix, std::vector<int32_t>& suffix) {
+  if (j.is_null()) return;
+  if (!j.is_object()) throw IoError(where + ": must be an object or null");
+  const std::string type = str_field(j, "type", where);
+  if (type == "Sequence") {
+    if (!j.contains("processors") || !j["processors"].is_array()) {
+      throw IoError(where + ": a Sequence needs a \"processors\" list");
+    }
+    for (size_t i = 0; i < j["processors"].size(); ++i) {
+      parse_post(j["processors"][i], where + ".processors[" + std::to_string(i) + "]", vocab, prefix,
+                 suffix);
+    }
+  } else if (type == "ByteLevel") {
+    // Offsets only: nothing to do for ids.
+  } else if (type == "TemplateProcessing") {
+    if (!j.contains("single") || !j["single"].is_array()) {
+      throw IoError(where + ": TemplateProcessing needs a \"single\" list");
+    }
+    bool seen_sequence = false;
+    for (const json& item : j["single"]) {
+      if (item.is_object() && item.contains("Sequence")) {
+        seen_sequence = true;
+        continue;
+      }
+      if (!item.is_object() || !item.contains("SpecialToken") || !item["SpecialToken"].is_object()) {
+        throw IoError(where + ": a template item must be a Sequence or a SpecialToken");
+      }
+      const std::string name = str_field(item["SpecialToken"], "id", where + " SpecialToken");
+      std::vector<int32_t> ids;
+      const json* st = nullptr;
+      if (j.contains("special_tokens") && j["special_tokens"].is_object() &&
+          j["special_tokens"].contains(name)) {
+        st = &j["special_tokens"][name];
+      }
+      if (st && st->contains("ids") && (*st)["ids"].is_array()) {
+        for (const json& x : (*st)["ids"]) {
+          if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= kMaxVocab) {
+            throw IoError(where + ": special token \"" + name + "\" has an id out of range");
+          }
+          ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
+        }
+      } else {
+        auto it = vocab.find(name);
+        if (it == vocab.end()) throw IoError(where + ": special token \"" + name + "\" is not a token");
+        ids.push_back(it->second);
+      }
+      (seen_sequence ? suffix : prefix).insert((seen_sequence ? suffix : prefix).end(), ids.begin(), ids.end());
+    }
+    if (!seen_sequence) throw IoError(where + ": the \"single\" template has no Sequence");
+  } else {
+    throw IoError(where + ": post-processor type \"" + type +
+                  "\" is not supported (ByteLevel, TemplateProcessing, Sequence)");
+  }
+}
+
+}  // namespace
+
+HfTokenizer::HfTokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+HfTokenizer::HfTokenizer(HfTokenizer&&) noexcept = default;
+HfTokenizer& HfTokenizer::operator=(HfTokenizer&&) noexcept = default;
+HfTokenizer::~HfTokenizer() = default;
+
+HfTokenizer HfTokenizer::from_json(const std::string& text, const std::string& where) {
+  json j;
+  try {
+    j = parse_json_object(text, where);
+  } catch (const InvalidArgument& e) {
+    throw IoError(e.what());
+  }
+  auto t = std::make_unique<Impl>();
+  t->where = where;
+  for (int b = 0; b < 256; ++b) t->char_byte[t->byte_char[static_cast<size_t>(b)]] = b;
+
+  if (!j.contains("model") || !j["model"].is_object()) throw IoError(where + ": no \"model\" object");
+  const json& m = j["model"];
+  const std::string mw = where + ": model";
+  if (m.contains("type") && !(m["type"].is_string() && m["type"].get<std::string>() == "BPE")) {
+    throw IoError(mw + ": type " + json_brief(m["type"]) + " is not supported (BPE)");
+  }
+  if (!m.contains("vocab") || !m["vocab"].is_object() || !m.contains("merges") || !m["merges"].is_array()) {
+    throw IoError(mw + ": a BPE model needs a \"vocab\" object and a \"merges\" list");
+  }
+  if (m.contains("dropout") && !m["dropout"].is_null() &&
+      !(m["dropout"].is_number() && m["dropout"].get<double>() == 0.0)) {
+    throw IoError(mw + ": BPE dropout is not supported");
+  }
+  if (bool_field(m, "byte_fallback", false, mw)) throw IoError(mw + ": byte_fallback is not supported");
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    if (m.contains(key) && !m[key].is_null() && !(m[key].is_string() && m[key].get<std::string>().empty())) {
+      throw IoError(mw + ": " + key + " is not supported");
+    }
+  }
+  t->ignore_merges = bool_field(m, "ignore_merges", false, mw);
+
+  int64_t n_ids = 0;
+  auto add_id = [&](const std::string& tok, int64_t id, const std::string& what) {
+    if (id < 0 || id >= kMaxVocab) {
+      throw IoError(what + ": id " + std::to_string(id) + " is outside 0.." + std::to_string(kMaxVocab - 1));
+    }
+    if (utf8_error(tok) != std::string::npos) throw IoError(what + ": a token is not valid UTF-8");
+    if (id >= n_ids) {
+      n_ids = id + 1;
+      t->tokens.resize(static_cast<size_t>(n_ids));
+      t->special.resize(static_cast<size_t>(n_ids), 0);
+    }
+    t->tokens[static_cast<size_t>(id)] = tok;
+    t->vocab[tok] = static_cast<int32_t>(id);
+  };
+  for (const auto& [tok, id] : m["vocab"].items()) {
+    if (!id.is_number_integer()) throw IoError(mw + ": the id of a vocab entry is not an integer");
+    add_id(tok, id.get<int64_t>(), mw + ".vocab");
+  }
+  for (int b = 0; b < 256; ++b) {
+    auto it = t->vocab.find(t->byte_char[static_cast<size_t>(b)]);
+    t->byte_id[static_cast<size_t>(b)] = it == t->vocab.end() ? -1 : it->second;
+  }
+  // Merges: rank = position; "a b" or ["a", "b"].
+  const json& merges = m["merges"];
+  t->merges.reserve(merges.size());
+  for (size_t r = 0; r < merges.size(); ++r) {
+    std::string a, b;
+    const json& e = merges[r];
+    if (e.is_string()) {
+      const std::string s = e.get<std::string>();
+      const size_t sp = s.find(' ');
+      if (sp == std::string::npos || sp == 0 || sp + 1 >= s.size() || s.find(' ', sp + 1) != std::string::npos) {
+        throw IoError(mw + ".merges[" + std::to_string(r) + "]: expected \"a b\", got " + json_brief(e));
+      }
+      a = s.substr(0, sp);
+      b = s.substr(sp + 1);
+    } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
+      a = e[0].get<std::string>();
+      b = e[1].get<std::string>();
+    } else {
+      throw IoError(mw + ".merges[" + std::to_string(r) + "]: expected \"a b\" or [a, b], got " + json_brief(e));
+    }
+    auto ia = t->vocab.find(a), ib = t->vocab.find(b), iab = t->vocab.find(a + b);
+    if (ia == t->vocab.end() || ib == t->vocab.end()) {
+      throw IoError(mw + ".merges[" + std::to_string(r) + "]: \"" + a + "\" or \"" + b +
+                    "\" is not in the vocab");
+    }
+    // A merge whose result has no id can never produce a token: skipped (GPT-2's own file
+    // has one, "\u0120Cla ude").
+    if (iab == t->vocab.end()) continue;
+    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(ia->second)) << 32) |
+                         static_cast<uint32_t>(ib->second);
+    t->merges.emplace(key, std::make_pair(static_cast<int32_t>(r), iab->second));  // first rank wins
+  }
+
+  if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
+    if (!j["added_tokens"].is_array()) throw IoError(where + ": \"added_tokens\" must be a list");
+    for (size_t i = 0; i < j["added_tokens"].size(); ++i) {
+      const json& a = j["added_tokens"][i];
+      const std::string aw = where + ": added_tokens[" + std::to_string(i) + "]";
+      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer()) {
+        throw IoError(aw + ": needs an integer \"id\"");
+      }
+      AddedToken tok;
+      tok.content = str_field(a, "content", aw);
+      if (tok.content.empty()) throw IoError(aw + ": empty content");
+      tok.special = bool_field(a, "special", false, aw);
+      const int64_t id = a["id"].get<int64_t>();
+      add_id(tok.content, id, aw);
+      tok.id = static_cast<int32_t>(id);
+      t->special[static_cast<size_t>(id)] = tok.special;
+      t->added.push_back(tok);
+    }
+    std::stable_sort(t->added.begin(), t->added.end(), [](const AddedToken& x, const AddedToken& y) {
+      return x.content.size() > y.content.size();
+    });
+    for (size_t i = 0; i < t->added.size(); ++i) {
+      t->added_by_byte[static_cast<unsigned char>(t->added[i].content[0])].push_back(i);
+    }
+  }
+
+  if (j.contains("normalizer") && !j["normalizer"].is_null()) {
+    throw IoError(where + ": normalizer " + json_brief(j["normalizer"].value("type", json())) +
+                  " is not supported (byte-level BPE files have none)");
+  }
+  parse_pre(j.value("pre_tokenizer", json()), where + ": pre_tokenizer", t->pre);
+  if (j.contains("decoder") && !j["decoder"].is_null()) {
+    const json& d = j["decoder"];
+    if (!d.is_object() || d.value("type", "") != "ByteLevel") {
+      throw IoError(where + ": decoder " + json_brief(d.is_object() ? d.value("type", json()) : d) +
+                    " is not supported (ByteLevel)");
+    }
+  }
+  bool byte_level = false;
+  for (const PreStep& s : t->pre) byte_level = byte_level || s.byte_level;
+  if (!byte_level) throw IoError(where + ": the pre-tokenizer has no ByteLevel step (only byte-level BPE is supported)");
+  for (int b = 0; b < 256; ++b) {
+    if (t->byte_id[static_cast<size_t>(b)] < 0) {
+      throw IoError(where + ": the vocab has no token for byte " + std::to_string(b) +
+                    " (\"" + t->byte_char[static_cast<size_t>(b)] + "\"): not a byte-level vocabulary");
+    }
+  }
+  parse_post(j.value("post_processor", json()), where + ": post_processor", t->vocab, t->prefix,
+             t->suffix);
+  for (int32_t id : t->prefix) {
+    if (id >= n_ids) throw IoError(where + ": post_processor: id " + std::to_string(id) + " is not a token");
+  }
+  for (int32_t id : t->suffix) {
+    if (id >= n_ids) throw IoError(where + ": post_processor: id " + std::to_string(id) + " is not a token");
+  }
+  return HfTokenizer(std::move(t));
+}
+
+HfTokenizer HfTokenizer::load(const std::string& path) {
+  struct stat st {};
+  std::string file = path;
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) file = path + "/tokenizer.json";
+  return from_json(read_file(file), file);
+}
+
+void HfTokenizer::Impl::bpe(const std::string& piece, std::vector<int32_t>& out) const {
+  // piece is in byte-level characters; its bytes are recovered through char_byte.
+  if (ignore_merges) {
+    auto it = vocab.find(piece);
+    if (it != vocab.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  }
+  // Symbols: one per byte-level character, as ids, in a doubly linked list.
+  std::vector<int32_t> id;
+  for (size_t i = 0; i < piece.size();) {
+    const size_t len = (static_cast<unsigned char>(piece[i]) < 0x80) ? 1 : 2;
+    id.push_back(byte_id[static_cast<size_t>(char_byte.at(piece.substr(i, len)))]);
+    i += len;
+  }
+  const int n = static_cast<int>(id.size());
+  std::vector<int> prev(static_cast<size_t>(n)), next(static_cast<size_t>(n));
+  std::vector<char> alive(static_cast<size_t>(n), 1);
+  for (int i = 0; i < n; ++i) {
+    prev[static_cast<size_t>(i)] = i - 1;
+    next[static_cast<size_t>(i)] = i + 1 < n ? i + 1 : -1;
+  }
+  // Candidate merges (rank, left position, left id, right id): stale entries are skipped.
+  struct Cand {
+    int32_t rank;
+    int left;
+    int32_t a, b;
+    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+  };
+  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
+  auto consider = [&](int l) {
+    if (l < 0) return;
+    const int r = next[static_cast<size_t>(l)];
+    if (r < 0) return;
+    const int32_t a = id[static_cast<size_t>(l)], b = id[static_cast<size_t>(r)];
+    auto it = merges.find((static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b));
+    if (it != merges.end()) heap.push({it->second.first, l, a, b});
+  };
+  for (int i = 0; i + 1 < n; ++i) consider(i);
+  while (!heap.empty()) {
+    const Cand c = heap.top();
+    heap.pop();
+    const int l = c.left;
+    if (!alive[static_cast<size_t>(l)] || id[static_cast<size_t>(l)] != c.a) continue;
+    const int r = next[static_cast<size_t>(l)];
+    if (r < 0 || id[static_cast<size_t>(r)] != c.b) continue;
+    const auto& m = merges.at((static_cast<uint64_t>(static_cast<uint32_t>(c.a)) << 32) | static_cast<uint32_t>(c.b));
+    id[static_cast<size_t>(l)] = m.second;
+    alive[static_cast<size_t>(r)] = 0;
+    next[static_cast<size_t>(l)] = next[static_cast<size_t>(r)];
+    if (next[static_cast<size_t>(r)] >= 0) prev[static_cast<size_t>(next[static_cast<size_t>(r)])] = l;
+    consider(prev[static_cast<size_t>(l)]);
+    consider(l);
+  }
+  for (int i = 0; i >= 0 && n > 0; i = next[static_cast<size_t>(i)]) out.push_back(id[static_cast<size_t>(i)]);
+}
+
+void HfTokenizer::Impl::encode_segment(const std::string& seg, std::vector<int32_t>& out) const {
+  // Pre-tokenize: each step splits every piece further; the byte-level step maps bytes to
+  // characters (after its own regex split, on the raw bytes).
+  std::vector<std::string> pieces{seg}, next;
+  bool mapped = false;
+  for (const PreStep& s : pre) {
+    next.clear();
+    for (std::string& p : pieces) {
+      if (s.add_prefix_space && !p.empty() && p[0] != ' ' && &p == &pieces.front()) p.insert(p.begin(), ' ');
+      if (s.regex) {
+        s.regex->split(p, next);
+      } else {
+        next.push_back(std::move(p));
+      }
+    }
+    pieces.swap(next);
+    if (s.byte_level && !mapped) {
+      for (std::string& p : pieces) {
+        std::string m;
+        for (unsigned char c : p) m += byte_char[c];
+        p.swap(m);
+      }
+      mapped = true;
+    }
+  }
+  for (const std::string& p : pieces) {
+    if (!p.empty()) bpe(p, out);
+  }
+}
+
+std::vector<int32_t> HfTokenizer::encode(const std::string& text, bool add_special_tokens) const {
+  const Impl& t = *impl_;
+  if (const size_t at = utf8_error(text); at != std::string::npos) {
+    throw InvalidArgument("encode: the text is not valid UTF-8 (byte " + std::to_string(at) + ")");
+  }
+  std::vector<int32_t> out;
+  if (add_special_tokens) out = t.prefix;
+  size_t start = 0, i = 0;
+  while (i < text.size()) {
+    const AddedToken* hit = nullptr;
+    for (size_t k : t.added_by_byte[static_cast<unsigned char>(text[i])]) {
+      const AddedToken& a = t.added[k];
+      if (text.compare(i, a.content.size(), a.content) == 0) {
+        hit = &a;  // longest first
+        break;
+      }
+    }
+    if (!hit) {
+      ++i;
+      continue;
+    }
+    if (i > start) t.encode_segment(text.substr(start, i - start), out);
+    out.push_back(hit->id);
+    i += hit->content.size();
+    start = i;
+  }
+  if (start < text.size()) t.encode_segment(text.substr(start), out);
+  if (add_special_tokens) out.insert(out.end(), t.suffix.begin(), t.suffix.end());
+  return out;
+}
+
+std::string HfTokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {
+  const Impl& t = *impl_;
+  std::string out;
+  for (size_t n = 0; n < ids.size(); ++n) {
+    const int32_t id = ids[n];
+    if (id < 0 || id >= static_cast<int32_t>(t.tokens.size()) || t.tokens[static_cast<size_t>(id)].empty()) {
+      throw InvalidArgument("decode: ids[" + std::to_string(n) + "] = " + std::to_string(id) +
+                            " is not a token of " + t.where);
+    }
+    if (t.special[static_cast<size_t>(id)]) {
+      if (!skip_special) out += t.tokens[static_cast<size_t>(id)];
+      continue;
+    }
+    bool added = false;
+    for (const AddedToken& a : t.added) added = added || a.id == id;
+    const std::string& s = t.tokens[static_cast<size_t>(id)];
+    if (added) {
+      out += s;
+      continue;
+    }
+    // Byte-level characters back to bytes; a character outside the map is kept as UTF-8.
+    for (size_t i = 0; i < s.size();) {
+      const unsigned char c = static_cast<unsigned char>(s[i]);
+      const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : 4;
+      auto it = t.char_byte.find(s.substr(i, len));
+      if (it != t.char_byte.end()) {
+        out.push_back(static_cast<char>(it->second));
+      } else {
+        out.append(s, i, len);
+      }
+      i += len;
+    }
+  }
+  return out;
+}
+
+int64_t HfTokenizer::vocab_size() const { return static_cast<int64_t>(impl_->tokens.size()); }
+
+const std::string& HfTokenizer::token(int32_t id) const {
+  if (id < 0 || id >= static_cast<int32_t>(impl_->tokens.size())) {
+    throw InvalidArgument("token: id " + std::to_string(id) + " is outside 0.." +
+                          std::to_string(impl_->tokens.size() - 1));
+  }
+  return impl_->tokens[static_cast<size_t>(id)];
+}
+
+int32_t HfTokenizer::id_of(const std::string& token) const {
+  auto it = impl_->vocab.find(token);
+  return it == impl_->vocab.end() ? -1 : it->second;
+}
+
+bool HfTokenizer::is_special(int32_t id) const {
+  return id >= 0 && id < static_cast<int32_t>(impl_->special.size()) && impl_->special[static_cast<size_t>(id)];
+}
+
+}  // namespace diffattn

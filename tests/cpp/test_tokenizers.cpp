@@ -1,0 +1,157 @@
+// Hugging Face tokenizer.json (byte-level BPE) against the ids the tokenizers library gives:
+// the real GPT-2 and Llama 3 files and test vectors in ../shared/data/tokenizers (beside the
+// repository; DIFFATTN_TOKENIZER_DATA overrides), plus small files written here for the rules
+// and the errors.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <sys/stat.h>
+#include <vector>
+
+#include "diffattn/error.h"
+#include "diffattn/hf_tokenizer.h"
+
+namespace diffattn {
+namespace {
+
+using json = nlohmann::json;
+
+std::string data_dir() {
+  const char* env = std::getenv("DIFFATTN_TOKENIZER_DATA");
+  return env && *env ? env : DIFFATTN_TOKENIZER_DATA_DEFAULT;
+}
+
+bool exists(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+void check_vectors(const std::string& name) {
+  const std::string dir = data_dir();
+  if (!exists(dir + "/" + name + "/tokenizer.json")) {
+    GTEST_SKIP() << "no tokenizer data at " << dir << " (set DIFFATTN_TOKENIZER_DATA)";
+  }
+  const HfTokenizer tok = HfTokenizer::load(dir + "/" + name);
+  std::ifstream in(dir + "/vectors/" + name + ".jsonl");
+  ASSERT_TRUE(in) << "no vectors for " << name;
+  std::string line;
+  int n = 0, failed = 0;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    const json v = json::parse(line);
+    const std::string text = v["text"];
+    const std::vector<int32_t> want = v["ids"].get<std::vector<int32_t>>();
+    const std::vector<int32_t> got = tok.encode(text, v["add_special_tokens"].get<bool>());
+    ++n;
+    if (got != want) {
+      ++failed;
+      ADD_FAILURE() << name << " vector " << n << " \"" << text.substr(0, 60) << "\": got "
+                    << json(got).dump() << ", want " << json(want).dump();
+    }
+    // Decoding gives the text back (less the template's special tokens).
+    EXPECT_EQ(tok.decode(got, /*skip_special=*/false).size() >= text.size(), true);
+    if (v["add_special_tokens"].get<bool>() == false) EXPECT_EQ(tok.decode(got), text) << n;
+  }
+  EXPECT_GT(n, 50);
+  EXPECT_EQ(failed, 0) << failed << " of " << n << " vectors differ";
+}
+
+TEST(HfTokenizer, Gpt2MatchesTheLibrary) { check_vectors("gpt2"); }
+TEST(HfTokenizer, Llama3MatchesTheLibrary) { check_vectors("llama3"); }
+
+// A small byte-level BPE file: every byte, a few merges, one added special token.
+std::string tiny_json(const std::string& extra_model = "", const std::string& normalizer = "null",
+                      const std::string& post = "null") {
+  json vocab = json::object();
+  // GPT-2's byte map: printable bytes are themselves; others from U+0100.
+  int next = 256, id = 0;
+  std::vector<std::string> chars(256);
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+    const int cp = printable ? b : next++;
+    std::string s;
+    if (cp < 0x80) {
+      s.push_back(static_cast<char>(cp));
+    } else {
+      s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+    chars[static_cast<size_t>(b)] = s;
+    vocab[s] = id++;
+  }
+  const std::string sp = chars[' '];
+  vocab["ab"] = id++;
+  vocab["abab"] = id++;
+  vocab[sp + "a"] = id++;
+  vocab["aa"] = id++;
+  json merges = {"a b", "ab ab", sp + " a", "a a"};
+  json j = {{"version", "1.0"},
+            {"added_tokens", {{{"id", 1000}, {"content", "<|end|>"}, {"special", true}}}},
+            {"normalizer", json::parse(normalizer)},
+            {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}}},
+            {"post_processor", json::parse(post)},
+            {"decoder", {{"type", "ByteLevel"}}},
+            {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}}};
+  if (!extra_model.empty()) j["model"].update(json::parse(extra_model));
+  return j.dump();
+}
+
+std::string error_of(const std::string& text) {
+  try {
+    HfTokenizer::from_json(text, "t/tokenizer.json");
+  } catch (const IoError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(HfTokenizer, MergesByRankAndAddedTokens) {
+  const HfTokenizer t = HfTokenizer::from_json(tiny_json(), "tiny");
+  const int32_t ab = t.id_of("ab"), abab = t.id_of("abab"), end = t.id_of("<|end|>");
+  EXPECT_EQ(t.encode("abab"), (std::vector<int32_t>{abab}));
+  EXPECT_EQ(t.encode("ababa"), (std::vector<int32_t>{abab, t.id_of("a")}));
+  EXPECT_EQ(t.encode("ab<|end|>ab"), (std::vector<int32_t>{ab, end, ab}));
+  EXPECT_TRUE(t.is_special(end));
+  EXPECT_EQ(t.decode(t.encode("x ab<|end|>\n\xc3\xa9")), "x ab<|end|>\n\xc3\xa9");
+  EXPECT_EQ(t.decode(t.encode("ab<|end|>"), true), "ab");
+  EXPECT_EQ(t.vocab_size(), 1001);
+  EXPECT_EQ(t.encode(""), std::vector<int32_t>{});
+  // A long run of one byte: the heap-based merge is O(n log n) ("aa" merges pairwise).
+  const std::vector<int32_t> long_run = t.encode(std::string(200000, 'a'));
+  EXPECT_EQ(long_run.size(), 100000u);
+  EXPECT_THROW(t.encode("bad \xff byte"), InvalidArgument);
+  EXPECT_THROW(t.decode({5000}), InvalidArgument);
+  EXPECT_THROW(t.decode({-1}), InvalidArgument);
+}
+
+TEST(HfTokenizer, TemplateAddsSpecialTokens) {
+  const std::string post =
+      R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|end|>", "type_id": 0}},
+          {"Sequence": {"id": "A", "type_id": 0}}], "special_tokens": {"<|end|>": {"id": "<|end|>", "ids": [1000], "tokens": ["<|end|>"]}}})";
+  const HfTokenizer t = HfTokenizer::from_json(tiny_json("", "null", post), "tiny");
+  EXPECT_EQ(t.encode("ab", true), (std::vector<int32_t>{1000, t.id_of("ab")}));
+  EXPECT_EQ(t.encode("ab", false), (std::vector<int32_t>{t.id_of("ab")}));
+}
+
+TEST(HfTokenizer, UnsupportedOrBrokenFilesAreClearErrors) {
+  EXPECT_NE(error_of("{").find("t/tokenizer.json: not valid JSON"), std::string::npos);
+  EXPECT_NE(error_of("{}").find("no \"model\" object"), std::string::npos);
+  EXPECT_NE(error_of(tiny_json(R"({"type": "Unigram"})")).find("is not supported (BPE)"), std::string::npos);
+  EXPECT_NE(error_of(tiny_json(R"({"byte_fallback": true})")).find("byte_fallback"), std::string::npos);
+  EXPECT_NE(error_of(tiny_json(R"({"merges": ["a"]})")).find("merges[0]: expected"), std::string::npos);
+  EXPECT_NE(error_of(tiny_json(R"({"merges": ["qq zz"]})")).find("not in the vocab"), std::string::npos);
+  // A merge whose result has no id is skipped (as GPT-2's file needs): "q z" cannot apply.
+  EXPECT_EQ(HfTokenizer::from_json(tiny_json(R"({"merges": ["q z", "a b"]})"), "t").encode("qzab").size(), 3u);
+  EXPECT_NE(error_of(tiny_json(R"({"vocab": {"a": 99999999}})")).find("outside"), std::string::npos);
+  EXPECT_NE(error_of(tiny_json("", R"({"type": "NFC"})")).find("normalizer \"NFC\" is not supported"),
+            std::string::npos);
+  const std::string deep = "{\"model\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  EXPECT_NE(error_of(deep).find("nested deeper"), std::string::npos);
+  EXPECT_THROW(HfTokenizer::load("/nonexistent/tokenizer.json"), IoError);
+}
+
+}  // namespace
+}  // namespace diffattn
