@@ -158,7 +158,9 @@ void bind_model(py::module_& m) {
       .def_property_readonly("vocab_size", &HfTokenizer::vocab_size)
       .def("token", &HfTokenizer::token, py::arg("id"))
       .def("id_of", &HfTokenizer::id_of, py::arg("token"), "The id of a token string, -1 if none.")
-      .def("is_special", &HfTokenizer::is_special, py::arg("id"));
+      .def("is_special", &HfTokenizer::is_special, py::arg("id"))
+      .def_property_readonly("bos_id", &HfTokenizer::bos_id, "tokenizer_config.json's bos_token id, -1 if none")
+      .def_property_readonly("eos_id", &HfTokenizer::eos_id, "tokenizer_config.json's eos_token id, -1 if none");
 }
 
 }  // namespace diffattn::python

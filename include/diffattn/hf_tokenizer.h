@@ -28,8 +28,13 @@ class HfTokenizer {
  public:
   // Parses the text of a tokenizer.json; `where` (the path) starts every error (IoError).
   static HfTokenizer from_json(const std::string& text, const std::string& where);
-  // Reads a tokenizer.json file, or a directory holding one.
+  // Reads a tokenizer.json file, or a directory holding one and, when present, its
+  // tokenizer_config.json: bos_token and eos_token (a string or {"content": ...}), and
+  // add_bos_token / add_eos_token, which put those tokens around an encoded text (true) or keep
+  // them out of the template (false). Other keys are ignored.
   static HfTokenizer load(const std::string& path);
+  // Applies a tokenizer_config.json's text (the keys above); `where` names it in errors.
+  void apply_config(const std::string& text, const std::string& where);
 
   HfTokenizer(HfTokenizer&&) noexcept;
   HfTokenizer& operator=(HfTokenizer&&) noexcept;
@@ -49,11 +54,30 @@ class HfTokenizer {
   // The id of a token string (vocabulary or added token); -1 if none.
   int32_t id_of(const std::string& token) const;
   bool is_special(int32_t id) const;
+  // The tokenizer_config.json's bos_token / eos_token ids; -1 when not given.
+  int32_t bos_id() const;
+  int32_t eos_id() const;
 
  private:
   struct Impl;
   explicit HfTokenizer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+};
+
+// Decodes ids one at a time for streaming output: push() returns the text that is complete so
+// far, whole UTF-8 characters only (a character split across tokens waits for its last byte);
+// finish() returns what is left (bytes that never completed a character, replaced by U+FFFD).
+class TokenStreamer {
+ public:
+  explicit TokenStreamer(const HfTokenizer& tok, bool skip_special = false)
+      : tok_(tok), skip_special_(skip_special) {}
+  std::string push(int32_t id);
+  std::string finish();
+
+ private:
+  const HfTokenizer& tok_;
+  bool skip_special_;
+  std::string pending_;
 };
 
 }  // namespace diffattn

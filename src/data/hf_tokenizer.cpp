@@ -177,6 +177,7 @@ struct HfTokenizer::Impl {
   bool ignore_merges = false;
   std::vector<PreStep> pre;
   std::vector<int32_t> prefix, suffix;  // the template's special tokens around the sequence
+  int32_t bos = -1, eos = -1;           // tokenizer_config.json's
   std::array<std::string, 256> byte_char = byte_chars();
   std::array<int32_t, 256> byte_id{};
   std::unordered_map<std::string, int> char_byte;  // the inverse of byte_char
@@ -440,9 +441,77 @@ HfTokenizer HfTokenizer::from_json(const std::string& text, const std::string& w
 
 HfTokenizer HfTokenizer::load(const std::string& path) {
   struct stat st {};
-  std::string file = path;
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) file = path + "/tokenizer.json";
-  return from_json(read_file(file), file);
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    HfTokenizer t = from_json(read_file(path + "/tokenizer.json"), path + "/tokenizer.json");
+    const std::string cfg = path + "/tokenizer_config.json";
+    if (::stat(cfg.c_str(), &st) == 0) t.apply_config(read_file(cfg), cfg);
+    return t;
+  }
+  return from_json(read_file(path), path);
+}
+
+void HfTokenizer::apply_config(const std::string& text, const std::string& where) {
+  json j;
+  try {
+    j = parse_json_object(text, where);
+  } catch (const InvalidArgument& e) {
+    throw IoError(e.what());
+  }
+  Impl& t = *impl_;
+  auto token_of = [&](const char* key) -> int32_t {
+    if (!j.contains(key) || j[key].is_null()) return -1;
+    const json& v = j[key];
+    std::string s;
+    if (v.is_string()) {
+      s = v.get<std::string>();
+    } else if (v.is_object() && v.contains("content") && v["content"].is_string()) {
+      s = v["content"].get<std::string>();
+    } else {
+      throw IoError(where + ": \"" + key + "\" must be a string or {\"content\": ...}, got " +
+                    json_brief(v));
+    }
+    auto it = t.vocab.find(s);
+    if (it == t.vocab.end()) throw IoError(where + ": " + key + " \"" + s + "\" is not a token");
+    return it->second;
+  };
+  if (const int32_t b = token_of("bos_token"); b >= 0) t.bos = b;  // absent: kept
+  if (const int32_t e = token_of("eos_token"); e >= 0) t.eos = e;
+  auto place = [&](const char* key, int32_t id, std::vector<int32_t>& side, bool front) {
+    if (!j.contains(key) || j[key].is_null()) return;
+    if (!j[key].is_boolean()) throw IoError(where + ": \"" + key + "\" must be true or false");
+    const bool on = j[key].get<bool>();
+    if (on && id < 0) throw IoError(where + ": " + key + " is true but no token is named");
+    side.erase(std::remove(side.begin(), side.end(), id), side.end());
+    if (on) side.insert(front ? side.begin() : side.end(), id);
+  };
+  place("add_bos_token", t.bos, t.prefix, true);
+  place("add_eos_token", t.eos, t.suffix, false);
+}
+
+int32_t HfTokenizer::bos_id() const { return impl_->bos; }
+int32_t HfTokenizer::eos_id() const { return impl_->eos; }
+
+std::string TokenStreamer::push(int32_t id) {
+  pending_ += tok_.decode({id}, skip_special_);
+  // The longest prefix of whole UTF-8 characters: cut before an incomplete last sequence.
+  size_t cut = pending_.size();
+  for (size_t back = 1; back <= 3 && back <= pending_.size(); ++back) {
+    const unsigned char c = static_cast<unsigned char>(pending_[pending_.size() - back]);
+    if ((c >> 6) == 0x2) continue;  // a continuation byte: look further back
+    const size_t need = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+    if (need > back) cut = pending_.size() - back;
+    break;
+  }
+  std::string out = pending_.substr(0, cut);
+  pending_.erase(0, cut);
+  return out;
+}
+
+std::string TokenStreamer::finish() {
+  std::string out;
+  if (!pending_.empty()) out = "\xEF\xBF\xBD";  // U+FFFD for an unfinished character
+  pending_.clear();
+  return out;
 }
 
 void HfTokenizer::Impl::bpe(const std::string& piece, std::vector<int32_t>& out) const {

@@ -60,6 +60,32 @@ void check_vectors(const std::string& name) {
 }
 
 TEST(HfTokenizer, Gpt2MatchesTheLibrary) { check_vectors("gpt2"); }
+
+TEST(HfTokenizer, ConfigAndStreaming) {
+  const std::string dir = data_dir() + "/llama3";
+  if (!exists(dir + "/tokenizer.json")) GTEST_SKIP() << "no tokenizer data at " << data_dir();
+  HfTokenizer tok = HfTokenizer::load(dir);
+  EXPECT_EQ(tok.bos_id(), 128000);
+  EXPECT_EQ(tok.eos_id(), 128009);  // <|eot_id|>: the instruct model's end of turn
+  const std::string text = "caf\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd \xf0\x9f\x98\x80\xe2\x80\x8d\xf0\x9f\x92\xbb ok";
+  const std::vector<int32_t> ids = tok.encode(text, true);
+  TokenStreamer st(tok, /*skip_special=*/true);
+  std::string joined;
+  for (int32_t id : ids) {
+    const std::string piece = st.push(id);
+    // Every piece is whole UTF-8 characters: it re-encodes without error.
+    EXPECT_NO_THROW(tok.encode(piece)) << "a piece cut a character";
+    joined += piece;
+  }
+  joined += st.finish();
+  EXPECT_EQ(joined, text);
+  tok.apply_config(R"({"add_bos_token": false, "add_eos_token": true, "eos_token": {"content": "<|end_of_text|>"}})", "cfg");
+  const std::vector<int32_t> plain = tok.encode("Hi", true);
+  EXPECT_EQ(plain.front(), tok.encode("Hi", false).front());
+  EXPECT_EQ(plain.back(), 128001);
+  EXPECT_THROW(tok.apply_config(R"({"bos_token": "<nope>"})", "cfg"), IoError);
+  EXPECT_THROW(tok.apply_config(R"({"add_bos_token": "yes"})", "cfg"), IoError);
+}
 TEST(HfTokenizer, Llama3MatchesTheLibrary) { check_vectors("llama3"); }
 
 // A small byte-level BPE file: every byte, a few merges, one added special token.

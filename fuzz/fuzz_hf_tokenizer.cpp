@@ -1,0 +1,73 @@
+// Fuzzes the Hugging Face tokenizer.json reader and its encoder. An input that starts with '{'
+// is a tokenizer.json: it loads or throws a diffattn::Error. Any other input is a text for a
+// fixed byte-level BPE tokenizer (every byte, chained merges, an added token): valid UTF-8
+// must encode, and decode back to exactly itself; invalid UTF-8 must throw InvalidArgument.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "diffattn/error.h"
+#include "diffattn/hf_tokenizer.h"
+
+namespace {
+
+std::string byte_char(int b, int& next) {
+  const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+  const int cp = printable ? b : next++;
+  std::string s;
+  if (cp < 0x80) {
+    s.push_back(static_cast<char>(cp));
+  } else {
+    s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+  return s;
+}
+
+const diffattn::HfTokenizer& fixed() {
+  static const diffattn::HfTokenizer t = [] {
+    std::string vocab, esc;
+    int next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const std::string c = byte_char(b, next);
+      esc.clear();
+      for (char ch : c) {
+        if (ch == '"' || ch == '\\') esc.push_back('\\');
+        esc.push_back(ch);
+      }
+      vocab += "\"" + esc + "\": " + std::to_string(b) + ", ";
+    }
+    vocab += "\"ab\": 256, \"abab\": 257, \"\\u0120a\": 258, \"aa\": 259, \"aaaa\": 260";
+    const std::string json =
+        "{\"added_tokens\": [{\"id\": 300, \"content\": \"<|x|>\", \"special\": true}], "
+        "\"normalizer\": null, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}, "
+        "\"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {" +
+        vocab + "}, \"merges\": [\"a b\", \"ab ab\", \"\\u0120 a\", \"a a\", \"aa aa\"]}}";
+    return diffattn::HfTokenizer::from_json(json, "fixed");
+  }();
+  return t;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  if (!text.empty() && text[0] == '{') {
+    try {
+      const diffattn::HfTokenizer t = diffattn::HfTokenizer::from_json(text, "fuzz/tokenizer.json");
+      (void)t.decode(t.encode("Hello, world! 123 \xc3\xa9", true));
+    } catch (const diffattn::Error&) {
+    }
+    return 0;
+  }
+  const diffattn::HfTokenizer& t = fixed();
+  std::vector<int32_t> ids;
+  try {
+    ids = t.encode(text, false);
+  } catch (const diffattn::InvalidArgument&) {
+    return 0;  // invalid UTF-8: refused with a message
+  }
+  if (t.decode(ids) != text) std::abort();  // byte-level BPE loses nothing
+  return 0;
+}
