@@ -139,5 +139,128 @@ TEST(ReadFile, AShortReadIsAnError) {
   expect_error<IoError>([&] { f.read_at(0, 10); }, {d / "f", "truncated: read 3 of 10 bytes"});
 }
 
+// ---- safetensors ----
+
+TEST(SafeTensorsReader, InMemoryAndPathAgree) {
+  TempDir d;
+  const std::vector<float> a = {1.0f, -2.5f, 3.0f, 0.25f, 5.0f, 6.0f}, b = {7.0f};
+  write_safetensors(d / "t.safetensors", {{"a", {2, 3}, a.data()}, {"b", {1}, b.data()}}, {{"k", "v"}});
+  const SafeTensorsFile p = read_safetensors(d / "t.safetensors");
+  const SafeTensorsFile m = parse_safetensors(read_file(d / "t.safetensors"), "mem");
+  for (const SafeTensorsFile* f : {&p, &m}) {
+    EXPECT_EQ(f->tensors.at("a").shape, (Shape{2, 3}));
+    EXPECT_EQ(f->tensors.at("a").data, a);
+    EXPECT_EQ(f->tensors.at("b").data, b);
+    EXPECT_EQ(f->metadata.at("k"), "v");
+  }
+  const SafeTensorsHeader h = read_safetensors_header(d / "t.safetensors");
+  EXPECT_EQ(h.tensors.at("a").numel, 6);
+  EXPECT_EQ(h.tensors.at("a").end - h.tensors.at("a").begin, 24u);
+}
+
+TEST(SafeTensorsReader, BF16AndF16AreConverted) {
+  // bf16 0x3fc0 = 1.5; f16 0x3c00 = 1, 0xc000 = -2, 0x0001 = 2^-24 (subnormal), 0x7c00 = inf.
+  const std::string data("\xc0\x3f" "\x00\x3c" "\x00\xc0" "\x01\x00" "\x00\x7c", 10);
+  const std::string f = safetensors_bytes(
+      R"({"b":{"dtype":"BF16","shape":[1],"data_offsets":[0,2]},)"
+      R"("h":{"dtype":"F16","shape":[4],"data_offsets":[2,10]}})", data);
+  const SafeTensorsFile s = parse_safetensors(f, "mem");
+  EXPECT_EQ(s.tensors.at("b").data, std::vector<float>{1.5f});
+  const std::vector<float>& h = s.tensors.at("h").data;
+  EXPECT_EQ(h[0], 1.0f);
+  EXPECT_EQ(h[1], -2.0f);
+  EXPECT_EQ(h[2], std::ldexp(1.0f, -24));
+  EXPECT_TRUE(std::isinf(h[3]));
+}
+
+TEST(SafeTensorsReader, SizeProductsThatOverflowAreErrors) {
+  // 2^62 x 8 wraps to 0 in int64 and would match zero data bytes.
+  expect_error<IoError>(
+      [] { parse_safetensors(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[4611686018427387904,8],"data_offsets":[0,0]}})", ""), "t.st"); },
+      {"t.st: tensor \"w\": shape", "more elements than 2^63"});
+  // 2^62 elements fit, but 4 bytes each wrap uint64 to 0.
+  expect_error<IoError>(
+      [] { parse_safetensors(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})", ""), "t.st"); },
+      {"t.st: tensor \"w\"", "more than 2^64 bytes"});
+  // A size beyond int64 is not a size.
+  expect_error<IoError>(
+      [] { parse_safetensors(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,0]}})", ""), "t.st"); },
+      {"t.st: tensor \"w\": shape", "is not a list of sizes"});
+  // A zero-size tensor is fine.
+  const SafeTensorsFile z = parse_safetensors(
+      safetensors_bytes(R"({"w":{"dtype":"F32","shape":[0,5],"data_offsets":[0,0]}})", ""), "t.st");
+  EXPECT_TRUE(z.tensors.at("w").data.empty());
+}
+
+TEST(SafeTensorsReader, HeaderLengthIsCapped) {
+  std::string f(8, '\0');
+  const uint64_t hl = kMaxSafetensorsHeaderBytes + 1;
+  for (int i = 0; i < 8; ++i) f[static_cast<size_t>(i)] = static_cast<char>((hl >> (8 * i)) & 0xff);
+  expect_error<IoError>([&] { parse_safetensors(f, "big.st"); }, {"big.st: header length 100000001 exceeds the limit"});
+  expect_error<IoError>([&] { parse_safetensors(std::string("\x05\0\0", 3), "short.st"); },
+                        {"short.st: truncated: 3 bytes"});
+  // Long names are cut in messages.
+  const std::string name(5000, 'n');
+  expect_error<IoError>(
+      [&] { parse_safetensors(safetensors_bytes("{\"" + name + "\":{\"dtype\":\"I8\",\"shape\":[1],\"data_offsets\":[0,1]}}", "x"), "t.st"); },
+      {"...\": dtype I8 is not supported"});
+}
+
+TEST(SafeTensorsReader, HeaderIsReadWithoutTheData) {
+  // A header announcing 8 GiB of data in a sparse file: the header alone is read (a whole-file
+  // read would allocate 8 GiB).
+  TempDir d;
+  const std::string h = safetensors_bytes(
+      R"({"w":{"dtype":"F32","shape":[1073741824,2],"data_offsets":[0,8589934592]}})", "");
+  put(d / "big.safetensors", h);
+  if (::truncate((d / "big.safetensors").c_str(), static_cast<off_t>(h.size()) + (off_t{8} << 30)) != 0) {
+    GTEST_SKIP() << "cannot make a sparse file here";
+  }
+  const SafeTensorsHeader hd = read_safetensors_header(d / "big.safetensors");
+  EXPECT_EQ(hd.tensors.at("w").shape, (Shape{1073741824, 2}));
+  EXPECT_EQ(hd.data_offset, h.size());
+  // The data read checks the size first: the file changed since its header was read.
+  ASSERT_EQ(::truncate((d / "big.safetensors").c_str(), static_cast<off_t>(h.size()) + 8), 0);
+  expect_error<IoError>([&] { read_safetensors(d / "big.safetensors", hd); }, {"changed while being read"});
+}
+
+// ---- model directories ----
+
+long max_rss_kib() {
+  rusage u {};
+  ::getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss;
+}
+
+TEST(LoadModel, HeaderIsCheckedBeforeTheModelIsAllocated) {
+  TempDir d;
+  Model m(tiny());
+  m.init_weights(1);
+  save_model(m, d.str());
+  // A config of 50M parameters (400 MB with gradients) whose weights are the tiny model's.
+  ModelConfig big = tiny();
+  big.ffn_dim = int64_t{1} << 20;
+  put(d / "config.json", big.to_json());
+  const long before = max_rss_kib();
+  expect_error<IoError>([&] { load_model(d.str()); },
+                        {d / "model.safetensors", "tensor \"layers.0.ffn.gate_proj.weight\" has shape (24, 16)",
+                         "the config implies (1048576, 16)"});
+  EXPECT_LT(max_rss_kib() - before, 100 * 1024) << "the model was allocated before the check";
+}
+
+TEST(LoadModel, NonFiniteWeightsAreErrors) {
+  TempDir d;
+  Model m(tiny());
+  m.init_weights(1);
+  const TensorInfo& t = m.tensors()[3];
+  m.params[static_cast<size_t>(t.offset + 5)] = std::numeric_limits<float>::quiet_NaN();
+  save_model(m, d.str());
+  expect_error<IoError>([&] { load_model(d.str()); },
+                        {d / "model.safetensors", "tensor \"" + t.name + "\" holds NaN at flat index 5"});
+  m.params[static_cast<size_t>(t.offset + 5)] = -std::numeric_limits<float>::infinity();
+  save_model(m, d.str());
+  expect_error<IoError>([&] { load_model(d.str()); }, {"holds Inf at flat index 5"});
+}
+
 }  // namespace
 }  // namespace diffattn
