@@ -33,9 +33,11 @@ class ByteTokenizer : public Tokenizer {
 
 class SentencePieceTokenizer : public Tokenizer {
  public:
-  explicit SentencePieceTokenizer(const std::string& path) : path_(path) {
-    const auto st = sp_.Load(path);
-    if (!st.ok()) throw IoError(path + ": cannot load the SentencePiece model (" + st.ToString() + ")");
+  // bytes: a serialized SentencePiece ModelProto; name: the file it came from, for messages.
+  SentencePieceTokenizer(const std::string& bytes, const std::string& name) : path_(name) {
+    const auto st = sp_.LoadFromSerializedProto(bytes);
+    if (!st.ok()) throw IoError(name + ": cannot load the SentencePiece model (" + st.ToString() + ")");
+    if (sp_.GetPieceSize() < 1) throw IoError(name + ": the SentencePiece model has no pieces");
   }
   std::vector<int32_t> encode(const std::string& text) const override {
     std::vector<int> ids;
@@ -63,7 +65,11 @@ class SentencePieceTokenizer : public Tokenizer {
 std::unique_ptr<Tokenizer> byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
 
 std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& path) {
-  return std::make_unique<SentencePieceTokenizer>(path);
+  return parse_sentencepiece(read_file(path, kMaxTokenizerFileBytes), path);
+}
+
+std::unique_ptr<Tokenizer> parse_sentencepiece(const std::string& bytes, const std::string& name) {
+  return std::make_unique<SentencePieceTokenizer>(bytes, name);
 }
 
 std::unique_ptr<Tokenizer> tokenizer_for(const std::string& model_dir) {

@@ -262,5 +262,120 @@ TEST(LoadModel, NonFiniteWeightsAreErrors) {
   expect_error<IoError>([&] { load_model(d.str()); }, {"holds Inf at flat index 5"});
 }
 
+// ---- resume points ----
+
+data::TrainOptions small_opts() {
+  data::TrainOptions o;
+  o.steps = 10;
+  o.batch = 2;
+  o.seq_len = 8;
+  return o;
+}
+
+std::map<std::string, std::string> good_meta() {
+  return {{"format", "diffattn-train/1"}, {"step", "4"}, {"adamw_t", "4"},
+          {"config", tiny().to_json()},   {"train", small_opts().to_json()}};
+}
+
+TEST(ResumeMetadata, EveryFieldIsValidated) {
+  const data::TrainState st = data::parse_train_state(good_meta(), "run/train_state.safetensors");
+  EXPECT_EQ(st.step, 4);
+  EXPECT_EQ(st.adamw_t, 4);
+  EXPECT_EQ(st.options.steps, 10);
+  for (const char* bad : {"abc", "-5", "", " 4", "4 ", "1e3", "+4", "11", "99999999999999999999999"}) {
+    auto meta = good_meta();
+    meta["step"] = bad;
+    expect_error<IoError>([&] { data::parse_train_state(meta, "run/train_state.safetensors"); },
+                          {"run/train_state.safetensors: metadata \"step\" is", "expected a whole number from 0 to 10"});
+  }
+  auto meta = good_meta();
+  meta["adamw_t"] = "5";  // more updates than steps
+  expect_error<IoError>([&] { data::parse_train_state(meta, "f"); }, {"f: metadata \"adamw_t\" is \"5\"", "from 0 to 4"});
+  meta = good_meta();
+  meta.erase("adamw_t");
+  expect_error<IoError>([&] { data::parse_train_state(meta, "f"); }, {"f: metadata has no \"adamw_t\""});
+  meta = good_meta();
+  meta["train"] = R"({"steps": -3})";
+  expect_error<IoError>([&] { data::parse_train_state(meta, "f"); }, {"f (metadata train)", "steps must be between 1"});
+  meta["train"] = R"({"tokenizer": "bpe"})";
+  expect_error<IoError>([&] { data::parse_train_state(meta, "f"); }, {"f (metadata train): \"tokenizer\" is \"bpe\""});
+  meta["train"] = R"({"seed": -1})";
+  expect_error<IoError>([&] { data::parse_train_state(meta, "f"); }, {"\"seed\" must be a whole number"});
+  meta["train"] = R"({"batch": 18446744073709551615})";
+  expect_error<IoError>([&] { data::parse_train_state(meta, "f"); }, {"\"batch\" must be an integer"});
+  meta = good_meta();
+  meta["config"] = "{\"format\": [[[[[[]]]]]]}";
+  expect_error<IoError>([&] { data::parse_train_state(meta, "f"); }, {"f (metadata config)"});
+}
+
+TEST(ResumeMetadata, BadStepInAFileNamesTheFileAndField) {
+  TempDir d;
+  data::Trainer tr(d.str(), tiny(), small_opts());
+  tr.write_log = false;
+  tr.save();
+  const std::string p = d / "train_state.safetensors";
+  SafeTensorsFile f = read_safetensors(p);
+  f.metadata["step"] = "abc";
+  std::vector<SafeTensorRef> refs;
+  for (const auto& [name, t] : f.tensors) refs.push_back({name, t.shape, t.data.data()});
+  write_safetensors(p, refs, f.metadata);
+  expect_error<IoError>([&] { data::Trainer::resume(d.str()); }, {p, "metadata \"step\" is \"abc\""});
+  // A moment tensor missing: named, before the model is allocated.
+  refs.erase(std::remove_if(refs.begin(), refs.end(), [](const SafeTensorRef& r) { return r.name == "adamw.v.norm.weight"; }), refs.end());
+  f.metadata["step"] = "0";
+  write_safetensors(p, refs, f.metadata);
+  expect_error<IoError>([&] { data::Trainer::resume(d.str()); }, {p, "missing tensor \"adamw.v.norm.weight\""});
+}
+
+// Every state a kill during the first checkpoint can leave: the files save() writes, in its
+// order, cut after each one (with the temporary file of the next one left behind).
+TEST(Checkpoint, EveryPrefixOfTheFirstSaveIsResumableOrNotStarted) {
+  TempDir full;
+  {
+    data::Trainer tr(full.str(), tiny(), small_opts());
+    tr.write_log = false;
+    tr.save();
+  }
+  const std::vector<std::string>& files = data::Trainer::checkpoint_files();
+  ASSERT_EQ(files.size(), 3u);
+  for (size_t k = 0; k <= files.size(); ++k) {
+    SCOPED_TRACE("files kept: " + std::to_string(k));
+    TempDir d;
+    for (size_t i = 0; i < k; ++i) fs::copy_file(full / files[i], d / files[i]);
+    if (k < files.size()) put(d / (files[k] + ".tmp.123.456"), "partial");
+    const bool resumable = fs::exists(d / "train_state.safetensors");
+    if (k == 0) {
+      EXPECT_FALSE(resumable);
+      // Nothing was saved: the run is simply not started (`train` without --resume runs it).
+      expect_error<IoError>([&] { data::Trainer::resume(d.str()); }, {"no resume point", "without --resume"});
+      continue;
+    }
+    EXPECT_TRUE(resumable);
+    const data::Trainer t = data::Trainer::resume(d.str());
+    EXPECT_EQ(t.steps_done(), 0);
+    EXPECT_FALSE(fs::exists(d / (files[std::min(k, files.size() - 1)] + ".tmp.123.456")));
+    if (fs::exists(d / "config.json")) EXPECT_NO_THROW(load_model(d.str()));
+  }
+}
+
+// ---- tokenizers ----
+
+TEST(TokenizerReader, SentencePieceFromBytesOrPath) {
+  TempDir d;
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "in the beginning was the word and the word was with god\n";
+  data::train_sentencepiece(text, d / "tokenizer.model", 300, 1);
+  const auto from_path = data::load_sentencepiece(d / "tokenizer.model");
+  const auto from_bytes = data::parse_sentencepiece(read_file(d / "tokenizer.model"), "mem");
+  EXPECT_EQ(from_path->vocab_size(), from_bytes->vocab_size());
+  EXPECT_GE(from_path->vocab_size(), 256);
+  EXPECT_EQ(from_path->encode("the word"), from_bytes->encode("the word"));
+  expect_error<IoError>([] { data::parse_sentencepiece("\x0a\xff\xff", "bad.model"); },
+                        {"bad.model: cannot load the SentencePiece model"});
+  expect_error<IoError>([] { data::parse_sentencepiece("", "empty.model"); }, {"empty.model"});
+  ASSERT_EQ(::mkfifo((d / "fifo.model").c_str(), 0600), 0);
+  expect_error<IoError>([&] { data::load_sentencepiece(d / "fifo.model"); }, {"not a regular file (a FIFO)"});
+}
+
 }  // namespace
 }  // namespace diffattn
