@@ -371,8 +371,14 @@ TEST(TokenizerReader, SentencePieceFromBytesOrPath) {
   EXPECT_GE(from_path->vocab_size(), 256);
   EXPECT_EQ(from_path->encode("the word"), from_bytes->encode("the word"));
   expect_error<IoError>([] { data::parse_sentencepiece("\x0a\xff\xff", "bad.model"); },
-                        {"bad.model: cannot load the SentencePiece model"});
+                        {"bad.model: not a SentencePiece model"});
   expect_error<IoError>([] { data::parse_sentencepiece("", "empty.model"); }, {"empty.model"});
+  // A piece with empty text made libsentencepiece's trie builder throw through the caller
+  // (fuzz/corpus/tokenizer/crash_empty_piece); a malformed message is named too.
+  expect_error<IoError>([] { data::parse_sentencepiece(std::string("\x0a\x07\x0a\x00\x15\x00\x00\x00\x00", 9), "e.model"); },
+                        {"e.model: piece 0 of the SentencePiece model is empty"});
+  expect_error<IoError>([] { data::parse_sentencepiece(std::string("\x0a\x09\x0a\x01", 4), "m.model"); },
+                        {"m.model: not a SentencePiece model (malformed protobuf at byte 0)"});
   ASSERT_EQ(::mkfifo((d / "fifo.model").c_str(), 0600), 0);
   expect_error<IoError>([&] { data::load_sentencepiece(d / "fifo.model"); }, {"not a regular file (a FIFO)"});
 }
