@@ -353,8 +353,12 @@ TEST(Checkpoint, EveryPrefixOfTheFirstSaveIsResumableOrNotStarted) {
     EXPECT_TRUE(resumable);
     const data::Trainer t = data::Trainer::resume(d.str());
     EXPECT_EQ(t.steps_done(), 0);
-    EXPECT_FALSE(fs::exists(d / (files[std::min(k, files.size() - 1)] + ".tmp.123.456")));
-    if (fs::exists(d / "config.json")) EXPECT_NO_THROW(load_model(d.str()));
+    if (k < files.size()) {
+      EXPECT_FALSE(fs::exists(d / (files[k] + ".tmp.123.456"))) << "resume removes the leftover";
+    }
+    if (fs::exists(d / "config.json")) {
+      EXPECT_NO_THROW(load_model(d.str()));
+    }
   }
 }
 
