@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -127,7 +128,30 @@ TEST(ReadFile, CapsTheSizeAndChecksMemory) {
   if (!made) GTEST_SKIP() << "cannot make a sparse file here";
   expect_error<IoError>([&] { read_file(d / "sparse"); }, {d / "sparse", "more than the"});
   expect_error<InvalidArgument>([&] { read_file(d / "sparse", std::numeric_limits<uint64_t>::max()); },
-                                {d / "sparse", "more than this machine's"});
+                                {d / "sparse", "needs about", "of memory"});
+}
+
+TEST(ReadFile, MemoryCheckHonoursTheProcessLimit) {
+  // In a child, so the limit stays there: under ulimit -v 1 GiB a 2 GiB read is refused in words
+  // (before: std::bad_alloc, or a short read accepted as the file).
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    rlimit r {};
+    r.rlim_cur = r.rlim_max = rlim_t{1} << 30;
+    if (::setrlimit(RLIMIT_AS, &r) != 0) ::_exit(3);
+    try {
+      check_fits_in_memory(2.0 * (1 << 30), "the test's buffer");
+    } catch (const InvalidArgument& e) {
+      ::_exit(std::strstr(e.what(), "the test's buffer needs about 2.0 GiB, more than this process's "
+                                    "limit (ulimit -v) of 1.0 GiB of memory") ? 0 : 2);
+    }
+    ::_exit(1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: no error, 2: another message, 3: setrlimit failed";
 }
 
 TEST(ReadFile, AShortReadIsAnError) {
