@@ -199,6 +199,7 @@ SafeTensorsHeader parse_header_json(const char* text, uint64_t hl, uint64_t file
 
 // Converts e's bytes (src, e.end - e.begin of them) into float32.
 void decode_into(const SafeTensorEntry& e, const char* src, float* dst) {
+  if (e.numel == 0) return;  // dst may be null (an empty vector's data())
   if (e.dtype == DType::F32) {
     std::memcpy(dst, src, static_cast<size_t>(e.numel) * 4);
     return;
