@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,8 +27,11 @@ class Tokenizer {
 
 // Bytes 0..255 are the tokens.
 std::unique_ptr<Tokenizer> byte_tokenizer();
-// A SentencePiece model file (Debian's libsentencepiece).
+// A SentencePiece model file (Debian's libsentencepiece), at most kMaxTokenizerFileBytes.
+inline constexpr uint64_t kMaxTokenizerFileBytes = uint64_t{256} << 20;  // 256 MiB
 std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& path);
+// The same from the file's bytes in memory (name: what messages call it).
+std::unique_ptr<Tokenizer> parse_sentencepiece(const std::string& bytes, const std::string& name);
 // Trains a SentencePiece unigram model of vocab_size pieces on text; writes it atomically to
 // out_path. Seeded and single-threaded, so the same text gives the same model.
 void train_sentencepiece(const std::string& text, const std::string& out_path, int64_t vocab_size,
@@ -123,6 +127,22 @@ void check_train_options(const TrainOptions& o, const ModelConfig& cfg);
 // throws InvalidArgument when the product overflows.
 int64_t train_step_bytes(const ModelConfig& cfg, int64_t batch, int64_t seq_len);
 
+// What a resume point (DIR/train_state.safetensors, docs/FORMAT.md) says besides its tensors.
+struct TrainState {
+  ModelConfig config;
+  TrainOptions options;  // checked by check_train_options against config
+  int64_t step = 0;      // optimizer steps taken, 0 to options.steps
+  int64_t adamw_t = 0;   // AdamW updates taken, 0 to step
+};
+// Parses and checks a resume point's metadata field by field; errors are IoError naming `where`
+// (the file) and the field.
+TrainState parse_train_state(const std::map<std::string, std::string>& metadata,
+                             const std::string& where);
+// Every check of a resume point that needs only its header: the metadata, and the weights and
+// both AdamW moments of every tensor present with the shapes the config implies. Allocates
+// nothing sized by the file.
+TrainState check_train_state_header(const SafeTensorsHeader& h, const std::string& where);
+
 struct StepLog {
   int64_t step = 0;  // 1-based count of optimizer steps taken
   double loss = 0, grad_norm = 0, lr = 0, tokens_per_s = 0;
@@ -149,7 +169,12 @@ class Trainer {
            const std::function<void(const StepLog&)>& on_step = {});
   // One optimizer step (accum micro-batches); returns its log (no eval, no save).
   StepLog step(const Dataset& train);
+  // Writes the checkpoint files in the order checkpoint_files() gives. Each is written
+  // atomically and the resume point comes first, so a kill at any moment leaves either no
+  // resume point (as before the first save: the run starts again without --resume) or a whole
+  // one; the model files that follow are loadable once both are there.
   void save() const;
+  static const std::vector<std::string>& checkpoint_files();
   // Changes how long the run goes and how often it evaluates and saves (what `train --resume`
   // may change): checked like the constructor's options. A new `steps` also moves the end of
   // the cosine decay, so the learning rate from the current step on follows the new schedule.

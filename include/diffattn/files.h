@@ -1,18 +1,52 @@
 // Files, the one way the project writes them: atomically (a temporary file beside the target,
 // fsync, rename, fsync of the directory), so a crash or a full disk never leaves a user's file
 // half-written. Every error is an IoError naming the path and the system's reason.
+// Reading: only regular files (a FIFO, a directory or a device is refused before any read, so
+// nothing hangs or reads without end), exactly the size fstat reports, capped, and checked
+// against the machine's memory; a short read is an error, never a silently shorter file.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "diffattn/error.h"
 
 namespace diffattn {
 
+// Default cap of read_file: far above any text file the project reads (configs, logs, corpora).
+inline constexpr uint64_t kMaxReadBytes = uint64_t{4} << 30;       // 4 GiB
+// Cap for JSON files (config.json, run configs, specs): parsed JSON takes several times its size.
+inline constexpr uint64_t kMaxJsonFileBytes = uint64_t{64} << 20;  // 64 MiB
+
 // Writes bytes to path atomically; creates no directories.
 void write_file_atomic(const std::string& path, const std::string& bytes);
-// The whole file.
-std::string read_file(const std::string& path);
+
+// A regular file open for reading (O_RDONLY | O_NONBLOCK | O_CLOEXEC, so opening a FIFO does not
+// block; then fstat, and anything but a regular file is "PATH: not a regular file (a FIFO)").
+class InputFile {
+ public:
+  explicit InputFile(const std::string& path);
+  ~InputFile();
+  InputFile(const InputFile&) = delete;
+  InputFile& operator=(const InputFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  uint64_t size() const { return size_; }  // st_size at open
+  // Exactly n bytes from offset into dst; fewer is "PATH: truncated: read X of Y bytes ...".
+  void read_at(uint64_t offset, void* dst, size_t n) const;
+  std::string read_at(uint64_t offset, size_t n) const;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
+// The whole file, at most max_bytes (an error naming the size and the cap otherwise) and no more
+// than the machine's memory.
+std::string read_file(const std::string& path, uint64_t max_bytes = kMaxReadBytes);
+// The first min(n, file size) bytes; *file_size (if given) gets the whole file's size.
+std::string read_file_prefix(const std::string& path, size_t n, uint64_t* file_size = nullptr);
 // Creates a directory and its missing parents; an error when it cannot, or when path exists
 // and is not a directory.
 void make_dirs(const std::string& path);

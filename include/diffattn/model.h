@@ -199,16 +199,47 @@ struct SafeTensorRef {
 };
 void write_safetensors(const std::string& path, const std::vector<SafeTensorRef>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+// The header alone: every tensor's dtype, shape and byte range in the data (checked: sizes
+// without overflow, ranges inside the data, no overlaps), and the metadata.
+struct SafeTensorEntry {
+  DType dtype = DType::F32;
+  Shape shape;
+  int64_t numel = 0;
+  uint64_t begin = 0, end = 0;  // byte range in the data that follows the header
+};
+struct SafeTensorsHeader {
+  std::map<std::string, SafeTensorEntry> tensors;
+  std::map<std::string, std::string> metadata;
+  uint64_t data_offset = 0;  // 8 + header length: where the data starts in the file
+  uint64_t file_size = 0;
+};
+// The longest JSON header accepted (the reference implementation's limit too).
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
+// Reads and checks only the first 8 + header-length bytes of path.
+SafeTensorsHeader read_safetensors_header(const std::string& path);
+// The same checks on bytes in memory (name: what messages call it).
+SafeTensorsHeader parse_safetensors_header(const std::string& bytes, const std::string& name);
 // Reads and checks a whole file: header length, JSON, dtype, shapes, offsets within the data,
-// overlaps. Errors (IoError) name the file and the tensor.
+// overlaps; the decoded tensors are checked against the machine's memory before allocation.
+// Errors (IoError) name the file and the tensor.
 SafeTensorsFile read_safetensors(const std::string& path);
+// The data of a header already read by read_safetensors_header(path) (the file must still have
+// the size it had).
+SafeTensorsFile read_safetensors(const std::string& path, const SafeTensorsHeader& header);
+// A whole safetensors file in memory (name: what messages call it).
+SafeTensorsFile parse_safetensors(const std::string& bytes, const std::string& name);
 
 // ---- model directories ----
 // DIR/config.json + DIR/model.safetensors (F32). Creates DIR if needed.
 void save_model(const Model& m, const std::string& dir);
 // Loads a model directory; every FORMAT.md error is reported with the tensor or key and file.
 Model load_model(const std::string& dir);
-// Copies a model's tensors from a parsed file, checking names and shapes against the config.
+// Checks a header's tensor names and shapes against the config's tensor table (missing, extra,
+// misshapen: the same errors as load_weights), before any model is allocated.
+void check_weights_header(const ModelConfig& cfg, const SafeTensorsHeader& h, const std::string& where,
+                          const std::string& prefix = "", bool allow_extra = false);
+// Copies a model's tensors from a parsed file, checking names and shapes against the config, and
+// that every value is finite (a NaN or Inf is an error naming the tensor and its first index).
 void load_weights(Model& m, const SafeTensorsFile& f, const std::string& where,
                   const std::string& prefix = "", bool allow_extra = false);
 

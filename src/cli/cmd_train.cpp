@@ -143,7 +143,7 @@ int run_train(const std::vector<std::string>& argv) {
 
   json cfgj = json::object();
   if (a.given("--config")) {
-    cfgj = parse_json_object(read_file(a.str("--config")), a.str("--config"));
+    cfgj = parse_json_object(read_file(a.str("--config"), kMaxJsonFileBytes), a.str("--config"));
   }
   auto from_cfg = [&](const char* key, const std::string& flag) -> std::string {
     if (!a.given(flag) && cfgj.contains(key)) {

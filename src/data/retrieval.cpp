@@ -283,7 +283,7 @@ std::optional<RetrievalSpec> read_retrieval_spec(const std::string& model_dir) {
   const std::string path = model_dir + "/retrieval.json";
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return std::nullopt;
-  return RetrievalSpec::from_json(read_file(path), path);
+  return RetrievalSpec::from_json(read_file(path, kMaxJsonFileBytes), path);
 }
 
 RetrievalBatch make_retrieval_batch(const RetrievalSpec& spec, uint64_t first, int64_t B) {

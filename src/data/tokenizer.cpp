@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 
 #include "diffattn/data.h"
@@ -31,11 +33,108 @@ class ByteTokenizer : public Tokenizer {
   std::string name() const override { return "bytes"; }
 };
 
+// The protobuf wire format (protobuf.dev/programming-guides/encoding), enough to walk a
+// SentencePiece ModelProto: field 1 of the model is a repeated SentencePiece message whose
+// field 1 is the piece text. libsentencepiece builds its tries with Darts, which throws (and so
+// aborts a caller that does not expect it) on an empty piece, so pieces are checked first.
+class WireReader {
+ public:
+  WireReader(const char* p, size_t n) : p_(p), end_(p + n), begin_(p) {}
+  bool done() const { return p_ == end_; }
+  size_t pos() const { return static_cast<size_t>(p_ - begin_); }
+  // false on a malformed varint.
+  bool varint(uint64_t& v) {
+    v = 0;
+    for (int shift = 0; shift < 64 && p_ < end_; shift += 7) {
+      const auto b = static_cast<unsigned char>(*p_++);
+      v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if (!(b & 0x80)) return true;
+    }
+    return false;
+  }
+  // One field: its number, and for a length-delimited one its bytes; false when malformed.
+  bool field(uint64_t& number, const char*& data, size_t& len) {
+    uint64_t key;
+    if (!varint(key)) return false;
+    number = key >> 3;
+    data = nullptr;
+    len = 0;
+    switch (key & 7) {
+      case 0: {
+        uint64_t ignored;
+        return varint(ignored);
+      }
+      case 1: return skip(8);
+      case 5: return skip(4);
+      case 2: {
+        uint64_t n;
+        if (!varint(n) || n > static_cast<uint64_t>(end_ - p_)) return false;
+        data = p_;
+        len = static_cast<size_t>(n);
+        p_ += n;
+        return true;
+      }
+      default: return false;  // groups (3, 4) and undefined types: not in a ModelProto
+    }
+  }
+
+ private:
+  bool skip(size_t n) {
+    if (static_cast<size_t>(end_ - p_) < n) return false;
+    p_ += n;
+    return true;
+  }
+  const char* p_;
+  const char* end_;
+  const char* begin_;
+};
+
+// Throws IoError naming `name` when bytes is not a well-formed ModelProto or holds an empty piece.
+void check_sentencepiece_pieces(const std::string& bytes, const std::string& name) {
+  WireReader model(bytes.data(), bytes.size());
+  int64_t index = 0;
+  while (!model.done()) {
+    const size_t at = model.pos();
+    uint64_t number;
+    const char* data;
+    size_t len;
+    if (!model.field(number, data, len)) {
+      throw IoError(name + ": not a SentencePiece model (malformed protobuf at byte " +
+                    std::to_string(at) + ")");
+    }
+    if (number != 1) continue;
+    if (data == nullptr) throw IoError(name + ": not a SentencePiece model (piece " + std::to_string(index) + " is not a message)");
+    WireReader piece(data, len);
+    bool has_text = false;
+    while (!piece.done()) {
+      uint64_t n;
+      const char* d;
+      size_t l;
+      if (!piece.field(n, d, l)) {
+        throw IoError(name + ": not a SentencePiece model (piece " + std::to_string(index) +
+                      " is malformed)");
+      }
+      if (n == 1) has_text = d != nullptr && l > 0;
+    }
+    if (!has_text) throw IoError(name + ": piece " + std::to_string(index) + " of the SentencePiece model is empty");
+    ++index;
+  }
+}
+
 class SentencePieceTokenizer : public Tokenizer {
  public:
-  explicit SentencePieceTokenizer(const std::string& path) : path_(path) {
-    const auto st = sp_.Load(path);
-    if (!st.ok()) throw IoError(path + ": cannot load the SentencePiece model (" + st.ToString() + ")");
+  // bytes: a serialized SentencePiece ModelProto; name: the file it came from, for messages.
+  SentencePieceTokenizer(const std::string& bytes, const std::string& name) : path_(name) {
+    check_sentencepiece_pieces(bytes, name);
+    sentencepiece::util::Status st;
+    try {
+      st = sp_.LoadFromSerializedProto(bytes);
+    } catch (const std::exception& e) {
+      // The library reports most problems as a status, but its trie builder throws.
+      throw IoError(name + ": cannot load the SentencePiece model (" + e.what() + ")");
+    }
+    if (!st.ok()) throw IoError(name + ": cannot load the SentencePiece model (" + st.ToString() + ")");
+    if (sp_.GetPieceSize() < 1) throw IoError(name + ": the SentencePiece model has no pieces");
   }
   std::vector<int32_t> encode(const std::string& text) const override {
     std::vector<int> ids;
@@ -63,7 +162,11 @@ class SentencePieceTokenizer : public Tokenizer {
 std::unique_ptr<Tokenizer> byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
 
 std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& path) {
-  return std::make_unique<SentencePieceTokenizer>(path);
+  return parse_sentencepiece(read_file(path, kMaxTokenizerFileBytes), path);
+}
+
+std::unique_ptr<Tokenizer> parse_sentencepiece(const std::string& bytes, const std::string& name) {
+  return std::make_unique<SentencePieceTokenizer>(bytes, name);
 }
 
 std::unique_ptr<Tokenizer> tokenizer_for(const std::string& model_dir) {

@@ -4,7 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -68,17 +71,22 @@ std::string TrainOptions::to_json() const {
 TrainOptions TrainOptions::from_json(const std::string& text, const std::string& where) {
   const json j = parse_json_object(text, where);
   TrainOptions o;
-  for (const auto& [k, v] : j.items()) {
+  for (const auto& item : j.items()) {
+    const std::string& k = item.key();
+    const json& v = item.value();
     auto integer = [&]() {
-      if (!v.is_number_integer()) throw InvalidArgument(where + ": \"" + k + "\" must be an integer");
+      if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX)) {
+        throw InvalidArgument(where + ": \"" + k + "\" must be an integer from -2^63 to 2^63-1, got " +
+                              json_brief(v));
+      }
       return v.get<int64_t>();
     };
     auto number = [&]() {
-      if (!v.is_number()) throw InvalidArgument(where + ": \"" + k + "\" must be a number");
+      if (!v.is_number()) throw InvalidArgument(where + ": \"" + k + "\" must be a number, got " + json_brief(v));
       return v.get<double>();
     };
     auto string = [&]() {
-      if (!v.is_string()) throw InvalidArgument(where + ": \"" + k + "\" must be a string");
+      if (!v.is_string()) throw InvalidArgument(where + ": \"" + k + "\" must be a string, got " + json_brief(v));
       return v.get<std::string>();
     };
     if (k == "steps") o.steps = integer();
@@ -93,13 +101,22 @@ TrainOptions TrainOptions::from_json(const std::string& text, const std::string&
     else if (k == "eps") o.adamw.eps = number();
     else if (k == "weight_decay") o.adamw.weight_decay = number();
     else if (k == "clip") o.adamw.clip = number();
-    else if (k == "seed") o.seed = static_cast<uint64_t>(integer());
+    else if (k == "seed") {
+      if (!v.is_number_unsigned()) throw InvalidArgument(where + ": \"seed\" must be a whole number, got " + json_brief(v));
+      o.seed = v.get<uint64_t>();
+    }
     else if (k == "eval_every") o.eval_every = integer();
     else if (k == "eval_batches") o.eval_batches = integer();
     else if (k == "save_every") o.save_every = integer();
     else if (k == "corpus") o.corpus = string();
-    else if (k == "tokenizer") o.tokenizer = string();
-    else throw InvalidArgument(where + ": unknown key \"" + k + "\"");
+    else if (k == "tokenizer") {
+      o.tokenizer = string();
+      if (o.tokenizer != "bytes" && o.tokenizer != "sentencepiece") {
+        throw InvalidArgument(where + ": \"tokenizer\" is " + json_brief(v) +
+                              ", expected \"bytes\" or \"sentencepiece\"");
+      }
+    }
+    else throw InvalidArgument(where + ": unknown key " + quote_name(k, 40));
   }
   return o;
 }
@@ -140,31 +157,91 @@ Trainer::Trainer(const std::string& dir, const ModelConfig& cfg, const TrainOpti
   model_.init_weights(opts_.seed);
 }
 
-Trainer Trainer::resume(const std::string& dir) {
-  const std::string path = dir + kStateFile;
-  const SafeTensorsFile f = read_safetensors(path);
+namespace {
+
+// A metadata field that must be a whole number from lo to hi, in decimal digits only (no sign,
+// no spaces, no exponent): "abc", "-5" and "1e3" are errors naming the file and the field.
+int64_t whole_field(const std::string& s, const char* key, int64_t lo, int64_t hi,
+                    const std::string& where) {
+  auto bad = [&](const std::string& why) -> IoError {
+    return IoError(where + ": metadata \"" + key + "\" is " + quote_name(s, 40) + ", " + why);
+  };
+  const std::string range =
+      "expected a whole number from " + std::to_string(lo) + " to " + std::to_string(hi);
+  if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) throw bad(range);
+  if (s.size() > 18) throw bad(range);  // beyond 10^18 - 1: more than any count here
+  const int64_t v = std::stoll(s);  // at most 18 digits: fits
+  if (v < lo || v > hi) throw bad(range);
+  return v;
+}
+
+}  // namespace
+
+TrainState parse_train_state(const std::map<std::string, std::string>& metadata,
+                             const std::string& where) {
   auto meta = [&](const char* key) -> const std::string& {
-    auto it = f.metadata.find(key);
-    if (it == f.metadata.end()) throw IoError(path + ": metadata has no \"" + key + "\"");
+    auto it = metadata.find(key);
+    if (it == metadata.end()) throw IoError(where + ": metadata has no \"" + key + "\"");
     return it->second;
   };
   if (meta("format") != "diffattn-train/1") {
-    throw IoError(path + ": metadata format is \"" + meta("format") + "\", expected \"diffattn-train/1\"");
+    throw IoError(where + ": metadata format is " + quote_name(meta("format"), 40) +
+                  ", expected \"diffattn-train/1\"");
   }
-  const ModelConfig cfg = ModelConfig::from_json(meta("config"), path + " (metadata config)");
-  Model m(cfg);
+  TrainState st;
+  try {
+    st.config = ModelConfig::from_json(meta("config"), where + " (metadata config)");
+    st.options = TrainOptions::from_json(meta("train"), where + " (metadata train)");
+    check_train_options(st.options, st.config);
+  } catch (const InvalidArgument& e) {
+    // A bad resume point is a bad file: name it (a message from the checks starts with "train:").
+    const std::string m = e.what();
+    throw IoError(m.rfind(where, 0) == 0 ? m : where + " (metadata train): " + m);
+  }
+  st.step = whole_field(meta("step"), "step", 0, st.options.steps, where);
+  st.adamw_t = whole_field(meta("adamw_t"), "adamw_t", 0, st.step, where);
+  return st;
+}
+
+TrainState check_train_state_header(const SafeTensorsHeader& h, const std::string& where) {
+  TrainState st = parse_train_state(h.metadata, where);
+  // Weights and both moments, by name and shape, before the model they fill is allocated.
+  check_weights_header(st.config, h, where, "", true);
+  check_weights_header(st.config, h, where, "adamw.m.", true);
+  check_weights_header(st.config, h, where, "adamw.v.", true);
+  return st;
+}
+
+Trainer Trainer::resume(const std::string& dir) {
+  const std::string path = dir + kStateFile;
+  struct stat sb {};
+  if (::stat(path.c_str(), &sb) != 0 && errno == ENOENT) {
+    throw IoError(dir + ": no resume point (train_state.safetensors): the run stopped before its "
+                        "first checkpoint, or this is not a training directory; start it again "
+                        "without --resume");
+  }
+  const SafeTensorsHeader h = read_safetensors_header(path);
+  const TrainState ts = check_train_state_header(h, path);
+  Model m(ts.config);
+  const SafeTensorsFile f = read_safetensors(path, h);
   load_weights(m, f, path, "", true);
-  Trainer t(dir, std::move(m), TrainOptions::from_json(meta("train"), path + " (metadata train)"));
-  t.step_ = std::stoll(meta("step"));
-  t.adam_.t = std::stoll(meta("adamw_t"));
-  for (const TensorInfo& ti : t.model_.tensors()) {
-    for (const char* which : {"adamw.m.", "adamw.v."}) {
-      auto it = f.tensors.find(which + ti.name);
-      if (it == f.tensors.end() || it->second.shape != ti.shape) {
-        throw IoError(path + ": missing or misshapen tensor \"" + std::string(which) + ti.name + "\"");
+  Trainer t(dir, std::move(m), ts.options);
+  t.step_ = ts.step;
+  t.adam_.t = ts.adamw_t;
+  for (const char* which : {"adamw.m.", "adamw.v."}) {
+    std::vector<float>& dst = which[6] == 'm' ? t.adam_.m : t.adam_.v;
+    for (const TensorInfo& ti : t.model_.tensors()) {
+      const std::vector<float>& src = f.tensors.at(which + ti.name).data;
+      for (size_t i = 0; i < src.size(); ++i) {
+        // v is a mean of squares: negative is as corrupt as NaN (sqrt(v) in the update).
+        if (!std::isfinite(src[i]) || (which[6] == 'v' && src[i] < 0)) {
+          throw IoError(path + ": tensor \"" + which + ti.name + "\" holds " +
+                        std::to_string(src[i]) + " at flat index " + std::to_string(i) +
+                        " (an AdamW moment must be finite" +
+                        (which[6] == 'v' ? " and not negative)" : ")"));
+        }
       }
-      std::vector<float>& dst = which[6] == 'm' ? t.adam_.m : t.adam_.v;
-      std::copy(it->second.data.begin(), it->second.data.end(), dst.begin() + ti.offset);
+      std::copy(src.begin(), src.end(), dst.begin() + ti.offset);
     }
   }
   // A kill during an atomic write leaves its temporary file (NAME.tmp.PID.N) behind; the file it
@@ -197,20 +274,38 @@ Trainer Trainer::resume(const std::string& dir) {
   return t;
 }
 
+const std::vector<std::string>& Trainer::checkpoint_files() {
+  // The resume point first: with it alone the run resumes (it holds the weights and the config
+  // too); config.json last, so a directory with config.json has its weights.
+  static const std::vector<std::string> files = {"train_state.safetensors", "model.safetensors",
+                                                 "config.json"};
+  return files;
+}
+
 void Trainer::save() const {
-  save_model(model_, dir_);
-  std::vector<SafeTensorRef> refs;
-  for (const TensorInfo& t : model_.tensors()) refs.push_back({t.name, t.shape, model_.params.data() + t.offset});
-  for (const TensorInfo& t : model_.tensors()) {
-    refs.push_back({"adamw.m." + t.name, t.shape, adam_.m.data() + t.offset});
-    refs.push_back({"adamw.v." + t.name, t.shape, adam_.v.data() + t.offset});
+  make_dirs(dir_);
+  for (const std::string& name : checkpoint_files()) {
+    if (name == "train_state.safetensors") {
+      std::vector<SafeTensorRef> refs;
+      for (const TensorInfo& t : model_.tensors()) refs.push_back({t.name, t.shape, model_.params.data() + t.offset});
+      for (const TensorInfo& t : model_.tensors()) {
+        refs.push_back({"adamw.m." + t.name, t.shape, adam_.m.data() + t.offset});
+        refs.push_back({"adamw.v." + t.name, t.shape, adam_.v.data() + t.offset});
+      }
+      write_safetensors(dir_ + kStateFile, refs,
+                        {{"format", "diffattn-train/1"},
+                         {"step", std::to_string(step_)},
+                         {"adamw_t", std::to_string(adam_.t)},
+                         {"config", model_.config().to_json()},
+                         {"train", opts_.to_json()}});
+    } else if (name == "model.safetensors") {
+      std::vector<SafeTensorRef> refs;
+      for (const TensorInfo& t : model_.tensors()) refs.push_back({t.name, t.shape, model_.params.data() + t.offset});
+      write_safetensors(dir_ + "/model.safetensors", refs, {{"format", "diffattn/1"}});
+    } else {
+      write_file_atomic(dir_ + "/config.json", model_.config().to_json());
+    }
   }
-  write_safetensors(dir_ + kStateFile, refs,
-                    {{"format", "diffattn-train/1"},
-                     {"step", std::to_string(step_)},
-                     {"adamw_t", std::to_string(adam_.t)},
-                     {"config", model_.config().to_json()},
-                     {"train", opts_.to_json()}});
 }
 
 StepLog Trainer::step(const Dataset& train) {

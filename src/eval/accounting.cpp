@@ -165,7 +165,7 @@ ArchConfig read_arch_config(const std::string& path) {
   struct stat st {};
   const bool dir = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
   const std::string file = dir ? path + "/config.json" : path;
-  return parse_arch_config(read_file(file), file);
+  return parse_arch_config(read_file(file, kMaxJsonFileBytes), file);
 }
 
 BaseSize base_of(const ArchConfig& c) {

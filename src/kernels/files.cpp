@@ -5,11 +5,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <random>
-#include <sstream>
+
+#include "diffattn/runtime.h"
 
 namespace diffattn {
 
@@ -68,14 +70,88 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   }
 }
 
-std::string read_file(const std::string& path) {
-  errno = 0;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) io_fail(path, "cannot open", errno);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) io_fail(path, "read failed", errno);
-  return ss.str();
+namespace {
+
+const char* file_kind(mode_t m) {
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a file";
+}
+
+std::string bytes_str(uint64_t b) {
+  char buf[64];
+  if (b >= (uint64_t{1} << 30)) {
+    std::snprintf(buf, sizeof buf, "%llu bytes (%.1f GiB)", static_cast<unsigned long long>(b),
+                  static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0));
+  } else {
+    std::snprintf(buf, sizeof buf, "%llu bytes", static_cast<unsigned long long>(b));
+  }
+  return buf;
+}
+
+}  // namespace
+
+InputFile::InputFile(const std::string& path) : path_(path) {
+  if (path.empty()) throw IoError("cannot read a file with an empty name");
+  // O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting for one.
+  fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd_ < 0) io_fail(path, "cannot open", errno);
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    io_fail(path, "cannot stat", err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    throw IoError(path + ": not a regular file (" + file_kind(st.st_mode) + ")");
+  }
+  size_ = static_cast<uint64_t>(st.st_size);
+}
+
+InputFile::~InputFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void InputFile::read_at(uint64_t offset, void* dst, size_t n) const {
+  char* out = static_cast<char*>(dst);
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(fd_, out + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (r < 0) io_fail(path_, "read failed at byte " + std::to_string(offset + done), errno);
+    if (r == 0) {
+      throw IoError(path_ + ": truncated: read " + std::to_string(done) + " of " +
+                    std::to_string(n) + " bytes at offset " + std::to_string(offset) +
+                    " (the file is shorter than it was or than its header says)");
+    }
+    done += static_cast<size_t>(r);
+  }
+}
+
+std::string InputFile::read_at(uint64_t offset, size_t n) const {
+  std::string s(n, '\0');
+  read_at(offset, s.data(), n);
+  return s;
+}
+
+std::string read_file(const std::string& path, uint64_t max_bytes) {
+  InputFile f(path);
+  if (f.size() > max_bytes) {
+    throw IoError(path + ": " + bytes_str(f.size()) + ", more than the " + bytes_str(max_bytes) +
+                  " this file may have");
+  }
+  check_fits_in_memory(static_cast<double>(f.size()), path + " (" + bytes_str(f.size()) + ")");
+  return f.read_at(0, static_cast<size_t>(f.size()));
+}
+
+std::string read_file_prefix(const std::string& path, size_t n, uint64_t* file_size) {
+  InputFile f(path);
+  if (file_size) *file_size = f.size();
+  return f.read_at(0, static_cast<size_t>(std::min<uint64_t>(n, f.size())));
 }
 
 void make_dirs(const std::string& path) {

@@ -4,10 +4,13 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <set>
 
 #include "diffattn/model.h"
+#include "model/json_util.h"
 
 namespace diffattn {
 
@@ -20,11 +23,18 @@ void save_model(const Model& m, const std::string& dir) {
   write_file_atomic(dir + "/config.json", m.config().to_json());
 }
 
-void load_weights(Model& m, const SafeTensorsFile& f, const std::string& where,
-                  const std::string& prefix, bool allow_extra) {
-  for (const TensorInfo& t : m.tensors()) {
-    auto it = f.tensors.find(prefix + t.name);
-    if (it == f.tensors.end()) {
+namespace {
+
+// The checks shared by check_weights_header and load_weights: every tensor of the table present
+// with its shape, and (unless allow_extra) nothing else under prefix. Names is a map from a name
+// to something with a `shape`.
+template <class Names>
+void check_names_and_shapes(const ModelConfig& cfg, const std::vector<TensorInfo>& table,
+                            const Names& file, const std::string& where, const std::string& prefix,
+                            bool allow_extra) {
+  for (const TensorInfo& t : table) {
+    auto it = file.find(prefix + t.name);
+    if (it == file.end()) {
       throw IoError(where + ": missing tensor \"" + prefix + t.name + "\" of shape " +
                     shape_str(t.shape) + " (the config asks for it)");
     }
@@ -32,25 +42,43 @@ void load_weights(Model& m, const SafeTensorsFile& f, const std::string& where,
       throw IoError(where + ": tensor \"" + prefix + t.name + "\" has shape " +
                     shape_str(it->second.shape) + ", the config implies " + shape_str(t.shape));
     }
-    std::copy(it->second.data.begin(), it->second.data.end(), m.params.begin() + t.offset);
   }
   if (allow_extra) return;
-  for (const auto& [name, t] : f.tensors) {
-    if (name.rfind(prefix, 0) != 0) continue;
-    bool known = true;
-    try {
-      m.tensor(name.substr(prefix.size()));
-    } catch (const InvalidArgument&) {
-      known = false;
+  std::set<std::string> known;
+  for (const TensorInfo& t : table) known.insert(prefix + t.name);
+  for (const auto& [name, t] : file) {
+    if (name.rfind(prefix, 0) != 0 || known.count(name)) continue;
+    throw IoError(where + ": extra tensor " + quote_name(name) + " of shape " + shape_str(t.shape) +
+                  " is not part of a " + nn::attn_kind_name(cfg.attention) +
+                  " model with this config" +
+                  (cfg.tie_embeddings && name == prefix + "lm_head.weight" ? " (tie_embeddings is true)"
+                                                                            : ""));
+  }
+}
+
+}  // namespace
+
+void check_weights_header(const ModelConfig& cfg, const SafeTensorsHeader& h, const std::string& where,
+                          const std::string& prefix, bool allow_extra) {
+  check_names_and_shapes(cfg, tensor_table(cfg), h.tensors, where, prefix, allow_extra);
+}
+
+void load_weights(Model& m, const SafeTensorsFile& f, const std::string& where,
+                  const std::string& prefix, bool allow_extra) {
+  check_names_and_shapes(m.config(), m.tensors(), f.tensors, where, prefix, allow_extra);
+  for (const TensorInfo& t : m.tensors()) {
+    const std::vector<float>& src = f.tensors.at(prefix + t.name).data;
+    // A NaN or Inf weight would only show later, as a NaN loss or a kernel's complaint naming
+    // neither the file nor the tensor.
+    for (size_t i = 0; i < src.size(); ++i) {
+      if (!std::isfinite(src[i])) {
+        throw IoError(where + ": tensor \"" + prefix + t.name + "\" holds " +
+                      (std::isnan(src[i]) ? "NaN" : "Inf") + " at flat index " + std::to_string(i) +
+                      " of its " + std::to_string(src.size()) + " values (shape " +
+                      shape_str(t.shape) + ")");
+      }
     }
-    if (!known) {
-      throw IoError(where + ": extra tensor \"" + name + "\" of shape " + shape_str(t.shape) +
-                    " is not part of a " + nn::attn_kind_name(m.config().attention) +
-                    " model with this config" +
-                    (m.config().tie_embeddings && name == prefix + "lm_head.weight"
-                         ? " (tie_embeddings is true)"
-                         : ""));
-    }
+    std::copy(src.begin(), src.end(), m.params.begin() + t.offset);
   }
 }
 
@@ -60,10 +88,14 @@ Model load_model(const std::string& dir) {
     throw IoError(dir + ": not a model directory (expected config.json and model.safetensors)");
   }
   const std::string cfg_path = dir + "/config.json";
-  const ModelConfig cfg = ModelConfig::from_json(read_file(cfg_path), cfg_path);
-  Model m(cfg);
+  const ModelConfig cfg = ModelConfig::from_json(read_file(cfg_path, kMaxJsonFileBytes), cfg_path);
+  // The header first: a config whose sizes the weights do not match is an error before the
+  // model (sized by the config alone) is allocated.
   const std::string w_path = dir + "/model.safetensors";
-  load_weights(m, read_safetensors(w_path), w_path);
+  const SafeTensorsHeader h = read_safetensors_header(w_path);
+  check_weights_header(cfg, h, w_path);
+  Model m(cfg);
+  load_weights(m, read_safetensors(w_path, h), w_path);
   return m;
 }
 

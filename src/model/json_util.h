@@ -68,4 +68,13 @@ inline std::string json_brief(const nlohmann::json& v) {
   return s;
 }
 
+// A name from outside input (a tensor name, a metadata key) for a message: in double quotes,
+// JSON-escaped (control characters and invalid UTF-8 made visible), cut to max_chars.
+inline std::string quote_name(const std::string& name, size_t max_chars = 200) {
+  std::string s = nlohmann::json(name.size() > max_chars ? name.substr(0, max_chars) : name)
+                      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (name.size() > max_chars) s.insert(s.size() - 1, "...");
+  return s;
+}
+
 }  // namespace diffattn

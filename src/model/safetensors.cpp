@@ -4,12 +4,15 @@
 // We write F32; we read F32, BF16 and F16 (converted to float32). Every check names the file
 // and the tensor. Files are written atomically.
 #include <algorithm>
+#include <cstdint>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "diffattn/model.h"
+#include "diffattn/runtime.h"
 #include "model/json_util.h"
 
 namespace diffattn {
@@ -72,48 +75,66 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensorRef>
   write_file_atomic(path, out);
 }
 
-SafeTensorsFile read_safetensors(const std::string& path) {
-  const std::string bytes = read_file(path);
-  if (bytes.size() < 8) {
-    throw IoError(path + ": truncated: " + std::to_string(bytes.size()) +
+namespace {
+
+// Little-endian u64 from the first 8 bytes.
+uint64_t le64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  return v;
+}
+
+void check_prefix(uint64_t file_size, const std::string& name) {
+  if (file_size < 8) {
+    throw IoError(name + ": truncated: " + std::to_string(file_size) +
                   " bytes, shorter than the 8-byte safetensors header length");
   }
-  uint64_t hl = 0;
-  for (int i = 0; i < 8; ++i) hl |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[static_cast<size_t>(i)])) << (8 * i);
-  if (hl > bytes.size() - 8) {
-    throw IoError(path + ": header length " + std::to_string(hl) + " exceeds the file's " +
-                  std::to_string(bytes.size() - 8) + " remaining bytes (truncated or not safetensors)");
+}
+
+void check_header_length(uint64_t hl, uint64_t file_size, const std::string& name) {
+  if (hl > kMaxSafetensorsHeaderBytes) {
+    throw IoError(name + ": header length " + std::to_string(hl) + " exceeds the limit of " +
+                  std::to_string(kMaxSafetensorsHeaderBytes) + " bytes (corrupted or not safetensors)");
   }
+  if (hl > file_size - 8) {
+    throw IoError(name + ": header length " + std::to_string(hl) + " exceeds the file's " +
+                  std::to_string(file_size - 8) + " remaining bytes (truncated or not safetensors)");
+  }
+}
+
+// The JSON header text (hl bytes) of a file of file_size bytes, checked entry by entry.
+SafeTensorsHeader parse_header_json(const char* text, uint64_t hl, uint64_t file_size,
+                                    const std::string& path) {
   json header;
   try {
-    header = parse_json_bounded(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(hl),
-                                path + ": corrupted safetensors header");
+    header = parse_json_bounded(text, text + hl, path + ": corrupted safetensors header");
   } catch (const InvalidArgument& e) {
     throw IoError(e.what());
   }
   if (!header.is_object()) throw IoError(path + ": corrupted safetensors header (not an object)");
-  const uint64_t data_size = bytes.size() - 8 - hl;
-  const char* data = bytes.data() + 8 + hl;
-  SafeTensorsFile f;
+  SafeTensorsHeader h;
+  h.data_offset = 8 + hl;
+  h.file_size = file_size;
+  const uint64_t data_size = file_size - 8 - hl;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (const auto& [name, v] : header.items()) {
     if (name == "__metadata__") {
       if (!v.is_object()) throw IoError(path + ": __metadata__ must be an object of strings");
       for (const auto& [k, s] : v.items()) {
-        if (!s.is_string()) throw IoError(path + ": __metadata__[\"" + k + "\"] is not a string");
-        f.metadata[k] = s.get<std::string>();
+        if (!s.is_string()) throw IoError(path + ": __metadata__[" + quote_name(k) + "] is not a string");
+        h.metadata[k] = s.get<std::string>();
       }
       continue;
     }
-    const std::string where = path + ": tensor \"" + name + "\"";
+    const std::string where = path + ": tensor " + quote_name(name);
     if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
         !v.contains("data_offsets")) {
       throw IoError(where + ": entry needs dtype, shape and data_offsets");
     }
-    SafeTensor t;
+    SafeTensorEntry t;
     const json& dt = v.at("dtype");
     const std::string dts = dt.is_string() ? dt.get<std::string>() : json_brief(dt);
-    size_t esize = 4;
+    uint64_t esize = 4;
     if (dts == "F32") {
       t.dtype = DType::F32;
     } else if (dts == "BF16") {
@@ -123,16 +144,29 @@ SafeTensorsFile read_safetensors(const std::string& path) {
       t.dtype = DType::F16;
       esize = 2;
     } else {
-      throw IoError(where + ": dtype " + dts + " is not supported (F32, BF16 or F16)");
+      const bool plain = dt.is_string() && dts.size() <= 16 &&
+                         std::all_of(dts.begin(), dts.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)); });
+      throw IoError(where + ": dtype " + (plain ? dts : json_brief(dt)) +
+                    " is not supported (F32, BF16 or F16)");
     }
+    const json& shape = v.at("shape");
+    if (!shape.is_array()) throw IoError(where + ": shape is not a list");
     int64_t n = 1;
-    if (!v.at("shape").is_array()) throw IoError(where + ": shape is not a list");
-    for (const json& d : v.at("shape")) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0) {
-        throw IoError(where + ": shape " + json_brief(v.at("shape")) + " is not a list of sizes");
+    for (const json& d : shape) {
+      if (!d.is_number_integer() || (d.is_number_unsigned() && d.get<uint64_t>() > INT64_MAX) ||
+          d.get<int64_t>() < 0) {
+        throw IoError(where + ": shape " + json_brief(shape) + " is not a list of sizes");
       }
       t.shape.push_back(d.get<int64_t>());
-      n *= d.get<int64_t>();
+      // A product that wraps would pass the byte count below with too few bytes.
+      if (__builtin_mul_overflow(n, d.get<int64_t>(), &n)) {
+        throw IoError(where + ": shape " + json_brief(shape) + " has more elements than 2^63");
+      }
+    }
+    t.numel = n;
+    uint64_t need = 0;
+    if (__builtin_mul_overflow(static_cast<uint64_t>(n), esize, &need)) {
+      throw IoError(where + ": shape " + json_brief(shape) + " needs more than 2^64 bytes");
     }
     const json& offs = v.at("data_offsets");
     if (!offs.is_array() || offs.size() != 2 || !offs[0].is_number_unsigned() ||
@@ -145,23 +179,14 @@ SafeTensorsFile read_safetensors(const std::string& path) {
                     "] fall outside the " + std::to_string(data_size) +
                     " data bytes (truncated file?)");
     }
-    if (e - b != static_cast<uint64_t>(n) * esize) {
+    if (e - b != need) {
       throw IoError(where + ": holds " + std::to_string(e - b) + " bytes, but " + dts + " of shape " +
-                    shape_str(t.shape) + " needs " + std::to_string(static_cast<uint64_t>(n) * esize));
+                    shape_str(t.shape) + " needs " + std::to_string(need));
     }
+    t.begin = b;
+    t.end = e;
     ranges.push_back({b, e});
-    t.data.resize(static_cast<size_t>(n));
-    const char* src = data + b;
-    for (int64_t i = 0; i < n; ++i) {
-      if (t.dtype == DType::F32) {
-        std::memcpy(&t.data[static_cast<size_t>(i)], src + 4 * i, 4);
-      } else {
-        uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        t.data[static_cast<size_t>(i)] = t.dtype == DType::BF16 ? bf16_to_float(h) : half_to_float(h);
-      }
-    }
-    f.tensors.emplace(name, std::move(t));
+    h.tensors.emplace(name, std::move(t));
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i) {
@@ -169,7 +194,97 @@ SafeTensorsFile read_safetensors(const std::string& path) {
       throw IoError(path + ": corrupted safetensors header (tensor data ranges overlap)");
     }
   }
-  return f;
+  return h;
+}
+
+// Converts e's bytes (src, e.end - e.begin of them) into float32.
+void decode_into(const SafeTensorEntry& e, const char* src, float* dst) {
+  if (e.numel == 0) return;  // dst may be null (an empty vector's data())
+  if (e.dtype == DType::F32) {
+    std::memcpy(dst, src, static_cast<size_t>(e.numel) * 4);
+    return;
+  }
+  for (int64_t i = 0; i < e.numel; ++i) {
+    uint16_t h;
+    std::memcpy(&h, src + 2 * i, 2);
+    dst[i] = e.dtype == DType::BF16 ? bf16_to_float(h) : half_to_float(h);
+  }
+}
+
+// The memory the decoded tensors take (float32), checked before any of them is allocated.
+void check_decoded_size(const SafeTensorsHeader& h, const std::string& path) {
+  double bytes = 0;
+  for (const auto& [name, e] : h.tensors) bytes += 4.0 * static_cast<double>(e.numel);
+  check_fits_in_memory(bytes, path + ": " + std::to_string(h.tensors.size()) +
+                                  " tensors decoded to float32");
+}
+
+}  // namespace
+
+SafeTensorsHeader parse_safetensors_header(const std::string& bytes, const std::string& name) {
+  check_prefix(bytes.size(), name);
+  const uint64_t hl = le64(bytes.data());
+  check_header_length(hl, bytes.size(), name);
+  return parse_header_json(bytes.data() + 8, hl, bytes.size(), name);
+}
+
+SafeTensorsHeader read_safetensors_header(const std::string& path) {
+  const InputFile f(path);
+  check_prefix(f.size(), path);
+  char first[8];
+  f.read_at(0, first, 8);
+  const uint64_t hl = le64(first);
+  check_header_length(hl, f.size(), path);
+  const std::string text = f.read_at(8, static_cast<size_t>(hl));
+  return parse_header_json(text.data(), hl, f.size(), path);
+}
+
+SafeTensorsFile read_safetensors(const std::string& path, const SafeTensorsHeader& h) {
+  const InputFile f(path);
+  if (f.size() != h.file_size) {
+    throw IoError(path + ": changed while being read (" + std::to_string(f.size()) +
+                  " bytes, its header was read from " + std::to_string(h.file_size) + ")");
+  }
+  check_decoded_size(h, path);
+  SafeTensorsFile out;
+  out.metadata = h.metadata;
+  std::vector<char> buf;
+  for (const auto& [name, e] : h.tensors) {
+    SafeTensor t;
+    t.dtype = e.dtype;
+    t.shape = e.shape;
+    t.data.resize(static_cast<size_t>(e.numel));
+    const size_t nbytes = static_cast<size_t>(e.end - e.begin);
+    if (e.dtype == DType::F32) {
+      f.read_at(h.data_offset + e.begin, t.data.data(), nbytes);  // little-endian, as stored
+    } else {
+      buf.resize(nbytes);
+      f.read_at(h.data_offset + e.begin, buf.data(), nbytes);
+      decode_into(e, buf.data(), t.data.data());
+    }
+    out.tensors.emplace(name, std::move(t));
+  }
+  return out;
+}
+
+SafeTensorsFile read_safetensors(const std::string& path) {
+  return read_safetensors(path, read_safetensors_header(path));
+}
+
+SafeTensorsFile parse_safetensors(const std::string& bytes, const std::string& name) {
+  const SafeTensorsHeader h = parse_safetensors_header(bytes, name);
+  check_decoded_size(h, name);
+  SafeTensorsFile out;
+  out.metadata = h.metadata;
+  for (const auto& [tname, e] : h.tensors) {
+    SafeTensor t;
+    t.dtype = e.dtype;
+    t.shape = e.shape;
+    t.data.resize(static_cast<size_t>(e.numel));
+    decode_into(e, bytes.data() + h.data_offset + e.begin, t.data.data());
+    out.tensors.emplace(tname, std::move(t));
+  }
+  return out;
 }
 
 }  // namespace diffattn

@@ -1,0 +1,25 @@
+// Fuzzes the safetensors reader (src/model/safetensors.cpp) in memory: parse_safetensors (header
+// length, JSON header, dtypes, shapes, offsets, decoding) and the header alone. Any input either
+// parses, with every tensor's data as long as its shape says, or throws a diffattn::Error.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "diffattn/model.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string bytes(reinterpret_cast<const char*>(data), size);
+  try {
+    const diffattn::SafeTensorsHeader h = diffattn::parse_safetensors_header(bytes, "fuzz.safetensors");
+    const diffattn::SafeTensorsFile f = diffattn::parse_safetensors(bytes, "fuzz.safetensors");
+    if (f.tensors.size() != h.tensors.size()) std::abort();
+    for (const auto& [name, t] : f.tensors) {
+      int64_t n = 1;
+      for (int64_t d : t.shape) n *= d;  // checked by the reader: cannot overflow here
+      if (static_cast<int64_t>(t.data.size()) != n || h.tensors.at(name).numel != n) std::abort();
+    }
+  } catch (const diffattn::Error&) {
+  }
+  return 0;
+}
