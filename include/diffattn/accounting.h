@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "diffattn/error.h"
+#include "diffattn/model.h"
 
 namespace diffattn {
 
@@ -55,6 +56,9 @@ struct TensorSpec {
 // Every tensor FORMAT.md lists for this config, in its order. Throws InvalidArgument (naming
 // the field) for sizes that are not positive or G not dividing H.
 std::vector<TensorSpec> format_tensors(const ArchConfig& c);
+// The ModelConfig of an architecture (max_seq_len 1: no tensor depends on it); format_tensors
+// is tensor_table of it, so the model and the accounting share one tensor list.
+ModelConfig model_config_of(const ArchConfig& c);
 
 struct Accounting {
   ArchConfig config;

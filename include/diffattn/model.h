@@ -50,6 +50,10 @@ nn::AttnKind parse_attn_kind(const std::string& name, const std::string& where);
 // V1 matches standard exactly (H pairs of 2D replace 2H heads of D); V2's extra query heads
 // and lambda_proj are paid for by a smaller ffn_dim (see README).
 ModelConfig model_preset(const std::string& name, nn::AttnKind kind, int64_t vocab_size = 256);
+// The V2 rule of equal size (the one place it is written): V2 adds H*D*C query weights and an
+// (H, C) lambda_proj per layer; the SwiGLU's three (ffn, C) matrices give back as many rows,
+// rounded to the nearest. Returns the V2 model's ffn_dim for a standard model's ffn.
+int64_t v2_matched_ffn_dim(int64_t ffn, int64_t d_model, int64_t n_heads, int64_t head_dim);
 // The same rule for any size: n_std heads of d_model / n_std for the standard model (V1: n_std / 2
 // pairs, V2: n_std output heads and an FFN shrunk to pay for its extra query heads).
 ModelConfig model_of_size(nn::AttnKind kind, int64_t d_model, int64_t n_layers, int64_t n_std,

@@ -59,41 +59,39 @@ ArchConfig diff_v2_of(const BaseSize& b) {
 }
 
 int64_t v2_matched_ffn(const BaseSize& b) {
-  // Extra per layer: H*D*d_model more query weights and H*d_model of lambda_proj; each unit of
-  // ffn_dim costs 3*d_model (gate, up, down).
-  const int64_t extra = b.n_heads * b.head_dim * b.d_model + b.n_heads * b.d_model;
-  const int64_t per_unit = 3 * b.d_model;
-  return b.ffn_dim - (extra + per_unit / 2) / per_unit;
+  return v2_matched_ffn_dim(b.ffn_dim, b.d_model, b.n_heads, b.head_dim);
 }
 
-std::vector<TensorSpec> format_tensors(const ArchConfig& c) {
+ModelConfig model_config_of(const ArchConfig& c) {
   check(c);
-  const bool v1 = c.attention == "diff_v1", v2 = c.attention == "diff_v2";
-  const int64_t H = c.n_heads, G = c.n_kv_heads, D = c.head_dim, dm = c.d_model;
-  const int64_t Dv = v1 ? 2 * D : D;
+  ModelConfig m;
+  m.attention = parse_attn_kind(c.attention, "model config: attention");
+  m.vocab_size = c.vocab_size;
+  m.d_model = c.d_model;
+  m.n_layers = c.n_layers;
+  m.ffn_dim = c.ffn_dim;
+  m.n_heads = c.n_heads;
+  m.n_kv_heads = c.n_kv_heads;
+  m.head_dim = c.head_dim;
+  m.tie_embeddings = c.tie_embeddings;
+  m.max_seq_len = 1;  // no tensor depends on it
+  return m;
+}
+
+// FORMAT.md's tensor list is tensor_table (src/model/config.cpp), the one the model loads and
+// saves; accounting only adds each tensor's component.
+std::vector<TensorSpec> format_tensors(const ArchConfig& c) {
+  auto component = [](const std::string& n) -> std::string {
+    auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
+    if (has("embed_tokens")) return "embeddings";
+    if (has("lm_head")) return "head";
+    if (has("norm.weight") || has("subln")) return "norms";
+    if (has("lambda")) return "lambda";
+    if (has(".attn.")) return "attention";
+    return "ffn";
+  };
   std::vector<TensorSpec> t;
-  t.push_back({"embed_tokens.weight", {c.vocab_size, dm}, "embeddings"});
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    t.push_back({p + "attn_norm.weight", {dm}, "norms"});
-    t.push_back({p + "attn.q_proj.weight", {(v1 || v2 ? 2 * H : H) * D, dm}, "attention"});
-    t.push_back({p + "attn.k_proj.weight", {(v1 ? 2 * G : G) * D, dm}, "attention"});
-    t.push_back({p + "attn.v_proj.weight", {G * Dv, dm}, "attention"});
-    t.push_back({p + "attn.out_proj.weight", {dm, H * Dv}, "attention"});
-    if (v1) {
-      for (const char* n : {"lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"}) {
-        t.push_back({p + "attn." + n, {D}, "lambda"});
-      }
-      t.push_back({p + "attn.subln.weight", {2 * D}, "norms"});
-    }
-    if (v2) t.push_back({p + "attn.lambda_proj.weight", {H, dm}, "lambda"});
-    t.push_back({p + "ffn_norm.weight", {dm}, "norms"});
-    t.push_back({p + "ffn.gate_proj.weight", {c.ffn_dim, dm}, "ffn"});
-    t.push_back({p + "ffn.up_proj.weight", {c.ffn_dim, dm}, "ffn"});
-    t.push_back({p + "ffn.down_proj.weight", {dm, c.ffn_dim}, "ffn"});
-  }
-  t.push_back({"norm.weight", {dm}, "norms"});
-  if (!c.tie_embeddings) t.push_back({"lm_head.weight", {c.vocab_size, dm}, "head"});
+  for (const TensorInfo& i : tensor_table(model_config_of(c))) t.push_back({i.name, i.shape, component(i.name)});
   return t;
 }
 

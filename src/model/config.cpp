@@ -170,13 +170,16 @@ ModelConfig model_of_size(nn::AttnKind kind, int64_t d_model, int64_t n_layers, 
   c.n_heads = kind == nn::AttnKind::DiffV1 ? n_std / 2 : n_std;
   c.n_kv_heads = c.n_heads;
   if (kind == nn::AttnKind::DiffV2) {
-    // V2 adds H*D*C query weights and an (H, C) lambda_proj per layer; take the same number
-    // from the SwiGLU's three (ffn_dim, C) matrices, rounded to the nearest row.
-    const int64_t extra = c.n_heads * c.head_dim * c.d_model + c.n_heads * c.d_model;
-    c.ffn_dim = ffn - (extra + (3 * c.d_model) / 2) / (3 * c.d_model);
+    c.ffn_dim = v2_matched_ffn_dim(ffn, c.d_model, c.n_heads, c.head_dim);
   }
   c.validate("model size");
   return c;
+}
+
+int64_t v2_matched_ffn_dim(int64_t ffn, int64_t d_model, int64_t n_heads, int64_t head_dim) {
+  const int64_t extra = n_heads * head_dim * d_model + n_heads * d_model;
+  const int64_t per_row = 3 * d_model;
+  return ffn - (extra + per_row / 2) / per_row;
 }
 
 ModelConfig model_preset(const std::string& name, nn::AttnKind kind, int64_t vocab_size) {
