@@ -79,8 +79,6 @@ struct RowStats {
   std::vector<float> delta, lse2, rfac;
 };
 
-constexpr int64_t kDpChunk = 32;
-
 // One key block of one (batch, group): dK, dV of its rows and its share of dQ.
 void BwdItem(const AttnBwdParams& p, const BwdLayout& f, const RowStats& st, BwdScratch& w,
              float* dq_part, int64_t b, int64_t g, int64_t kb) {
@@ -113,10 +111,7 @@ void BwdItem(const AttnBwdParams& p, const BwdLayout& f, const RowStats& st, Bwd
       const int64_t nq = std::min(Bq, p.Tq - i0), nqp = round_up(nq, kRowPad);
       fused::pack_rows(w.dO.get(), f.Dvp, nqp, r.dout(b, i0, h), p.o_row_stride, nq, p.Dv);
       // dP (nqp, Bk) = dout V^T
-      for (int64_t c0 = 0; c0 < p.Dv; c0 += kDpChunk) {
-        Gemm(nqp, Bk, std::min(kDpChunk, p.Dv - c0), w.dO.get() + c0, f.Dvp, 1,
-             w.vt.get() + c0 * Bk, Bk, w.dP.get(), Bk, c0 > 0);
-      }
+      Gemm(nqp, Bk, p.Dv, w.dO.get(), f.Dvp, 1, w.vt.get(), Bk, w.dP.get(), Bk, false);
       for (int m = 0; m < p.maps; ++m) {
         const int64_t qh = r.q_head(h, m), kl = f.nkh == 2 ? m : 0;
         fused::pack_rows(w.q.get(), f.Dp, nqp, r.q(b, i0, qh), p.q_row_stride, nq, p.D);
@@ -131,10 +126,7 @@ void BwdItem(const AttnBwdParams& p, const BwdLayout& f, const RowStats& st, Bwd
           const int64_t vis = real ? fused::visible_in_tile(p, i0 + t, j0, nk) : 0;
           NormalisedRow(srow, Bk, vis, f.c, real ? st.lse2[stat + t] : 0.0f);
           const float cl = (p.maps == 2 && real) ? -r.lam(b, i0 + t, h) : 0.0f;
-          // A row that sees a single key has P = 1 whatever its score: dS = 0 exactly, where
-          // P (dP - D) would leave the rounding of dP and D (which no longer cancel).
-          const bool single = real && std::min(p.last_key(i0 + t) + 1, p.Tk) == 1;
-          const float coef = single ? 0.0f : (m == 0 ? 1.0f : cl) * p.scale;
+          const float coef = (m == 0 ? 1.0f : cl) * p.scale;
           const VF vr = hn::Set(d, real ? st.rfac[stat + t] : 1.0f);
           const VF vdelta = hn::Set(d, real ? st.delta[stat + t] : 0.0f);
           const VF vcoef = hn::Set(d, coef), vcl = hn::Set(d, cl);
