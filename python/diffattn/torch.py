@@ -1,0 +1,441 @@
+"""diffattn.torch: the fused operators inside PyTorch's autograd, drop-in attention modules,
+and ring (context-parallel) differential attention on torch.distributed.
+
+    import diffattn.torch as dt
+    out = dt.diff_attention(q, k, v, lam, causal=True)   # q (B, Tq, 2H, D) ...
+    out.sum().backward()                                  # grads for q, k, v and lam
+
+Layouts are those of the NumPy operators (docs/DESIGN.md, "The operator contract"):
+q (B, Tq, 2H, D), k (B, Tk, 2G, D) (V1) or (B, Tk, G, D) (V2, shared keys), v (B, Tk, G, Dv),
+lam (H) or (B, Tq, H); out (B, Tq, H, Dv). Standard attention: q (B, Tq, H, D), k (B, Tk, G, D).
+
+A training step runs one forward kernel and one backward kernel: the forward saves
+(out, lse, o2) and the backward hands them back to the kernel, which then recomputes nothing
+that needs a Tq x Tk buffer. CPU float32 tensors reach the kernels without a copy, including
+strided views such as x.transpose(1, 2) of a (B, heads, T, D) tensor (the last dimension must
+be contiguous; otherwise that one tensor is copied). float64, float16 and bfloat16 inputs are
+computed in float32 and the result comes back in q's dtype; gradients come back in each input's
+dtype (autograd's casts).
+
+Devices: the kernels here are the CPU ones. A tensor on another device is a ValueError naming
+it; a CUDA build of the kernels (a later issue) slots in at _kernels_for().
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import _core
+
+__all__ = [
+    "diff_attention",
+    "attention",
+    "MultiheadDiffAttn",
+    "MultiheadDiffAttnV2",
+    "DiffLlamaAttention",
+    "RMSNorm",
+    "lambda_init_fn",
+    "ring_diff_attention",
+    "ring_attention",
+    "zigzag_shard",
+    "zigzag_unshard",
+]
+
+_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+# ------------------------------------------------------------------ argument checks
+
+
+def _check_tensor(op, name, x, dims):
+    """x must be a floating CPU tensor with one of the ranks in dims."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.device.type != "cpu":
+        raise ValueError(f"{op}: {name} is on device {x.device}; diffattn.torch runs its kernels "
+                         f"on CPU tensors only (move it with .cpu())")
+    if x.dtype not in _FLOATS:
+        raise TypeError(f"{op}: {name} has dtype {x.dtype}; expected one of float32, float64, "
+                        f"float16, bfloat16")
+    if x.dim() not in dims:
+        want = " or ".join(str(d) for d in dims)
+        raise ValueError(f"{op}: {name} must have {want} dimensions, got shape {tuple(x.shape)}")
+
+
+def _kernels_for(device):
+    """The kernel module for a device; the CPU build is the only one so far."""
+    return _core
+
+
+def _as_f32(x):
+    """float32 view of x: the tensor itself when it already is one (no copy)."""
+    return x if x.dtype == torch.float32 else x.to(torch.float32)
+
+
+def _np(x):
+    """A NumPy view of a float32 CPU tensor, sharing memory and strides when the kernels
+    accept them (last dimension contiguous, strides non-negative); else a contiguous copy."""
+    x = x.detach()
+    if x.dim() > 0 and x.shape[-1] > 1 and x.stride(-1) != 1:
+        x = x.contiguous()
+    if any(s < 0 for s in x.stride()):  # torch has none today; cheap to guard
+        x = x.contiguous()
+    return x.numpy()
+
+
+def _np_dout(g):
+    """The incoming gradient as a view the kernels accept. autograd hands out expanded
+    tensors (stride 0, e.g. the gradient of out.sum()); those are materialised."""
+    g = _as_f32(g)
+    if any(s == 0 for s, n in zip(g.stride(), g.shape) if n > 1):
+        g = g.contiguous()
+    return _np(g)
+
+
+def _t(a):
+    return torch.from_numpy(a)
+
+
+# ------------------------------------------------------------------ autograd functions
+
+
+class _DiffAttentionFn(torch.autograd.Function):
+    """Signed differential attention on float32 CPU tensors (see diff_attention)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, lam, causal, scale):
+        K = _kernels_for(q.device)
+        out, lse, o2 = K.diff_attention(_np(q), _np(k), _np(v), _np(lam.contiguous()),
+                                        causal=causal, scale=scale, return_stats=True)
+        out, lse, o2 = _t(out), _t(lse), _t(o2)
+        ctx.causal, ctx.scale = causal, scale
+        ctx.save_for_backward(q, k, v, lam, out, lse, o2)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, lam, out, lse, o2 = ctx.saved_tensors
+        K = _kernels_for(q.device)
+        dq, dk, dv, dlam = K.diff_attention_backward(
+            _np(q), _np(k), _np(v), _np(lam.contiguous()), _np_dout(dout), causal=ctx.causal,
+            scale=ctx.scale, out=out.numpy(), lse=lse.numpy(), o2=o2.numpy())
+        return _t(dq), _t(dk), _t(dv), _t(dlam).view(lam.shape), None, None
+
+
+class _AttentionFn(torch.autograd.Function):
+    """Standard softmax attention on float32 CPU tensors (see attention)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        K = _kernels_for(q.device)
+        out, lse = K.attention(_np(q), _np(k), _np(v), causal=causal, scale=scale,
+                               return_stats=True)
+        out, lse = _t(out), _t(lse)
+        ctx.causal, ctx.scale = causal, scale
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        K = _kernels_for(q.device)
+        dq, dk, dv = K.attention_backward(_np(q), _np(k), _np(v), _np_dout(dout),
+                                          causal=ctx.causal, scale=ctx.scale, out=out.numpy(),
+                                          lse=lse.numpy())
+        return _t(dq), _t(dk), _t(dv), None, None
+
+
+def _check_flags(op, causal, scale):
+    if not isinstance(causal, bool):
+        raise TypeError(f"{op}: causal must be a bool, got {type(causal).__name__}")
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise TypeError(f"{op}: scale must be a number or None, got {type(scale).__name__}")
+        scale = float(scale)
+        if not math.isfinite(scale) or scale == 0.0:
+            raise ValueError(f"{op}: scale must be finite and non-zero, got {scale}")
+    return scale
+
+
+def _check_same_dtype(op, **xs):
+    dtypes = {n: x.dtype for n, x in xs.items()}
+    if len(set(dtypes.values())) > 1:
+        got = ", ".join(f"{n} {d}" for n, d in dtypes.items())
+        raise TypeError(f"{op}: q, k and v must share one dtype, got {got}")
+
+
+def diff_attention(q, k, v, lam, causal=False, scale=None):
+    """Differential attention, differentiable in q, k, v and lam.
+
+    q (B, Tq, 2H, D): pair h uses sub-heads 2h (map 1) and 2h+1 (map 2)
+    k (B, Tk, 2G, D) separate keys per map (V1), or (B, Tk, G, D) shared keys (V2)
+    v (B, Tk, G, Dv); lam (H) or (B, Tq, H)                   -> out (B, Tq, H, Dv)
+
+    out = softmax(s Q1 K1^T) V - lam softmax(s Q2 K2^T) V, s = scale or 1/sqrt(D);
+    causal: query i sees key j iff j <= i + Tk - Tq (bottom-right)."""
+    op = "diff_attention"
+    _check_tensor(op, "q", q, (4,))
+    _check_tensor(op, "k", k, (4,))
+    _check_tensor(op, "v", v, (4,))
+    _check_tensor(op, "lam", lam, (1, 3))
+    _check_same_dtype(op, q=q, k=k, v=v)
+    scale = _check_flags(op, causal, scale)
+    out = _DiffAttentionFn.apply(_as_f32(q), _as_f32(k), _as_f32(v), _as_f32(lam), causal, scale)
+    return out if q.dtype == torch.float32 else out.to(q.dtype)
+
+
+def attention(q, k, v, causal=False, scale=None):
+    """Standard softmax attention, differentiable in q, k and v:
+    q (B, Tq, H, D), k (B, Tk, G, D), v (B, Tk, G, Dv) -> out (B, Tq, H, Dv)."""
+    op = "attention"
+    _check_tensor(op, "q", q, (4,))
+    _check_tensor(op, "k", k, (4,))
+    _check_tensor(op, "v", v, (4,))
+    _check_same_dtype(op, q=q, k=k, v=v)
+    scale = _check_flags(op, causal, scale)
+    out = _AttentionFn.apply(_as_f32(q), _as_f32(k), _as_f32(v), causal, scale)
+    return out if q.dtype == torch.float32 else out.to(q.dtype)
+
+
+# ------------------------------------------------------------------ module pieces
+
+
+def lambda_init_fn(depth):
+    """The paper's lambda_init schedule, depth the 0-based layer index."""
+    return 0.8 - 0.6 * math.exp(-0.3 * depth)
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) (* weight), computed in float32 and cast back
+    (torch 1.13 has no nn.RMSNorm)."""
+
+    def __init__(self, dim, eps=1e-5, elementwise_affine=True):
+        super().__init__()
+        self.dim, self.eps = dim, eps
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.ones(dim))
+        else:
+            self.register_parameter("weight", None)
+
+    def forward(self, x):
+        y = x.float()
+        y = (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
+        return y * self.weight if self.weight is not None else y
+
+
+def rotary_cos_sin(T, dim, theta=10000.0, offset=0, dtype=torch.float32):
+    """cos, sin (T, dim/2) for positions offset .. offset+T-1: angle t * theta^(-2j/dim)."""
+    j = torch.arange(dim // 2, dtype=torch.float64)
+    freq = theta ** (-2.0 * j / dim)
+    ang = torch.arange(offset, offset + T, dtype=torch.float64)[:, None] * freq[None, :]
+    return torch.cos(ang).to(dtype), torch.sin(ang).to(dtype)
+
+
+def apply_rotary_interleaved(x, cos, sin):
+    """x (B, T, n, D); pairs (2j, 2j+1) rotate by the angle of (cos, sin) (T, D/2)."""
+    c = cos.to(x.dtype)[None, :, None, :]
+    s = sin.to(x.dtype)[None, :, None, :]
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
+
+
+def apply_rotary_half(x, cos, sin):
+    """Llama's (non-interleaved) rotation: x (B, n, T, D); cos, sin (B, T, D) or (T, D)."""
+    if cos.dim() == 2:
+        cos, sin = cos[None], sin[None]
+    c, s = cos.unsqueeze(1).to(x.dtype), sin.unsqueeze(1).to(x.dtype)
+    h = x.shape[-1] // 2
+    rot = torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+    return x * c + rot * s
+
+
+def _module_input(op, x, dim):
+    _check_tensor(op, "x", x, (3,))
+    if x.shape[-1] != dim:
+        raise ValueError(f"{op}: x must have shape (B, T, {dim}), got {tuple(x.shape)}")
+
+
+class MultiheadDiffAttn(nn.Module):
+    """DIFF Transformer V1 attention (arXiv:2410.05258), parameter names and state_dict of the
+    upstream module (microsoft/unilm Diff-Transformer multihead_diffattn.py):
+    q_proj, k_proj, v_proj, out_proj (no bias), lambda_q1/k1/q2/k2 (head_dim), subln (RMSNorm
+    over 2*head_dim, elementwise affine, eps 1e-5).
+
+    num_heads is the number of differential heads (half of a Transformer's head count);
+    head_dim = embed_dim / num_heads / 2; num_kv_heads (default num_heads) key/value groups.
+    forward(x (B, T, embed_dim), rel_pos=None) -> (B, T, embed_dim), causal. rel_pos is the
+    upstream (cos, sin), each (T, head_dim/2), for interleaved rotary embedding; None computes
+    them for positions 0..T-1 with base rope_theta.
+
+    Grouped keys (num_kv_heads < num_heads) follow the upstream FlashAttention file (pair h
+    reads group h // (num_heads/num_kv_heads), both sub-heads); the upstream naive file
+    repeats keys per sub-head instead, which differs only under GQA (docs/DESIGN.md)."""
+
+    def __init__(self, embed_dim, depth, num_heads, num_kv_heads=None, rope_theta=10000.0):
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if embed_dim % (2 * num_heads) or num_heads % num_kv_heads:
+            raise ValueError(f"MultiheadDiffAttn: embed_dim {embed_dim} must divide into "
+                             f"2*num_heads ({2 * num_heads}) and num_heads {num_heads} into "
+                             f"num_kv_heads {num_kv_heads}")
+        self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
+        self.n_rep = num_heads // num_kv_heads
+        self.head_dim = embed_dim // num_heads // 2
+        self.scaling = self.head_dim ** -0.5
+        self.rope_theta = rope_theta
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.k_proj = nn.Linear(embed_dim, embed_dim // self.n_rep, bias=False)
+        self.v_proj = nn.Linear(embed_dim, embed_dim // self.n_rep, bias=False)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.lambda_init = lambda_init_fn(depth)
+        for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            setattr(self, n, nn.Parameter(torch.zeros(self.head_dim).normal_(mean=0, std=0.1)))
+        self.subln = RMSNorm(2 * self.head_dim, eps=1e-5, elementwise_affine=True)
+
+    def lambda_full(self):
+        l1 = torch.exp(torch.sum(self.lambda_q1 * self.lambda_k1, dim=-1).float())
+        l2 = torch.exp(torch.sum(self.lambda_q2 * self.lambda_k2, dim=-1).float())
+        return l1 - l2 + self.lambda_init
+
+    def forward(self, x, rel_pos=None):
+        _module_input("MultiheadDiffAttn", x, self.embed_dim)
+        B, T, _ = x.shape
+        H, G, D = self.num_heads, self.num_kv_heads, self.head_dim
+        cos, sin = rel_pos if rel_pos is not None else rotary_cos_sin(T, D, self.rope_theta)
+        q = apply_rotary_interleaved(self.q_proj(x).view(B, T, 2 * H, D), cos, sin)
+        k = apply_rotary_interleaved(self.k_proj(x).view(B, T, 2 * G, D), cos, sin)
+        v = self.v_proj(x).view(B, T, G, 2 * D)
+        lam = self.lambda_full().expand(H)  # (H)
+        o = diff_attention(q, k, v, lam, causal=True, scale=self.scaling)  # (B, T, H, 2D)
+        o = self.subln(o) * (1 - self.lambda_init)
+        return self.out_proj(o.reshape(B, T, H * 2 * D))
+
+
+class MultiheadDiffAttnV2(nn.Module):
+    """DIFF Transformer V2 attention: q_proj gives 2*num_heads query heads (pair h: sub-heads
+    2h and 2h+1), k_proj and v_proj num_kv_heads heads shared by both maps, lambda_proj a
+    per-token, per-head lambda = sigmoid(lambda_proj x), o_proj; no per-head norm (no bias
+    anywhere). forward(x (B, T, embed_dim), rel_pos=None) -> (B, T, embed_dim), causal, with
+    interleaved rotary embedding on q and k (rel_pos as for MultiheadDiffAttn).
+    head_dim defaults to embed_dim / num_heads."""
+
+    def __init__(self, embed_dim, num_heads, num_kv_heads=None, head_dim=None,
+                 rope_theta=10000.0):
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        head_dim = embed_dim // num_heads if head_dim is None else head_dim
+        if num_heads % num_kv_heads or head_dim <= 0:
+            raise ValueError(f"MultiheadDiffAttnV2: num_heads {num_heads} must be a multiple of "
+                             f"num_kv_heads {num_kv_heads}, head_dim {head_dim} positive")
+        self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
+        self.head_dim, self.rope_theta = head_dim, rope_theta
+        self.q_proj = nn.Linear(embed_dim, 2 * num_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(num_heads * head_dim, embed_dim, bias=False)
+        self.lambda_proj = nn.Linear(embed_dim, num_heads, bias=False)
+
+    def forward(self, x, rel_pos=None):
+        _module_input("MultiheadDiffAttnV2", x, self.embed_dim)
+        B, T, _ = x.shape
+        H, G, D = self.num_heads, self.num_kv_heads, self.head_dim
+        cos, sin = rel_pos if rel_pos is not None else rotary_cos_sin(T, D, self.rope_theta)
+        q = apply_rotary_interleaved(self.q_proj(x).view(B, T, 2 * H, D), cos, sin)
+        k = apply_rotary_interleaved(self.k_proj(x).view(B, T, G, D), cos, sin)
+        v = self.v_proj(x).view(B, T, G, D)
+        lam = torch.sigmoid(self.lambda_proj(x))  # (B, T, H)
+        o = diff_attention(q, k, v, lam, causal=True)  # (B, T, H, D)
+        return self.o_proj(o.reshape(B, T, H * D))
+
+
+def _cfg(config, name, default=None):
+    if isinstance(config, dict):
+        return config.get(name, default)
+    v = getattr(config, name, default)
+    return default if v is None else v
+
+
+class DiffLlamaAttention(nn.Module):
+    """transformers' DiffLlama attention ("halves" layout), same parameter names and
+    state_dict: q_proj, k_proj, v_proj, o_proj (bias = config.attention_bias), lambda_q1/k1/
+    q2/k2 (head_dim), groupnorm (RMSNorm over 2*head_dim without weight, eps
+    config.rms_norm_eps), lambda_init = 0.8 - 0.6 exp(-0.3 layer_idx).
+
+    config: an object or dict with hidden_size, num_attention_heads, num_key_value_heads,
+    head_dim (default hidden_size / num_attention_heads), rms_norm_eps, attention_bias,
+    lambda_std_dev, rope_theta. forward(hidden_states (B, T, hidden), position_embeddings=None,
+    attention_mask=None) -> (attn_output, None) as transformers' attention returns it without
+    weights. position_embeddings is Llama's (cos, sin), each (B, T, head_dim) or (T, head_dim),
+    rotate-half style; None computes them for positions 0..T-1 with rope_theta. The mask is
+    causal; an explicit attention_mask (padding) is not supported and is an error.
+
+    The layout as transformers writes it: the first half of the query heads is map 1, the
+    second half map 2 (pair p: query heads p and p + N/2); after repeat_kv the value heads are
+    split into halves and concatenated on the feature axis, so pair p's values are
+    cat(v[p], v[p + N/2]) (2*head_dim) and its output is A1 V - lambda A2 V. Here that is one
+    V1 call: q interleaved (B, T, 2P, D), keys (B, T, 2G', D), values (B, T, G', 2D) with
+    G' = num_key_value_heads / 2 groups (an even count), or the repeated heads otherwise."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.hidden_size = _cfg(config, "hidden_size")
+        self.num_heads = _cfg(config, "num_attention_heads")
+        self.num_key_value_heads = _cfg(config, "num_key_value_heads", self.num_heads)
+        self.head_dim = _cfg(config, "head_dim", self.hidden_size // self.num_heads)
+        if self.num_heads % 2 or self.num_heads % self.num_key_value_heads:
+            raise ValueError(f"DiffLlamaAttention: num_attention_heads {self.num_heads} must be "
+                             f"even and a multiple of num_key_value_heads "
+                             f"{self.num_key_value_heads}")
+        self.num_key_value_groups = self.num_heads // self.num_key_value_heads
+        self.rope_theta = _cfg(config, "rope_theta", 10000.0)
+        self.layer_idx = layer_idx
+        bias = bool(_cfg(config, "attention_bias", False))
+        std = _cfg(config, "lambda_std_dev", 0.1)
+        C, N, NKV, D = self.hidden_size, self.num_heads, self.num_key_value_heads, self.head_dim
+        self.q_proj = nn.Linear(C, N * D, bias=bias)
+        self.k_proj = nn.Linear(C, NKV * D, bias=bias)
+        self.v_proj = nn.Linear(C, NKV * D, bias=bias)
+        self.o_proj = nn.Linear(N * D, C, bias=bias)
+        self.lambda_init = lambda_init_fn(layer_idx)
+        for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            setattr(self, n, nn.Parameter(torch.normal(0, std, size=(D,))))
+        self.groupnorm = RMSNorm(2 * D, eps=_cfg(config, "rms_norm_eps", 1e-6),
+                                 elementwise_affine=False)
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+        op = "DiffLlamaAttention"
+        _module_input(op, hidden_states, self.hidden_size)
+        if attention_mask is not None:
+            raise ValueError(f"{op}: attention_mask is not supported (the attention is causal; "
+                             f"padding masks are not implemented); pass None")
+        x = hidden_states
+        B, T, _ = x.shape
+        N, NKV, D = self.num_heads, self.num_key_value_heads, self.head_dim
+        P = N // 2
+        if position_embeddings is None:
+            c, s = rotary_cos_sin(T, D, self.rope_theta)
+            position_embeddings = (torch.cat((c, c), -1), torch.cat((s, s), -1))
+        cos, sin = position_embeddings
+        q = apply_rotary_half(self.q_proj(x).view(B, T, N, D).transpose(1, 2), cos, sin)
+        k = apply_rotary_half(self.k_proj(x).view(B, T, NKV, D).transpose(1, 2), cos, sin)
+        v = self.v_proj(x).view(B, T, NKV, D)
+        q = q.transpose(1, 2)  # (B, T, N, D)
+        k = k.transpose(1, 2)  # (B, T, NKV, D)
+        if NKV % 2:  # no clean grouping: repeat to one key/value head per query head
+            k = k.repeat_interleave(self.num_key_value_groups, dim=2)
+            v = v.repeat_interleave(self.num_key_value_groups, dim=2)
+            NKV = N
+        Gp = NKV // 2
+        # pair p: sub-head 2p = query head p, 2p+1 = query head p + P
+        qi = torch.stack((q[:, :, :P], q[:, :, P:]), dim=3).reshape(B, T, 2 * P, D)
+        # group g: key sub-heads 2g = head g, 2g+1 = head g + NKV/2; values cat(v[g], v[g+NKV/2])
+        ki = torch.stack((k[:, :, :Gp], k[:, :, Gp:]), dim=3).reshape(B, T, 2 * Gp, D)
+        vi = torch.cat((v[:, :, :Gp], v[:, :, Gp:]), dim=-1)  # (B, T, Gp, 2D)
+        l1 = torch.exp(torch.sum(self.lambda_q1 * self.lambda_k1, dim=-1, dtype=torch.float32))
+        l2 = torch.exp(torch.sum(self.lambda_q2 * self.lambda_k2, dim=-1, dtype=torch.float32))
+        lam = (l1 - l2 + self.lambda_init).expand(P)
+        o = diff_attention(qi, ki, vi, lam, causal=True, scale=1.0 / math.sqrt(D))  # (B,T,P,2D)
+        o = (1 - self.lambda_init) * self.groupnorm(o)
+        return self.o_proj(o.reshape(B, T, P * 2 * D)), None
