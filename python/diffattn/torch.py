@@ -38,7 +38,6 @@ __all__ = [
     "RMSNorm",
     "lambda_init_fn",
     "ring_diff_attention",
-    "ring_attention",
     "zigzag_shard",
     "zigzag_unshard",
 ]
@@ -439,3 +438,287 @@ class DiffLlamaAttention(nn.Module):
         o = diff_attention(qi, ki, vi, lam, causal=True, scale=1.0 / math.sqrt(D))  # (B,T,P,2D)
         o = (1 - self.lambda_init) * self.groupnorm(o)
         return self.o_proj(o.reshape(B, T, P * 2 * D)), None
+
+
+# ------------------------------------------------------------------ ring attention
+#
+# Context parallelism for differential attention on torch.distributed. The sequence is cut
+# into 2W chunks of c = T / (2W) tokens (W ranks); each rank holds two chunks, concatenated:
+#
+#   layout "zigzag" (default): rank r holds chunks r and 2W-1-r. Under a causal mask every
+#     rank then has the same work at every ring step: its own block costs two diagonal
+#     c x c tiles and one full one, every other block exactly two full c x c tiles (the
+#     early chunk sees all of a block from an earlier rank, the late chunk all of it from a
+#     later rank). zigzag_shard / zigzag_unshard cut and reassemble a full tensor.
+#   layout "contiguous": rank r holds tokens [r T/W, (r+1) T/W) (chunks 2r, 2r+1). Under a
+#     causal mask rank W-1 does W times the work of rank 0: fine without a mask.
+#
+# Forward: K/V shards travel the ring (rank r sends to r+1, receives from r-1; the next
+# block's transfer overlaps the current block's kernels). For each (query chunk, key chunk)
+# pair the mask leaves visible (none, all, or the causal diagonal) one fused call with
+# lambda = 0 returns map 1's output as out, map 2's as o2, and each map's log-sum-exp; every
+# map keeps its own running (output, lse), merged with log-sum-exp weights in float64, and the
+# subtraction out = O1 - lam O2 comes after the last merge.
+# Backward: the global (out, lse, o2) of the rank's rows make every block's contribution exact
+# (P = exp(s q.k - lse) with the global lse, dS = P (dP - D), D from the global outputs), so
+# each block's kernel backward gives its share of dq, dk, dv. K/V travel the ring again with
+# their dK/dV accumulators; after W steps each rank's dK/dV come home. dlam = -dout . o2 needs
+# no keys: computed once from the saved o2.
+#
+# Bytes sent per rank per step (float32): forward (W-1) (|K| + |V|), backward
+# (W-1) (|K| + |V|) + W (|K| + |V|), |K| and |V| this rank's shard sizes. Counted in
+# ring_bytes_sent (a dict: "forward", "backward").
+
+ring_bytes_sent = {"forward": 0, "backward": 0}
+
+
+def _chunk_ids(rank, world, layout):
+    return (rank, 2 * world - 1 - rank) if layout == "zigzag" else (2 * rank, 2 * rank + 1)
+
+
+def zigzag_shard(x, rank, world, dim=1):
+    """Rank `rank`'s zig-zag shard of a full-sequence tensor: chunks rank and 2W-1-rank of
+    x's dimension `dim` cut into 2*world equal chunks, concatenated."""
+    T = x.shape[dim]
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"zigzag_shard: rank {rank} is not in [0, world={world})")
+    if T % (2 * world):
+        raise ValueError(f"zigzag_shard: sequence length {T} (dimension {dim}) is not divisible "
+                         f"by 2*world = {2 * world}")
+    c = T // (2 * world)
+    a, b = _chunk_ids(rank, world, "zigzag")
+    return torch.cat((x.narrow(dim, a * c, c), x.narrow(dim, b * c, c)), dim)
+
+
+def zigzag_unshard(shards, dim=1):
+    """The full-sequence tensor from every rank's zig-zag shard (rank order)."""
+    W = len(shards)
+    chunks = [None] * (2 * W)
+    for r, s in enumerate(shards):
+        a, b = _chunk_ids(r, W, "zigzag")
+        chunks[a], chunks[b] = torch.chunk(s, 2, dim)
+    return torch.cat(chunks, dim)
+
+
+def _visible(qi, kj, causal):
+    """None: query chunk qi sees nothing of key chunk kj; False: all of it; True: the causal
+    diagonal (same chunk)."""
+    if not causal:
+        return False
+    if kj < qi:
+        return False
+    return True if kj == qi else None
+
+
+class _Ring:
+    """Ranks and point-to-point transfers of one group."""
+
+    def __init__(self, group):
+        import torch.distributed as dist
+        self.dist, self.group = dist, group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+
+        def glob(r):
+            if group is None:
+                return r
+            g = getattr(dist, "get_global_rank", None) or dist.distributed_c10d._get_global_rank
+            return g(group, r)
+
+        self.next = glob((self.rank + 1) % self.world)
+        self.prev = glob((self.rank - 1) % self.world)
+
+    def start(self, tensors, phase):
+        """Send tensors to the next rank and receive same-shaped ones from the previous."""
+        bufs = [torch.empty_like(t) for t in tensors]
+        reqs = [self.dist.isend(t, self.next, group=self.group) for t in tensors]
+        reqs += [self.dist.irecv(b, self.prev, group=self.group) for b in bufs]
+        ring_bytes_sent[phase] += sum(t.numel() * t.element_size() for t in tensors)
+        return reqs, bufs
+
+    @staticmethod
+    def finish(pending):
+        reqs, bufs = pending
+        for r in reqs:
+            r.wait()
+        return bufs
+
+
+def _merge(O, L, rows, o_part, l_part, m):
+    """Fold one block's partial (o_part (B, c, H, Dv), l_part (B, 2H, c) map m's rows) into
+    the running map-m output O (B, Tl, H, Dv) and lse L (B, 2H, Tl), float64."""
+    lp = l_part[:, m::2].double()  # (B, H, c)
+    lp = torch.where(lp == float("inf"), torch.full_like(lp, float("-inf")), lp)  # no key
+    lo = L[:, m::2, rows]
+    new = torch.logaddexp(lo, lp)
+    safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
+    w_old = torch.exp(lo - safe).transpose(1, 2).unsqueeze(-1)  # (B, c, H, 1)
+    w_new = torch.exp(lp - safe).transpose(1, 2).unsqueeze(-1)
+    O[:, rows] = O[:, rows] * w_old + o_part.double() * w_new
+    L[:, m::2, rows] = new
+
+
+def _single_key_row_fix(gq, gk, x, kb, vb, scale):
+    """The fused backward takes a row that sees one key of the block (row 0 of a causal
+    diagonal block, or a block of one key) to see one key in all, so its P is 1 and its dS 0
+    (src/kernels/fused_bwd.cpp). In a ring block that row also sees keys of other blocks: add
+    its dS = coef P (dP - D) with P = exp(s q.k - lse) from the global lse, into gq (B, c, 2H,
+    D) and gk (B, c, nk, D) in place. dV already used that P."""
+    q0 = torch.from_numpy(x["q"][:, 0]).double()                    # (B, 2H, D)
+    lse0 = torch.from_numpy(x["lse"][:, :, 0]).double()             # (B, 2H)
+    dout0 = torch.from_numpy(x["dout"][:, 0]).double()              # (B, H, Dv)
+    out0 = torch.from_numpy(x["out"][:, 0]).double()
+    o20 = torch.from_numpy(x["o2"][:, 0]).double()
+    lam = torch.from_numpy(x["lam"]).double()
+    lam0 = lam.view(1, -1) if lam.dim() == 1 else lam[:, 0]         # (1 or B, H)
+    k0, v0 = kb[:, 0].double(), vb[:, 0].double()                   # (B, nk, D), (B, G, Dv)
+    H2, D = q0.shape[1], q0.shape[2]
+    H, G, nk = H2 // 2, v0.shape[1], k0.shape[1]
+    s = D ** -0.5 if scale is None else scale
+    g = torch.arange(H) // (H // G)                                 # pair -> group
+    kh = torch.stack((2 * g, 2 * g + 1), 1).flatten() if nk == 2 * G else g.repeat_interleave(2)
+    ksel = k0[:, kh]                                                # (B, 2H, D)
+    P = torch.exp(s * (q0 * ksel).sum(-1) - lse0)                   # (B, 2H)
+    dP = (dout0 * v0[:, g]).sum(-1)                                 # (B, H)
+    D1 = (dout0 * (out0 + lam0.unsqueeze(-1) * o20)).sum(-1)
+    D2 = (dout0 * o20).sum(-1)
+    dS = torch.stack((s * P[:, 0::2] * (dP - D1), -lam0 * s * P[:, 1::2] * (dP - D2)), 2)
+    dS = dS.flatten(1)                                              # (B, 2H), sub-head order
+    gq[:, 0] += (dS.unsqueeze(-1) * ksel).float()
+    gk[:, 0].index_add_(1, kh, (dS.unsqueeze(-1) * q0).float())
+
+
+class _RingDiffFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, lam, causal, scale, group, layout):
+        ring = _Ring(group)
+        W, r = ring.world, ring.rank
+        B, Tl, H2, D = q.shape
+        H, Dv, c = H2 // 2, v.shape[-1], Tl // 2
+        mine = _chunk_ids(r, W, layout)
+        zero_lam = _np(torch.zeros(H))
+        O1 = torch.zeros(B, Tl, H, Dv, dtype=torch.float64)
+        O2 = torch.zeros_like(O1)
+        L = torch.full((B, H2, Tl), float("-inf"), dtype=torch.float64)
+        kb, vb = k.contiguous(), v.contiguous()
+        for s in range(W):
+            pending = ring.start([kb, vb], "forward") if s < W - 1 else None
+            theirs = _chunk_ids((r - s) % W, W, layout)
+            for a in range(2):
+                rows = slice(a * c, (a + 1) * c)
+                for b in range(2):
+                    mode = _visible(mine[a], theirs[b], causal)
+                    if mode is None:
+                        continue
+                    o1p, lp, o2p = _core.diff_attention(
+                        _np(q[:, rows]), _np(kb[:, b * c:(b + 1) * c]),
+                        _np(vb[:, b * c:(b + 1) * c]), zero_lam, causal=mode, scale=scale,
+                        backend="fused", return_stats=True)
+                    lp = _t(lp)
+                    _merge(O1, L, rows, _t(o1p), lp, 0)
+                    _merge(O2, L, rows, _t(o2p), lp, 1)
+            if pending is not None:
+                kb, vb = ring.finish(pending)
+        lam_b = lam.double().view(1, 1, H, 1) if lam.dim() == 1 else lam.double().unsqueeze(-1)
+        out = (O1 - lam_b * O2).float()
+        o2 = O2.float()
+        lse = torch.where(torch.isinf(L), torch.full_like(L, float("inf")), L).float()
+        ctx.causal, ctx.scale, ctx.group, ctx.layout = causal, scale, group, layout
+        ctx.save_for_backward(q, k, v, lam, out, lse, o2)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, lam, out, lse, o2 = ctx.saved_tensors
+        ring = _Ring(ctx.group)
+        W, r = ring.world, ring.rank
+        Tl = q.shape[1]
+        c = Tl // 2
+        mine = _chunk_ids(r, W, ctx.layout)
+        dout = _as_f32(dout).contiguous()
+        per_row = []  # per query chunk: the contiguous pieces the kernel reads
+        for a in range(2):
+            rows = slice(a * c, (a + 1) * c)
+            per_row.append(dict(
+                q=_np(q[:, rows]), dout=_np(dout[:, rows].contiguous()),
+                out=_np(out[:, rows].contiguous()), o2=_np(o2[:, rows].contiguous()),
+                lse=_np(lse[:, :, rows].contiguous()),
+                lam=_np(lam.contiguous() if lam.dim() == 1 else lam[:, rows].contiguous())))
+        dq = torch.zeros(q.shape, dtype=torch.float64)
+        kb, vb = k.contiguous(), v.contiguous()
+        dkb, dvb = torch.zeros_like(kb), torch.zeros_like(vb)
+        for s in range(W):
+            pending = ring.start([kb, vb], "backward") if s < W - 1 else None
+            theirs = _chunk_ids((r - s) % W, W, ctx.layout)
+            for a in range(2):
+                x = per_row[a]
+                for b in range(2):
+                    mode = _visible(mine[a], theirs[b], ctx.causal)
+                    if mode is None:
+                        continue
+                    cols = slice(b * c, (b + 1) * c)
+                    gq, gk, gv, _ = _core.diff_attention_backward(
+                        x["q"], _np(kb[:, cols]), _np(vb[:, cols]), x["lam"], x["dout"],
+                        causal=mode, scale=ctx.scale, backend="fused", out=x["out"],
+                        lse=x["lse"], o2=x["o2"])
+                    gq, gk = _t(gq), _t(gk)
+                    if (mode or c == 1) and not (ctx.causal and mine[a] == 0):
+                        _single_key_row_fix(gq, gk, x, kb[:, cols], vb[:, cols], ctx.scale)
+                    dq[:, a * c:(a + 1) * c] += gq
+                    dkb[:, cols] += gk
+                    dvb[:, cols] += _t(gv)
+            # this block's gradients go on with it; after W hops they are home
+            grads = ring.finish(ring.start([dkb, dvb], "backward")) if W > 1 else [dkb, dvb]
+            dkb, dvb = grads
+            if pending is not None:
+                kb, vb = ring.finish(pending)
+        dlam = -(dout.double() * o2.double()).sum(-1)  # (B, Tl, H)
+        if lam.dim() == 1:
+            dlam = dlam.sum((0, 1))
+        return (dq.float(), dkb, dvb, dlam.float(), None, None, None, None)
+
+
+def ring_diff_attention(q, k, v, lam, causal=True, group=None, scale=None, layout="zigzag"):
+    """Differential attention over a sequence sharded across the ranks of `group` (default:
+    the whole world), differentiable in q, k, v and lam.
+
+    Each rank passes its shard: q (B, Tl, 2H, D), k (B, Tl, 2G or G, D), v (B, Tl, G, Dv),
+    lam (H) or (B, Tl, H) (this rank's rows), Tl = T / W the same on every rank and even.
+    layout "zigzag" (default): rank r holds chunks r and 2W-1-r of the sequence cut into 2W
+    (zigzag_shard builds it; balances a causal mask); "contiguous": tokens [r Tl, (r+1) Tl).
+    Returns this rank's rows of the single-process diff_attention output, (B, Tl, H, Dv).
+
+    The gradients of q, k and v are this rank's rows of the full ones (dK/dV of every rank's
+    queries travel back along the ring). A lambda of shape (H) is shared by every rank, as a
+    replicated parameter is: each rank's gradient is its own rows' share, and their sum (an
+    all_reduce, as DistributedDataParallel does for parameters) is the single-process one.
+    """
+    import torch.distributed as dist
+    op = "ring_diff_attention"
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(f"{op}: torch.distributed is not initialized "
+                           f"(call torch.distributed.init_process_group first)")
+    for name, x, dims in (("q", q, (4,)), ("k", k, (4,)), ("v", v, (4,)), ("lam", lam, (1, 3))):
+        _check_tensor(op, name, x, dims)
+    _check_same_dtype(op, q=q, k=k, v=v)
+    scale = _check_flags(op, causal, scale)
+    if layout not in ("zigzag", "contiguous"):
+        raise ValueError(f"{op}: layout must be 'zigzag' or 'contiguous', got {layout!r}")
+    W = dist.get_world_size(group)
+    Tl = q.shape[1]
+    # every rank must hold the same number of rows: compare (Tl, -Tl) maxima over the group
+    t = torch.tensor([Tl, -Tl], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    if int(t[0]) != -int(t[1]):
+        raise ValueError(f"{op}: the ranks hold different numbers of rows ({Tl} here, between "
+                         f"{-int(t[1])} and {int(t[0])}); every rank needs T / world rows")
+    if Tl % 2:
+        raise ValueError(f"{op}: sequence length T = {Tl * W} is not divisible by 2*world = "
+                         f"{2 * W} (each rank holds two chunks of T / (2*world) rows; this "
+                         f"rank has {Tl})")
+    for name, x in (("k", k), ("v", v)):
+        if x.shape[1] != Tl:
+            raise ValueError(f"{op}: {name} has {x.shape[1]} rows on this rank, q has {Tl}")
+    out = _RingDiffFn.apply(_as_f32(q), _as_f32(k), _as_f32(v), _as_f32(lam), causal, scale,
+                            group, layout)
+    return out if q.dtype == torch.float32 else out.to(q.dtype)
