@@ -469,7 +469,8 @@ class DiffLlamaAttention(nn.Module):
 # no keys: computed once from the saved o2.
 #
 # Bytes sent per rank per step (float32): forward (W-1) (|K| + |V|), backward
-# (W-1) (|K| + |V|) + W (|K| + |V|), |K| and |V| this rank's shard sizes. Counted in
+# (W-1) (|K| + |V|) + W (|K| + |V|) (nothing at all when W = 1), |K| and |V| this rank's
+# shard sizes. Counted in
 # ring_bytes_sent (a dict: "forward", "backward").
 
 ring_bytes_sent = {"forward": 0, "backward": 0}
