@@ -28,11 +28,12 @@ def causal_mask(T, dtype):
     return torch.triu(torch.full((T, T), float("-inf"), dtype=dtype), 1)
 
 
-def rope_complex(x, theta):
-    """Interleaved rotary embedding as complex multiplication: x (B, T, n, D)."""
+def rope_complex(x, theta, offset=0):
+    """Interleaved rotary embedding as complex multiplication: x (B, T, n, D), positions
+    offset .. offset+T-1."""
     B, T, n, D = x.shape
     freq = theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
-    ang = torch.outer(torch.arange(T, dtype=torch.float64), freq)
+    ang = torch.outer(torch.arange(offset, offset + T, dtype=torch.float64), freq)
     rot = torch.polar(torch.ones_like(ang), ang).to(
         torch.complex128 if x.dtype == torch.float64 else torch.complex64)
     xc = torch.view_as_complex(x.reshape(B, T, n, D // 2, 2).contiguous())
@@ -49,13 +50,13 @@ def repeat_kv(x, n):
     return x if n == 1 else x.repeat_interleave(n, dim=1)
 
 
-def ref_v1(P, x, H, G, depth, theta=10000.0):
+def ref_v1(P, x, H, G, depth, theta=10000.0, offset=0):
     """Upstream V1 (naive file's maps, FlashAttention file's pair-level grouping)."""
     B, T, C = x.shape
     D = C // H // 2
     li = 0.8 - 0.6 * math.exp(-0.3 * depth)
-    q = rope_complex((x @ P["q_proj.weight"].T).view(B, T, 2 * H, D), theta)
-    k = rope_complex((x @ P["k_proj.weight"].T).view(B, T, 2 * G, D), theta)
+    q = rope_complex((x @ P["q_proj.weight"].T).view(B, T, 2 * H, D), theta, offset)
+    k = rope_complex((x @ P["k_proj.weight"].T).view(B, T, 2 * G, D), theta, offset)
     v = (x @ P["v_proj.weight"].T).view(B, T, G, 2 * D)
     q = q.view(B, T, H, 2, D).permute(0, 2, 3, 1, 4) * D ** -0.5  # (B, H, 2, T, D)
     k = k.view(B, T, G, 2, D).permute(0, 2, 3, 1, 4).repeat_interleave(H // G, dim=1)
@@ -85,7 +86,7 @@ def rotate_half(x):
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
-def ref_diffllama(P, x, N, NKV, D, layer_idx, eps, theta=10000.0, bias=False):
+def ref_diffllama(P, x, N, NKV, D, layer_idx, eps, theta=10000.0, bias=False, offset=0):
     """transformers' DiffLlamaAttention (eager), as its modeling file computes it."""
     B, T, C = x.shape
 
@@ -97,7 +98,8 @@ def ref_diffllama(P, x, N, NKV, D, layer_idx, eps, theta=10000.0, bias=False):
     k = lin("k_proj", x).view(B, T, -1, D).transpose(1, 2)
     v = lin("v_proj", x).view(B, T, -1, D).transpose(1, 2)
     inv = 1.0 / theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
-    emb = torch.cat([torch.outer(torch.arange(T, dtype=torch.float64), inv)] * 2, dim=-1)
+    emb = torch.cat([torch.outer(torch.arange(offset, offset + T, dtype=torch.float64), inv)] * 2,
+                    dim=-1)
     cos, sin = emb.cos().to(x.dtype)[None, None], emb.sin().to(x.dtype)[None, None]
     q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
     k, v = repeat_kv(k, N // NKV), repeat_kv(v, N // NKV)
@@ -111,7 +113,7 @@ def ref_diffllama(P, x, N, NKV, D, layer_idx, eps, theta=10000.0, bias=False):
     return lin("o_proj", o.transpose(1, 2).reshape(B, T, -1))
 
 
-def compare(module, ref, x, seed=1):
+def compare(module, ref, x, seed=1, call=None):
     """Output and gradients (x and every parameter) of module vs ref(P, x) in float64/float32."""
     g = torch.Generator().manual_seed(seed)
     dout = None
@@ -125,7 +127,7 @@ def compare(module, ref, x, seed=1):
         grads = torch.autograd.grad(y, [xx] + list(P.values()), dout.to(dtype))
         results[tag] = (y, dict(zip(["x"] + list(P), grads)))
     xx = x.detach().clone().requires_grad_()
-    y = module(xx)
+    y = module(xx) if call is None else call(module, xx)
     y = y[0] if isinstance(y, tuple) else y
     y.backward(dout.float())
     check_rule("output", y, results["64"][0], results["32"][0])
@@ -198,3 +200,23 @@ def test_modules_reject_bad_input():
             torch.randn(1, 3, 32), attention_mask=torch.zeros(1, 1, 3, 3))
     with pytest.raises(ValueError, match="num_heads"):
         dt.MultiheadDiffAttn(30, 0, 4)
+
+
+def test_position_embeddings_passed_in():
+    """The upstream callers pass the rotary tables: V1 (cos, sin) (T, D/2) interleaved, Llama's
+    (cos, sin) (B, T, D) rotate-half; here for positions 7 .. 7+T-1."""
+    T, off = 15, 7
+    torch.manual_seed(0)
+    m = dt.MultiheadDiffAttn(embed_dim=32, depth=1, num_heads=2)
+    rand_params(m, 5)
+    cos, sin = dt.rotary_cos_sin(T, 8, offset=off)
+    compare(m, lambda P, x: ref_v1(P, x, 2, 2, depth=1, offset=off), torch.randn(2, T, 32),
+            call=lambda mod, x: mod(x, rel_pos=(cos, sin)))
+    cfg = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+               rms_norm_eps=1e-5)
+    m = dt.DiffLlamaAttention(cfg, layer_idx=1)
+    rand_params(m, 6)
+    c, s = dt.rotary_cos_sin(T, 8, offset=off)
+    pe = (torch.cat((c, c), -1).expand(2, T, 8), torch.cat((s, s), -1).expand(2, T, 8))
+    compare(m, lambda P, x: ref_diffllama(P, x, 4, 2, 8, 1, 1e-5, offset=off),
+            torch.randn(2, T, 32), call=lambda mod, x: mod(x, position_embeddings=pe))

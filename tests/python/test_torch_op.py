@@ -54,6 +54,7 @@ CASES = [
     ("tq_lt_tk", 1, 7, 29, 2, 1, 8, 8, False, True, True),
     ("tq_gt_tk", 1, 19, 6, 2, 2, 4, 8, True, False, True),  # rows that see no key
     ("long_mqa", 1, 300, 300, 4, 1, 32, 32, True, True, True),
+    ("decode_path", 1, 2, 300, 2, 1, 8, 16, False, True, True),  # split-KV forward
 ]
 
 
@@ -193,3 +194,26 @@ def test_bad_input_is_a_clear_error():
         dt.diff_attention(q, k, v, lam, scale=0.0)
     with pytest.raises(TypeError, match="causal must be a bool"):
         dt.attention(q, k, v, causal="yes")
+
+
+def test_same_numbers_as_the_numpy_operator_and_the_cpp_oracle():
+    """diffattn.torch is the NumPy operator's kernels: bit for bit the same outputs and
+    gradients; and the C++ reference backend meets the same rule on the same problem."""
+    q, k, v, lam, dout = make(2, 29, 29, 2, 1, 8, 16, True, True, seed=4)
+    n = [x.numpy() for x in (q, k, v, lam, dout)]
+    want = diffattn.diff_attention(*n[:4], causal=True)
+    wgrads = diffattn.diff_attention_backward(*n, causal=True)
+    out, grads = run(lambda *a: dt.diff_attention(*a, causal=True), (q, k, v, lam), dout,
+                     torch.float32)
+    assert np.array_equal(out.numpy(), want)
+    for g, w in zip(grads, wgrads):
+        assert np.array_equal(g.numpy(), w)
+    ref = lambda q, k, v, lam: tr.diff_attention(q, k, v, lam, causal=True)  # noqa: E731
+    o64, g64 = run(ref, (q, k, v, lam), dout, torch.float64)
+    o32, g32 = run(ref, (q, k, v, lam), dout, torch.float32)
+    check_rule("oracle out", diffattn.diff_attention(*n[:4], causal=True, backend="reference"),
+               o64, o32)
+    oracle = diffattn.diff_attention_backward(*n, causal=True, backend="reference")
+    for name, g, r, n32 in zip(("dq", "dk", "dv", "dlam"), oracle, g64, g32):
+        check_rule("oracle " + name, g, r, n32)
+        check_rule("torch " + name, grads[("dq", "dk", "dv", "dlam").index(name)], r, n32)
