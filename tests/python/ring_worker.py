@@ -50,14 +50,29 @@ def run(rank, world, port, cases, outdir):
             sent = {p: dt.ring_bytes_sent[p] - before[p] for p in before}
             results.append(dict(out=out.detach(), dq=xs[0].grad, dk=xs[1].grad, dv=xs[2].grad,
                                 dlam=lam_l.grad, sent=sent))
+        # two rings of 2 inside a world of 4: ranks {0, 1} and {2, 3} (group ranks differ
+        # from global ranks in the second)
+        sub = []
+        if world == 4:
+            groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+            grp, grank = groups[rank // 2], rank % 2
+            c = cases[0]
+            q, k, v, lam, dout = full_problem(c)
+            xs = [dt.zigzag_shard(x, grank, 2).clone().requires_grad_() for x in (q, k, v)]
+            lam_l = (dt.zigzag_shard(lam, grank, 2) if lam.dim() == 3 else lam).clone()
+            lam_l.requires_grad_()
+            out = dt.ring_diff_attention(*xs, lam_l, causal=c["causal"], group=grp)
+            out.backward(dt.zigzag_shard(dout, grank, 2))
+            sub.append(dict(out=out.detach(), dq=xs[0].grad, dk=xs[1].grad, dv=xs[2].grad,
+                            dlam=lam_l.grad))
         errors = []
         q, k, v, lam, _ = full_problem(cases[0])
-        odd = q[:, :3 + rank % 1]  # 3 rows on every rank: T = 3 * world, not divisible by 2W
+        odd = q[:, :3]  # 3 rows on every rank: T = 3 * world, not divisible by 2 * world
         try:
             dt.ring_diff_attention(odd, k[:, :3], v[:, :3], lam if lam.dim() == 1 else lam[:, :3])
         except ValueError as e:
             errors.append(str(e))
-        torch.save(dict(results=results, errors=errors), os.path.join(outdir, f"rank{rank}.pt"))
+        torch.save(dict(results=results, errors=errors, sub=sub), os.path.join(outdir, f"rank{rank}.pt"))
         dist.barrier()
         dist.destroy_process_group()
     except Exception:

@@ -105,6 +105,16 @@ def test_ring_matches_single_process(world, tmp_path):
         kv = 4 * (k.numel() + v.numel()) // world
         for p in per:
             assert p["sent"] == {"forward": (world - 1) * kv, "backward": (2 * world - 1) * kv}
+    if world == 4:  # two groups of 2 ranks, each running CASES[0] on its own
+        c = CASES[0]
+        ref, (q, k, v, lam, dout) = reference(c)
+        for members in ((0, 1), (2, 3)):
+            per = [ranks[m]["sub"][0] for m in members]
+            got = [dt.zigzag_unshard([p[n] for p in per]) for n in ("out", "dq", "dk", "dv")]
+            got.append(sum(p["dlam"] for p in per))
+            for name, g, r64, r32 in zip(("out", "dq", "dk", "dv", "dlam"), got, ref["64"],
+                                         ref["32"]):
+                check_rule(f"group {members} {name}", g, r64, r32)
     for r in ranks:
         assert len(r["errors"]) == 1 and "is not divisible by 2*world" in r["errors"][0]
 
