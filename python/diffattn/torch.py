@@ -270,7 +270,10 @@ class MultiheadDiffAttn(nn.Module):
 
     num_heads is the number of differential heads (half of a Transformer's head count);
     head_dim = embed_dim / num_heads / 2; num_kv_heads (default num_heads) key/value groups.
-    forward(x (B, T, embed_dim), rel_pos=None) -> (B, T, embed_dim), causal. rel_pos is the
+    The upstream call MultiheadDiffAttn(args, embed_dim, depth, num_heads) works too (args'
+    decoder_kv_attention_heads, if any, is num_kv_heads).
+    forward(x (B, T, embed_dim), rel_pos=None, attn_mask=None) -> (B, T, embed_dim), causal
+    (an explicit attn_mask is an error). rel_pos is the
     upstream (cos, sin), each (T, head_dim/2), for interleaved rotary embedding; None computes
     them for positions 0..T-1 with base rope_theta.
 
@@ -280,6 +283,12 @@ class MultiheadDiffAttn(nn.Module):
 
     def __init__(self, embed_dim, depth, num_heads, num_kv_heads=None, rope_theta=10000.0):
         super().__init__()
+        if not isinstance(embed_dim, int):
+            # the upstream call MultiheadDiffAttn(args, embed_dim, depth, num_heads): args may
+            # carry decoder_kv_attention_heads
+            args = embed_dim
+            embed_dim, depth, num_heads = depth, num_heads, num_kv_heads
+            num_kv_heads = getattr(args, "decoder_kv_attention_heads", None)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if embed_dim % (2 * num_heads) or num_heads % num_kv_heads:
             raise ValueError(f"MultiheadDiffAttn: embed_dim {embed_dim} must divide into "
@@ -304,8 +313,11 @@ class MultiheadDiffAttn(nn.Module):
         l2 = torch.exp(torch.sum(self.lambda_q2 * self.lambda_k2, dim=-1).float())
         return l1 - l2 + self.lambda_init
 
-    def forward(self, x, rel_pos=None):
+    def forward(self, x, rel_pos=None, attn_mask=None):
         _module_input("MultiheadDiffAttn", x, self.embed_dim)
+        if attn_mask is not None:
+            raise ValueError("MultiheadDiffAttn: attn_mask is not supported (the attention is "
+                             "causal, as upstream's default mask); pass None")
         B, T, _ = x.shape
         H, G, D = self.num_heads, self.num_kv_heads, self.head_dim
         cos, sin = rel_pos if rel_pos is not None else rotary_cos_sin(T, D, self.rope_theta)

@@ -220,3 +220,14 @@ def test_position_embeddings_passed_in():
     pe = (torch.cat((c, c), -1).expand(2, T, 8), torch.cat((s, s), -1).expand(2, T, 8))
     compare(m, lambda P, x: ref_diffllama(P, x, 4, 2, 8, 1, 1e-5, offset=off),
             torch.randn(2, T, 32), call=lambda mod, x: mod(x, position_embeddings=pe))
+
+
+def test_upstream_constructor_call():
+    from types import SimpleNamespace
+    m = dt.MultiheadDiffAttn(SimpleNamespace(decoder_kv_attention_heads=1), 32, 2, 4)
+    assert (m.embed_dim, m.num_heads, m.num_kv_heads, m.head_dim) == (32, 4, 1, 4)
+    assert abs(m.lambda_init - (0.8 - 0.6 * math.exp(-0.6))) < 1e-12
+    m = dt.MultiheadDiffAttn(SimpleNamespace(), 32, 0, 2)
+    assert (m.num_heads, m.num_kv_heads) == (2, 2)
+    with pytest.raises(ValueError, match="attn_mask is not supported"):
+        m(torch.randn(1, 3, 32), None, torch.zeros(3, 3))
