@@ -41,6 +41,7 @@ __all__ = [
     "apply_rotary_interleaved",
     "apply_rotary_half",
     "ring_diff_attention",
+    "ring_attention",
     "zigzag_shard",
     "zigzag_unshard",
     "DiffTransformerLM",
@@ -563,18 +564,19 @@ class _Ring:
         return bufs
 
 
-def _merge(O, L, rows, o_part, l_part, m):
-    """Fold one block's partial (o_part (B, c, H, Dv), l_part (B, 2H, c) map m's rows) into
-    the running map-m output O (B, Tl, H, Dv) and lse L (B, 2H, Tl), float64."""
-    lp = l_part[:, m::2].double()  # (B, H, c)
+def _merge(O, L, rows, o_part, l_part, m, maps=2):
+    """Fold one block's partial (o_part (B, c, H, Dv), l_part (B, maps*H, c), map m's rows
+    m, m+maps, ...) into the running map-m output O (B, Tl, H, Dv) and lse L (B, maps*H, Tl),
+    float64."""
+    lp = l_part[:, m::maps].double()  # (B, H, c)
     lp = torch.where(lp == float("inf"), torch.full_like(lp, float("-inf")), lp)  # no key
-    lo = L[:, m::2, rows]
+    lo = L[:, m::maps, rows]
     new = torch.logaddexp(lo, lp)
     safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
     w_old = torch.exp(lo - safe).transpose(1, 2).unsqueeze(-1)  # (B, c, H, 1)
     w_new = torch.exp(lp - safe).transpose(1, 2).unsqueeze(-1)
     O[:, rows] = O[:, rows] * w_old + o_part.double() * w_new
-    L[:, m::2, rows] = new
+    L[:, m::maps, rows] = new
 
 
 def _single_key_row_fix(gq, gk, x, kb, vb, scale):
@@ -605,6 +607,99 @@ def _single_key_row_fix(gq, gk, x, kb, vb, scale):
     dS = dS.flatten(1)                                              # (B, 2H), sub-head order
     gq[:, 0] += (dS.unsqueeze(-1) * ksel).float()
     gk[:, 0].index_add_(1, kh, (dS.unsqueeze(-1) * q0).float())
+
+
+def _single_key_row_fix_std(gq, gk, x, kb, vb, scale):
+    """_single_key_row_fix for standard attention: q (B, c, H, D), one map, D = dout . out."""
+    q0 = torch.from_numpy(x["q"][:, 0]).double()                    # (B, H, D)
+    lse0 = torch.from_numpy(x["lse"][:, :, 0]).double()             # (B, H)
+    dout0 = torch.from_numpy(x["dout"][:, 0]).double()              # (B, H, Dv)
+    out0 = torch.from_numpy(x["out"][:, 0]).double()
+    k0, v0 = kb[:, 0].double(), vb[:, 0].double()                   # (B, G, D), (B, G, Dv)
+    H, D, G = q0.shape[1], q0.shape[2], v0.shape[1]
+    s = D ** -0.5 if scale is None else scale
+    g = torch.arange(H) // (H // G)
+    P = torch.exp(s * (q0 * k0[:, g]).sum(-1) - lse0)
+    dS = s * P * ((dout0 * v0[:, g]).sum(-1) - (dout0 * out0).sum(-1))  # (B, H)
+    gq[:, 0] += (dS.unsqueeze(-1) * k0[:, g]).float()
+    gk[:, 0].index_add_(1, g, (dS.unsqueeze(-1) * q0).float())
+
+
+class _RingAttnFn(torch.autograd.Function):
+    """Standard attention over the ring: as _RingDiffFn with one map."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, group, layout):
+        ring = _Ring(group)
+        W, r = ring.world, ring.rank
+        B, Tl, H, D = q.shape
+        Dv, c = v.shape[-1], Tl // 2
+        mine = _chunk_ids(r, W, layout)
+        O = torch.zeros(B, Tl, H, Dv, dtype=torch.float64)
+        L = torch.full((B, H, Tl), float("-inf"), dtype=torch.float64)
+        kb, vb = k.contiguous(), v.contiguous()
+        for s in range(W):
+            pending = ring.start([kb, vb], "forward") if s < W - 1 else None
+            theirs = _chunk_ids((r - s) % W, W, layout)
+            for a in range(2):
+                rows = slice(a * c, (a + 1) * c)
+                for b in range(2):
+                    mode = _visible(mine[a], theirs[b], causal)
+                    if mode is None:
+                        continue
+                    op, lp = _core.attention(_np(q[:, rows]), _np(kb[:, b * c:(b + 1) * c]),
+                                             _np(vb[:, b * c:(b + 1) * c]), causal=mode,
+                                             scale=scale, backend="fused", return_stats=True)
+                    _merge(O, L, rows, _t(op), _t(lp), 0, maps=1)
+            if pending is not None:
+                kb, vb = ring.finish(pending)
+        out = O.float()
+        lse = torch.where(torch.isinf(L), torch.full_like(L, float("inf")), L).float()
+        ctx.causal, ctx.scale, ctx.group, ctx.layout = causal, scale, group, layout
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        ring = _Ring(ctx.group)
+        W, r = ring.world, ring.rank
+        c = q.shape[1] // 2
+        mine = _chunk_ids(r, W, ctx.layout)
+        dout = _as_f32(dout).contiguous()
+        per_row = []
+        for a in range(2):
+            rows = slice(a * c, (a + 1) * c)
+            per_row.append(dict(q=_np(q[:, rows]), dout=_np(dout[:, rows].contiguous()),
+                                out=_np(out[:, rows].contiguous()),
+                                lse=_np(lse[:, :, rows].contiguous())))
+        dq = torch.zeros(q.shape, dtype=torch.float64)
+        kb, vb = k.contiguous(), v.contiguous()
+        dkb, dvb = torch.zeros_like(kb), torch.zeros_like(vb)
+        for s in range(W):
+            pending = ring.start([kb, vb], "backward") if s < W - 1 else None
+            theirs = _chunk_ids((r - s) % W, W, ctx.layout)
+            for a in range(2):
+                x = per_row[a]
+                for b in range(2):
+                    mode = _visible(mine[a], theirs[b], ctx.causal)
+                    if mode is None:
+                        continue
+                    cols = slice(b * c, (b + 1) * c)
+                    gq, gk, gv = _core.attention_backward(
+                        x["q"], _np(kb[:, cols]), _np(vb[:, cols]), x["dout"], causal=mode,
+                        scale=ctx.scale, backend="fused", out=x["out"], lse=x["lse"])
+                    gq, gk = _t(gq), _t(gk)
+                    if (mode or c == 1) and not (ctx.causal and mine[a] == 0):
+                        _single_key_row_fix_std(gq, gk, x, kb[:, cols], vb[:, cols], ctx.scale)
+                    dq[:, a * c:(a + 1) * c] += gq
+                    dkb[:, cols] += gk
+                    dvb[:, cols] += _t(gv)
+            grads = ring.finish(ring.start([dkb, dvb], "backward")) if W > 1 else [dkb, dvb]
+            dkb, dvb = grads
+            if pending is not None:
+                kb, vb = ring.finish(pending)
+        return dq.float(), dkb, dvb, None, None, None, None
 
 
 class _RingDiffFn(torch.autograd.Function):
@@ -712,13 +807,31 @@ def ring_diff_attention(q, k, v, lam, causal=True, group=None, scale=None, layou
     replicated parameter is: each rank's gradient is its own rows' share, and their sum (an
     all_reduce, as DistributedDataParallel does for parameters) is the single-process one.
     """
-    import torch.distributed as dist
     op = "ring_diff_attention"
+    _check_tensor(op, "lam", lam, (1, 3))
+    scale = _check_ring(op, q, k, v, causal, group, scale, layout)
+    out = _RingDiffFn.apply(_as_f32(q), _as_f32(k), _as_f32(v), _as_f32(lam), causal, scale,
+                            group, layout)
+    return out if q.dtype == torch.float32 else out.to(q.dtype)
+
+
+def ring_attention(q, k, v, causal=True, group=None, scale=None, layout="zigzag"):
+    """Standard softmax attention over a sequence sharded across the ranks of `group`, as
+    ring_diff_attention with one map: q (B, Tl, H, D), k (B, Tl, G, D), v (B, Tl, G, Dv)
+    this rank's rows -> this rank's rows of the output (B, Tl, H, Dv)."""
+    op = "ring_attention"
+    scale = _check_ring(op, q, k, v, causal, group, scale, layout)
+    out = _RingAttnFn.apply(_as_f32(q), _as_f32(k), _as_f32(v), causal, scale, group, layout)
+    return out if q.dtype == torch.float32 else out.to(q.dtype)
+
+
+def _check_ring(op, q, k, v, causal, group, scale, layout):
+    import torch.distributed as dist
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(f"{op}: torch.distributed is not initialized "
                            f"(call torch.distributed.init_process_group first)")
-    for name, x, dims in (("q", q, (4,)), ("k", k, (4,)), ("v", v, (4,)), ("lam", lam, (1, 3))):
-        _check_tensor(op, name, x, dims)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(op, name, x, (4,))
     _check_same_dtype(op, q=q, k=k, v=v)
     scale = _check_flags(op, causal, scale)
     if layout not in ("zigzag", "contiguous"):
@@ -738,9 +851,7 @@ def ring_diff_attention(q, k, v, lam, causal=True, group=None, scale=None, layou
     for name, x in (("k", k), ("v", v)):
         if x.shape[1] != Tl:
             raise ValueError(f"{op}: {name} has {x.shape[1]} rows on this rank, q has {Tl}")
-    out = _RingDiffFn.apply(_as_f32(q), _as_f32(k), _as_f32(v), _as_f32(lam), causal, scale,
-                            group, layout)
-    return out if q.dtype == torch.float32 else out.to(q.dtype)
+    return scale
 
 
 # ------------------------------------------------------------------ whole models

@@ -14,6 +14,11 @@ def full_problem(case):
     B, T, H, G, D, Dv, shared, per_token = (case[k] for k in
                                             ("B", "T", "H", "G", "D", "Dv", "shared", "per_token"))
     g = torch.Generator().manual_seed(case["seed"])
+    if case.get("standard"):  # standard attention: q (B, T, H, D), k (B, T, G, D), no lambda
+        q = torch.randn(B, T, H, D, generator=g)
+        k = torch.randn(B, T, G, D, generator=g)
+        v = torch.randn(B, T, G, Dv, generator=g)
+        return q, k, v, None, torch.randn(B, T, H, Dv, generator=g)
     q = torch.randn(B, T, 2 * H, D, generator=g)
     k = torch.randn(B, T, G if shared else 2 * G, D, generator=g)
     v = torch.randn(B, T, G, Dv, generator=g)
@@ -42,14 +47,18 @@ def run(rank, world, port, cases, outdir):
             q, k, v, lam, dout = full_problem(case)
             lay = case["layout"]
             xs = [shard(x, rank, world, lay).clone().requires_grad_() for x in (q, k, v)]
-            lam_l = (shard(lam, rank, world, lay) if lam.dim() == 3 else lam).clone()
-            lam_l.requires_grad_()
             before = dict(dt.ring_bytes_sent)
-            out = dt.ring_diff_attention(*xs, lam_l, causal=case["causal"], layout=lay)
+            if lam is None:
+                lam_l = None
+                out = dt.ring_attention(*xs, causal=case["causal"], layout=lay)
+            else:
+                lam_l = (shard(lam, rank, world, lay) if lam.dim() == 3 else lam).clone()
+                lam_l.requires_grad_()
+                out = dt.ring_diff_attention(*xs, lam_l, causal=case["causal"], layout=lay)
             out.backward(shard(dout, rank, world, lay))
             sent = {p: dt.ring_bytes_sent[p] - before[p] for p in before}
             results.append(dict(out=out.detach(), dq=xs[0].grad, dk=xs[1].grad, dv=xs[2].grad,
-                                dlam=lam_l.grad, sent=sent))
+                                dlam=None if lam_l is None else lam_l.grad, sent=sent))
         # two rings of 2 inside a world of 4: ranks {0, 1} and {2, 3} (group ranks differ
         # from global ranks in the second)
         sub = []

@@ -1,4 +1,4 @@
-"""Ring (context-parallel) differential attention on torch.distributed with gloo on loopback:
+"""Ring (context-parallel) differential and standard attention on torch.distributed with gloo on loopback:
 2 and 4 ranks spawned by torch.multiprocessing, each holding a zig-zag (or contiguous) shard;
 the reassembled output and gradients meet FlashAttention's rule against the float64
 reference, as the single-process operator does, causal and not, GQA, V1 and V2 layouts. The
@@ -54,9 +54,10 @@ def spawn(world, cases, tmp_path):
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
 
 
-def case(T, H, G, D, Dv, shared, per_token, causal, layout="zigzag", B=1, seed=0):
+def case(T, H, G, D, Dv, shared, per_token, causal, layout="zigzag", B=1, seed=0,
+         standard=False):
     return dict(B=B, T=T, H=H, G=G, D=D, Dv=Dv, shared=shared, per_token=per_token,
-                causal=causal, layout=layout, seed=seed)
+                causal=causal, layout=layout, seed=seed, standard=standard)
 
 
 CASES = [
@@ -66,6 +67,8 @@ CASES = [
     case(40, 2, 1, 8, 8, True, True, False),
     case(48, 2, 1, 8, 16, False, True, True, layout="contiguous"),
     case(8, 2, 1, 4, 8, False, False, True, B=2),       # chunks of 1 or 2 rows
+    case(48, 6, 2, 8, 16, False, False, True, standard=True),   # ring_attention, GQA
+    case(24, 2, 2, 8, 8, False, False, False, standard=True),
 ]
 
 
@@ -75,10 +78,13 @@ def unshard(parts, layout):
 
 def reference(c):
     q, k, v, lam, dout = ring_worker.full_problem(c)
-    fn = lambda q, k, v, lam: tr.diff_attention(q, k, v, lam, causal=c["causal"])  # noqa: E731
+    if lam is None:
+        fn = lambda q, k, v: tr.attention(q, k, v, causal=c["causal"])  # noqa: E731
+    else:
+        fn = lambda q, k, v, lam: tr.diff_attention(q, k, v, lam, causal=c["causal"])  # noqa: E731
     res = {}
     for tag, dtype in (("64", torch.float64), ("32", torch.float32)):
-        xs = [x.to(dtype).requires_grad_() for x in (q, k, v, lam)]
+        xs = [x.to(dtype).requires_grad_() for x in (q, k, v, lam) if x is not None]
         out = fn(*xs)
         res[tag] = [out] + list(torch.autograd.grad(out, xs, dout.to(dtype)))
     return res, (q, k, v, lam, dout)
@@ -91,7 +97,9 @@ def test_ring_matches_single_process(world, tmp_path):
         ref, (q, k, v, lam, dout) = reference(c)
         per = [r["results"][i] for r in ranks]
         got = [unshard([p[n] for p in per], c["layout"]) for n in ("out", "dq", "dk", "dv")]
-        if lam.dim() == 1:  # a shared lambda: each rank has its rows' share
+        if lam is None:
+            pass
+        elif lam.dim() == 1:  # a shared lambda: each rank has its rows' share
             got.append(sum(p["dlam"] for p in per))
         else:
             got.append(unshard([p["dlam"] for p in per], c["layout"]))
@@ -99,7 +107,8 @@ def test_ring_matches_single_process(world, tmp_path):
             assert g.shape == r64.shape, (i, name)
             check_rule(f"case {i} {name}", g, r64, r32)
         # the single-process operator meets the same rule on the same problem
-        single = dt.diff_attention(q, k, v, lam, causal=c["causal"])
+        single = (dt.attention(q, k, v, causal=c["causal"]) if lam is None
+                  else dt.diff_attention(q, k, v, lam, causal=c["causal"]))
         check_rule(f"case {i} single out", single, ref["64"][0], ref["32"][0])
         # bytes each rank sent: forward (W-1)(|K|+|V|), backward (W-1)(|K|+|V|) + W(|K|+|V|)
         kv = 4 * (k.numel() + v.numel()) // world
