@@ -80,6 +80,16 @@ def _as_f32(x):
     return x if x.dtype == torch.float32 else x.to(torch.float32)
 
 
+def _prep(x):
+    """q, k or v as the kernels take it: float32, and materialised when it repeats elements
+    (a stride 0 from expand()): the kernels write each gradient in its input's layout, which
+    needs distinct elements. autograd sums the gradient back over the expanded dimension."""
+    x = _as_f32(x)
+    if any(s == 0 for s, n in zip(x.stride(), x.shape) if n > 1):
+        x = x.contiguous()
+    return x
+
+
 def _np(x):
     """A NumPy view of a float32 CPU tensor, sharing memory and strides when the kernels
     accept them (last dimension contiguous, strides non-negative); else a contiguous copy."""
@@ -188,7 +198,7 @@ def diff_attention(q, k, v, lam, causal=False, scale=None):
     _check_tensor(op, "lam", lam, (1, 3))
     _check_same_dtype(op, q=q, k=k, v=v)
     scale = _check_flags(op, causal, scale)
-    out = _DiffAttentionFn.apply(_as_f32(q), _as_f32(k), _as_f32(v), _as_f32(lam), causal, scale)
+    out = _DiffAttentionFn.apply(_prep(q), _prep(k), _prep(v), _as_f32(lam), causal, scale)
     return out if q.dtype == torch.float32 else out.to(q.dtype)
 
 
@@ -201,7 +211,7 @@ def attention(q, k, v, causal=False, scale=None):
     _check_tensor(op, "v", v, (4,))
     _check_same_dtype(op, q=q, k=k, v=v)
     scale = _check_flags(op, causal, scale)
-    out = _AttentionFn.apply(_as_f32(q), _as_f32(k), _as_f32(v), causal, scale)
+    out = _AttentionFn.apply(_prep(q), _prep(k), _prep(v), causal, scale)
     return out if q.dtype == torch.float32 else out.to(q.dtype)
 
 

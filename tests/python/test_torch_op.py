@@ -217,3 +217,15 @@ def test_same_numbers_as_the_numpy_operator_and_the_cpp_oracle():
     for name, g, r, n32 in zip(("dq", "dk", "dv", "dlam"), oracle, g64, g32):
         check_rule("oracle " + name, g, r, n32)
         check_rule("torch " + name, grads[("dq", "dk", "dv", "dlam").index(name)], r, n32)
+
+
+def test_expanded_inputs_get_summed_gradients():
+    """k shared by the batch through expand() (stride 0): the kernels need distinct elements
+    for the gradient they write in k's layout, so it is materialised and autograd sums dk."""
+    q, k, v, lam, dout = make(2, 12, 12, 2, 1, 8, 16, False, False, seed=6)
+    k0 = k[:1].clone().requires_grad_()
+    out = dt.diff_attention(q, k0.expand(2, -1, -1, -1), v, lam, causal=True)
+    out.backward(dout)
+    k1 = k0.detach().expand(2, -1, -1, -1).clone().requires_grad_()
+    dt.diff_attention(q, k1, v, lam, causal=True).backward(dout)
+    assert torch.equal(k0.grad, k1.grad.sum(0, keepdim=True))
