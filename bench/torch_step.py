@@ -20,7 +20,6 @@ Before timing, the three variants' losses for the same weights and batch are com
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys

@@ -1011,7 +1011,8 @@ def save(module, path):
     header, blobs, off = {}, [], 0
     for name, p in sorted(module.named_parameters()):
         raw = p.detach().to(torch.float32).contiguous().numpy().astype("<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(p.shape), "data_offsets": [off, off + len(raw)]}
+        header[name] = {"dtype": "F32", "shape": list(p.shape),
+                        "data_offsets": [off, off + len(raw)]}
         blobs.append(raw)
         off += len(raw)
     h = json.dumps(header, separators=(",", ":")).encode()
