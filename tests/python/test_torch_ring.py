@@ -1,8 +1,9 @@
 """Ring (context-parallel) differential and standard attention on torch.distributed with
-gloo on loopback: 2 and 4 ranks spawned by torch.multiprocessing, each holding a zig-zag (or contiguous) shard;
-the reassembled output and gradients meet FlashAttention's rule against the float64
-reference, as the single-process operator does, causal and not, GQA, V1 and V2 layouts. The
-ranks run under a deadline and are killed if they pass it."""
+gloo on loopback: 2 and 4 ranks spawned by torch.multiprocessing, each holding a zig-zag (or
+contiguous) shard; the reassembled output and gradients meet FlashAttention's rule against
+the float64 reference, as the single-process operator does, causal and not, GQA, V1 and V2
+layouts, and two rings inside one world. The ranks run under a deadline and are killed if
+they pass it."""
 
 import socket
 import time
