@@ -22,6 +22,10 @@ A trained model directory (docs/FORMAT.md) loads as
     loss = m.loss(tokens, targets)        # mean cross-entropy over all positions
     grads = m.gradients(tokens, targets)  # {FORMAT.md tensor name: array}
 
+PyTorch: `import diffattn.torch` for autograd operators on torch tensors, drop-in attention
+modules (MultiheadDiffAttn, MultiheadDiffAttnV2, DiffLlamaAttention), load/save of a model
+directory as an nn.Module, and ring attention on torch.distributed.
+
 Anything else (another dtype, a non-contiguous last dimension, negative strides, inconsistent
 shapes, a NaN lambda) raises ValueError naming the tensor, the expected and the actual shape.
 backend="reference" (or the environment variable DIFFATTN_BACKEND=reference, read once when
