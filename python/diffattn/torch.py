@@ -589,52 +589,6 @@ def _merge(O, L, rows, o_part, l_part, m, maps=2):
     L[:, m::maps, rows] = new
 
 
-def _single_key_row_fix(gq, gk, x, kb, vb, scale):
-    """The fused backward takes a row that sees one key of the block (row 0 of a causal
-    diagonal block, or a block of one key) to see one key in all, so its P is 1 and its dS 0
-    (src/kernels/fused_bwd.cpp). In a ring block that row also sees keys of other blocks: add
-    its dS = coef P (dP - D) with P = exp(s q.k - lse) from the global lse, into gq (B, c, 2H,
-    D) and gk (B, c, nk, D) in place. dV already used that P."""
-    q0 = torch.from_numpy(x["q"][:, 0]).double()                    # (B, 2H, D)
-    lse0 = torch.from_numpy(x["lse"][:, :, 0]).double()             # (B, 2H)
-    dout0 = torch.from_numpy(x["dout"][:, 0]).double()              # (B, H, Dv)
-    out0 = torch.from_numpy(x["out"][:, 0]).double()
-    o20 = torch.from_numpy(x["o2"][:, 0]).double()
-    lam = torch.from_numpy(x["lam"]).double()
-    lam0 = lam.view(1, -1) if lam.dim() == 1 else lam[:, 0]         # (1 or B, H)
-    k0, v0 = kb[:, 0].double(), vb[:, 0].double()                   # (B, nk, D), (B, G, Dv)
-    H2, D = q0.shape[1], q0.shape[2]
-    H, G, nk = H2 // 2, v0.shape[1], k0.shape[1]
-    s = D ** -0.5 if scale is None else scale
-    g = torch.arange(H) // (H // G)                                 # pair -> group
-    kh = torch.stack((2 * g, 2 * g + 1), 1).flatten() if nk == 2 * G else g.repeat_interleave(2)
-    ksel = k0[:, kh]                                                # (B, 2H, D)
-    P = torch.exp(s * (q0 * ksel).sum(-1) - lse0)                   # (B, 2H)
-    dP = (dout0 * v0[:, g]).sum(-1)                                 # (B, H)
-    D1 = (dout0 * (out0 + lam0.unsqueeze(-1) * o20)).sum(-1)
-    D2 = (dout0 * o20).sum(-1)
-    dS = torch.stack((s * P[:, 0::2] * (dP - D1), -lam0 * s * P[:, 1::2] * (dP - D2)), 2)
-    dS = dS.flatten(1)                                              # (B, 2H), sub-head order
-    gq[:, 0] += (dS.unsqueeze(-1) * ksel).float()
-    gk[:, 0].index_add_(1, kh, (dS.unsqueeze(-1) * q0).float())
-
-
-def _single_key_row_fix_std(gq, gk, x, kb, vb, scale):
-    """_single_key_row_fix for standard attention: q (B, c, H, D), one map, D = dout . out."""
-    q0 = torch.from_numpy(x["q"][:, 0]).double()                    # (B, H, D)
-    lse0 = torch.from_numpy(x["lse"][:, :, 0]).double()             # (B, H)
-    dout0 = torch.from_numpy(x["dout"][:, 0]).double()              # (B, H, Dv)
-    out0 = torch.from_numpy(x["out"][:, 0]).double()
-    k0, v0 = kb[:, 0].double(), vb[:, 0].double()                   # (B, G, D), (B, G, Dv)
-    H, D, G = q0.shape[1], q0.shape[2], v0.shape[1]
-    s = D ** -0.5 if scale is None else scale
-    g = torch.arange(H) // (H // G)
-    P = torch.exp(s * (q0 * k0[:, g]).sum(-1) - lse0)
-    dS = s * P * ((dout0 * v0[:, g]).sum(-1) - (dout0 * out0).sum(-1))  # (B, H)
-    gq[:, 0] += (dS.unsqueeze(-1) * k0[:, g]).float()
-    gk[:, 0].index_add_(1, g, (dS.unsqueeze(-1) * q0).float())
-
-
 class _RingAttnFn(torch.autograd.Function):
     """Standard attention over the ring: as _RingDiffFn with one map."""
 
@@ -700,8 +654,6 @@ class _RingAttnFn(torch.autograd.Function):
                         x["q"], _np(kb[:, cols]), _np(vb[:, cols]), x["dout"], causal=mode,
                         scale=ctx.scale, backend="fused", out=x["out"], lse=x["lse"])
                     gq, gk = _t(gq), _t(gk)
-                    if (mode or c == 1) and not (ctx.causal and mine[a] == 0):
-                        _single_key_row_fix_std(gq, gk, x, kb[:, cols], vb[:, cols], ctx.scale)
                     dq[:, a * c:(a + 1) * c] += gq
                     dkb[:, cols] += gk
                     dvb[:, cols] += _t(gv)
@@ -786,8 +738,6 @@ class _RingDiffFn(torch.autograd.Function):
                         causal=mode, scale=ctx.scale, backend="fused", out=x["out"],
                         lse=x["lse"], o2=x["o2"])
                     gq, gk = _t(gq), _t(gk)
-                    if (mode or c == 1) and not (ctx.causal and mine[a] == 0):
-                        _single_key_row_fix(gq, gk, x, kb[:, cols], vb[:, cols], ctx.scale)
                     dq[:, a * c:(a + 1) * c] += gq
                     dkb[:, cols] += gk
                     dvb[:, cols] += _t(gv)
