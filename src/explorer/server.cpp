@@ -16,6 +16,7 @@
 //   and serves kKeepAliveRequests per connection at most;
 // - BoundedPool is the task queue: kServerWorkers threads and kServerQueue waiting connections;
 //   a connection beyond those is answered 503 on the accepting thread and closed;
+// - the listen backlog is 128, not httplib's 5 (a burst of connections lost SYNs: 1 s stalls);
 // - the listening socket gets SO_REUSEADDR only (httplib's default sets SO_REUSEPORT, which lets
 //   a second server bind the same port and take half of its connections).
 #include <arpa/inet.h>
@@ -69,6 +70,10 @@ void on_stop_signal(int sig) {
 // Waits are cut into slices so that a stopping server (its listening socket closed) is noticed
 // within one slice by every connection.
 constexpr int kPollSliceMs = 200;
+
+// Connections the kernel holds for the accepting thread (each is then served, queued or refused
+// at once).
+constexpr int kListenBacklog = 128;
 
 enum class Wait { kReady, kTimeout, kStopped, kError };
 
@@ -320,6 +325,16 @@ class BoundedPool final : public httplib::TaskQueue {
 };
 
 class ExplorerServer final : public httplib::Server {
+ public:
+  // httplib listens with a backlog of 5: a burst of connections (a browser opens six at once)
+  // on a busy machine overflows it, and each dropped SYN costs its client a 1 s retransmit.
+  // listen() again on the bound socket only changes the backlog.
+  void widen_backlog(int backlog) {
+    if (::listen(svr_sock_, backlog) != 0) {
+      throw IoError(std::string("cannot listen on the explorer's socket: ") + std::strerror(errno));
+    }
+  }
+
  private:
   // Overrides httplib's per-connection loop (a private virtual of httplib::Server): called for
   // each accepted socket, on a worker of BoundedPool (or on the accepting thread to refuse it).
@@ -465,6 +480,7 @@ void serve(const std::string& host, int port, void (*ready)(const std::string& h
                   (err != 0 ? std::string(std::strerror(err)) : std::string("no such address")) +
                   "; is it an address of this machine?)");
   }
+  svr.widen_backlog(kListenBacklog);
   // SIGINT and SIGTERM write a byte to a pipe (the only thing a handler may safely do); a
   // thread waiting on the pipe stops the server. Any thread may receive the signal.
   if (::pipe(g_stop_pipe) != 0) throw IoError("cannot create the explorer's stop pipe");

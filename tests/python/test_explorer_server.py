@@ -5,8 +5,8 @@ The limits are read from include/diffattn/explorer.h, so the tests follow them.
 
 Run as a script, the file measures instead (report numbers with the command):
     python3 tests/python/test_explorer_server.py [BINARY]
-prints keep-alive requests/s on one connection and the time to answer a request while 12 slow
-clients hold connections."""
+prints keep-alive requests/s on one connection and the time to answer a request while 12 (then
+40) slow clients hold connections."""
 
 import json
 import os
@@ -217,6 +217,17 @@ def test_oversized_head_is_431(server):
     assert status == 431 and "headers are larger than" in json.loads(body)["error"]
 
 
+def test_stop_is_prompt_while_clients_stall():
+    proc, port = start(BINARY, "--port", "0")
+    held = slow_clients(port, limit("kServerWorkers") + 8) + [connect(port) for _ in range(8)]
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    stop(proc)
+    assert time.monotonic() - t0 < 2.0, "stalled connections delayed the stop"
+    for s in held:
+        s.close()
+
+
 def test_second_server_on_a_used_port_fails_naming_it(server):
     r = subprocess.run([BINARY, "serve", "--port", str(server)], capture_output=True, text=True,
                        timeout=10)
@@ -233,13 +244,14 @@ def measure(binary):
         n = 100
         took = keep_alive_run(port, n)
         print(f"keep-alive, one connection: {n} requests in {took:.3f} s = {n / took:.0f} requests/s")
-        for trickle in (False, True):
-            slow = slow_clients(port, 12)
+        for count, trickle in ((12, False), (12, True), (40, True)):
+            slow = slow_clients(port, count)
             t0 = time.monotonic()
             status, took = None, None
             try:
                 # Trickling clients send one more byte every second (each read() succeeds).
-                with connect(port, timeout=1) as s:
+                with connect(port) as s:
+                    s.settimeout(1)
                     s.sendall(INFO.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
                     while time.monotonic() - t0 < 30:
                         try:
@@ -258,9 +270,9 @@ def measure(binary):
                     c.close()
             what = "trickling a byte a second" if trickle else "sending one byte, then nothing"
             if status is None:
-                print(f"12 slow clients ({what}): no answer within 30 s")
+                print(f"{count} slow clients ({what}): no answer within 30 s")
             else:
-                print(f"12 slow clients ({what}): answered {status} after {took:.3f} s")
+                print(f"{count} slow clients ({what}): answered {status} after {took * 1000:.1f} ms")
             time.sleep(1)
     finally:
         stop(proc)
