@@ -125,12 +125,16 @@ class ConnectionStream final : public httplib::Stream {
     head_done_ = false;
     crlfcrlf_ = 0;
     head_bytes_ = body_bytes_ = written_ = 0;
-    timed_out_ = over_limit_ = false;
+    timed_out_ = over_limit_ = close_after_ = false;
   }
 
   bool has_buffered() const { return off_ < len_; }
   bool timed_out() const { return timed_out_; }
   bool over_limit() const { return over_limit_; }
+  bool head_over_limit() const { return over_limit_ && !head_done_; }
+  // The request is answered without reading its body: the connection must close after it.
+  void close_after() { close_after_ = true; }
+  bool must_close() const { return timed_out_ || over_limit_ || close_after_; }
   size_t written() const { return written_; }
 
   bool is_readable() const override {
@@ -225,12 +229,12 @@ class ConnectionStream final : public httplib::Stream {
   bool head_done_ = false;
   int crlfcrlf_ = 0;  // how much of "\r\n\r\n" the last bytes read matched
   size_t head_bytes_ = 0, body_bytes_ = 0, written_ = 0;
-  bool timed_out_ = false, over_limit_ = false;
+  bool timed_out_ = false, over_limit_ = false, close_after_ = false;
 };
 
 // The stream of the request a worker thread is serving (for the error handler), and whether the
 // accepting thread is running a connection's task itself to refuse it.
-thread_local const ConnectionStream* t_stream = nullptr;
+thread_local ConnectionStream* t_stream = nullptr;
 thread_local bool t_refuse = false;
 
 std::string timeout_message() {
@@ -370,7 +374,7 @@ class ExplorerServer final : public httplib::Server {
       t_stream = &strm;
       ok = process_request(strm, served + 1 == kKeepAliveRequests, client_closes, nullptr);
       t_stream = nullptr;
-      if (strm.written() == 0 && (strm.timed_out() || strm.over_limit())) {
+      if (strm.written() == 0 && (strm.timed_out() || strm.head_over_limit())) {
         // httplib gives up silently when the request line itself is cut short: answer here.
         const std::string r = strm.timed_out()
                                   ? raw_response(408, "Request Timeout", timeout_message())
@@ -382,7 +386,7 @@ class ExplorerServer final : public httplib::Server {
           at += static_cast<size_t>(n);
         }
       }
-      if (!ok || client_closes || strm.timed_out() || strm.over_limit()) break;
+      if (!ok || client_closes || strm.must_close()) break;
     }
     return ok;
   }
@@ -400,12 +404,56 @@ class ExplorerServer final : public httplib::Server {
   }
 };
 
-void answer(const httplib::Request& req, httplib::Response& res) {
-  const Response r = handle(req.method, req.path, req.body);
+void put(httplib::Response& res, const Response& r) {
   res.status = r.status;
   res.set_header("Cache-Control", "no-store");
   res.set_header("X-Content-Type-Options", "nosniff");
   res.set_content(r.body, r.content_type.c_str());
+}
+
+void answer(const httplib::Request& req, httplib::Response& res) {
+  put(res, handle(req.method, req.path, req.body));  // handle() checks the body's size too
+}
+
+// Runs after the headers, before httplib reads a body, whose size httplib bounds only by its
+// Content-Length: a chunked body would be read without bound, and an encoded one (gzip,
+// deflate, br) decompressed without bound. The page sends neither, so both are refused unread;
+// a body without Content-Length (which httplib would read until the client closes) is empty.
+httplib::Server::HandlerResponse before_body(const httplib::Request& req,
+                                             httplib::Response& res) {
+  const bool has_body = req.method == "POST" || req.method == "PUT" ||
+                        req.method == "PATCH" || req.method == "DELETE" || req.method == "PRI";
+  if (!has_body) {
+    // A body httplib does not read would be parsed as the next request: close after this one.
+    if (t_stream != nullptr && (req.has_header("Transfer-Encoding") ||
+                                (req.has_header("Content-Length") &&
+                                 req.get_header_value("Content-Length") != "0"))) {
+      t_stream->close_after();
+      res.set_header("Connection", "close");
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  }
+  std::string refusal;
+  int status = 0;
+  if (req.has_header("Transfer-Encoding")) {
+    status = 411;
+    refusal = "a request body must come with a Content-Length, not a Transfer-Encoding";
+  } else if (req.has_header("Content-Encoding") &&
+             req.get_header_value("Content-Encoding") != "identity") {
+    status = 415;
+    refusal = "a request body must not be compressed (Content-Encoding)";
+  }
+  if (status != 0) {
+    if (t_stream != nullptr) t_stream->close_after();
+    res.set_header("Connection", "close");
+    put(res, error_response(status, refusal));
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  if (!req.has_header("Content-Length")) {
+    put(res, handle(req.method, req.path, std::string()));
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  return httplib::Server::HandlerResponse::Unhandled;
 }
 
 }  // namespace
@@ -434,6 +482,7 @@ void serve(const std::string& host, int port, void (*ready)(const std::string& h
   // Announced in each response's Keep-Alive header; the loop in ExplorerServer enforces them.
   svr.set_keep_alive_max_count(kKeepAliveRequests);
   svr.set_keep_alive_timeout(kIdleSeconds);
+  svr.set_pre_routing_handler(before_body);
   svr.Get(".*", answer);
   svr.Post(".*", answer);
   svr.Put(".*", answer);
@@ -447,7 +496,7 @@ void serve(const std::string& host, int port, void (*ready)(const std::string& h
     if (t_stream != nullptr && t_stream->timed_out()) {
       res.status = 408;
       msg = timeout_message();
-    } else if (t_stream != nullptr && t_stream->over_limit() && res.status != 413) {
+    } else if (t_stream != nullptr && t_stream->head_over_limit()) {
       res.status = 431;
       msg = head_limit_message();
     } else if (res.status == 413) {
@@ -455,7 +504,7 @@ void serve(const std::string& host, int port, void (*ready)(const std::string& h
     } else {
       msg = "request rejected (HTTP " + std::to_string(res.status) + ")";
     }
-    if (t_stream != nullptr && (t_stream->timed_out() || t_stream->over_limit())) {
+    if (t_stream != nullptr && t_stream->must_close()) {
       res.set_header("Connection", "close");  // the connection loop closes it after this answer
     }
     const Response r = error_response(res.status, msg);

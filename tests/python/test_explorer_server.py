@@ -8,6 +8,7 @@ Run as a script, the file measures instead (report numbers with the command):
 prints keep-alive requests/s on one connection and the time to answer a request while 12 (then
 40) slow clients hold connections."""
 
+import gzip
 import json
 import os
 import re
@@ -215,6 +216,43 @@ def test_oversized_head_is_431(server):
             pass
         status, _, body = read_response(s)
     assert status == 431 and "headers are larger than" in json.loads(body)["error"]
+
+
+def exchange(port, raw):
+    """Sends raw bytes on a new connection, reads until the server closes it: the statuses."""
+    with connect(port) as s:
+        s.sendall(raw)
+        got = b""
+        try:
+            while chunk := s.recv(65536):
+                got += chunk
+        except ConnectionResetError:
+            pass
+    return [int(m) for m in re.findall(rb"HTTP/1\.1 (\d{3}) ", got)], got
+
+
+def test_bodies_httplib_would_not_bound_are_refused_unread(server):
+    # gzip/deflate/br bodies are decompressed by httplib without bound, chunked ones read without
+    # bound: both are refused before the body is read, and the connection closes.
+    bomb = gzip.compress(b"0" * 10_000_000)  # 10 MB from ~10 KB, under the 16 KiB body limit
+    statuses, got = exchange(server, b"POST /api/views HTTP/1.1\r\nHost: x\r\nContent-Encoding: "
+                             b"gzip\r\nContent-Length: %d\r\n\r\n" % len(bomb) + bomb)
+    assert statuses == [415] and b"compressed" in got, got[:300]
+    statuses, got = exchange(server, b"POST /api/views HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
+                             b"chunked\r\n\r\n" + b"4000\r\n" + b"x" * 0x4000 + b"\r\n" * 2)
+    assert statuses == [411] and b"Content-Length" in got, got[:300]
+    # A POST without Content-Length has an empty body (httplib would wait for the client to close).
+    t0 = time.monotonic()
+    statuses, _ = exchange(server, b"POST /api/views HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert statuses == [200] and time.monotonic() - t0 < 2.0
+
+
+def test_pipelined_requests_are_all_answered(server):
+    body = json.dumps({"source": "random", "length": 8, "seed": 1}).encode()
+    post = b"POST /api/views HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    statuses, _ = exchange(server, INFO + post + post + INFO.replace(b"\r\n\r\n",
+                                                                     b"\r\nConnection: close\r\n\r\n"))
+    assert statuses == [200, 200, 200, 200]
 
 
 def test_stop_is_prompt_while_clients_stall():
