@@ -34,8 +34,8 @@ int run_serve(const std::vector<std::string>& argv) {
             " s of its first byte (else 408), its request line and\nheaders within " +
             std::to_string(explorer::kMaxHeadBytes / 1024) + " KiB (431) and its body within " +
             std::to_string(explorer::kMaxBodyBytes / 1024) +
-            " KiB (413); a response must be taken\nwithin " +
-            std::to_string(explorer::kResponseSeconds) + " s; an idle connection is closed after " +
+            " KiB (413; no compressed or chunked body:\n415, 411); a response must be taken within " +
+            std::to_string(explorer::kResponseSeconds) + " s; an idle connection is closed\nafter " +
             std::to_string(explorer::kIdleSeconds) + " s, any connection after " +
             std::to_string(explorer::kKeepAliveRequests) +
             " requests.\nThe port is bound exclusively: a port in use is an error, never shared.");

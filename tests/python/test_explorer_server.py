@@ -276,12 +276,45 @@ def test_second_server_on_a_used_port_fails_naming_it(server):
 
 # ---- measurement (run this file as a script) ----
 
+def concurrent_run(port, conns, n):
+    """conns threads, each n keep-alive requests on its own connection: per-request seconds
+    (None for a request that failed or took over 10 s)."""
+    import threading
+    times = []
+
+    def client():
+        try:
+            with connect(port) as s:
+                for _ in range(n):
+                    t0 = time.monotonic()
+                    s.sendall(INFO)
+                    status, headers, _ = read_response(s)
+                    times.append(time.monotonic() - t0 if status == 200 else None)
+                    if headers.get("connection") == "close":
+                        break
+        except OSError:
+            times.append(None)
+
+    threads = [threading.Thread(target=client) for _ in range(conns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return times
+
+
 def measure(binary):
     proc, port = start(binary, "--port", "0")
     try:
         n = 100
         took = keep_alive_run(port, n)
         print(f"keep-alive, one connection: {n} requests in {took:.3f} s = {n / took:.0f} requests/s")
+        times = concurrent_run(port, 32, 20)
+        ok = sorted(t for t in times if t is not None)
+        pct = lambda q: ok[min(len(ok) - 1, int(q * len(ok)))] * 1000
+        print(f"32 keep-alive connections x 20 requests: {len(ok)} answered, "
+              f"{len(times) - len(ok)} failed; p50 {pct(0.5):.1f} ms, p99 {pct(0.99):.1f} ms, "
+              f"max {ok[-1] * 1000:.1f} ms")
         for count, trickle in ((12, False), (12, True), (40, True)):
             slow = slow_clients(port, count)
             t0 = time.monotonic()
