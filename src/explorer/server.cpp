@@ -519,7 +519,8 @@ void serve(const std::string& host, int port, void (*ready)(const std::string& h
   }
   if (bound <= 0) {
     const int err = errno;
-    const std::string where = host + ":" + std::to_string(port);
+    const std::string where = (host.find(':') != std::string::npos ? "[" + host + "]" : host) +
+                              ":" + std::to_string(port);
     if (err == EADDRINUSE) {
       throw IoError("cannot listen on " + where + ": port " + std::to_string(port) +
                     " is already in use (another diffattn serve?); choose another with --port N, "
