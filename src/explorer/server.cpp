@@ -351,6 +351,7 @@ class ExplorerServer final : public httplib::Server {
         ok = serve_connection(sock);
       }
     } catch (...) {  // nothing may escape into httplib's threads; the connection just closes
+      t_stream = nullptr;
       ok = false;
     }
     ::shutdown(sock, SHUT_RDWR);
