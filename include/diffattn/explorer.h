@@ -18,6 +18,20 @@ inline constexpr size_t kMaxPromptBytes = 2048;  // a model's prompt, in bytes
 inline constexpr int64_t kMaxPromptTokens = 96;  // ... and in tokens (T x T maps go back as JSON)
 inline constexpr double kMaxAbsLambda = 4.0;
 
+// The HTTP server's limits (server.cpp; `diffattn serve --help` lists them). A connection is
+// served by one of kServerWorkers threads; up to kServerQueue more wait for one; a connection
+// beyond that is answered 503 at once and closed. Deadlines are for whole requests, not single
+// reads, so a client trickling bytes cannot hold a worker.
+inline constexpr int kServerWorkers = 32;
+inline constexpr int kServerQueue = 32;
+inline constexpr int kIdleSeconds = 5;       // a connection waiting for its (next) request
+inline constexpr int kRequestSeconds = 5;    // from a request's first byte to its last: else 408
+inline constexpr int kResponseSeconds = 10;  // for the client to take a whole response
+inline constexpr int kKeepAliveRequests = 100;        // requests on one connection
+inline constexpr size_t kMaxHeadBytes = 64 * 1024;    // request line and headers
+inline constexpr size_t kMaxDiscardBytes = 1 << 20;   // of a body over kMaxBodyBytes read to
+                                                      // answer 413; beyond, the connection closes
+
 struct Response {
   int status = 200;
   std::string content_type = "application/json";
@@ -49,7 +63,8 @@ void add_model(const std::string& dir);
 Response error_response(int status, const std::string& message);
 
 // Serves on host:port until SIGINT or SIGTERM. host must be a loopback address (127.0.0.0/8,
-// ::1 or "localhost"); port 0 picks a free port. Calls ready(port) once listening.
+// ::1 or "localhost"); port 0 picks a free port. Calls ready(port) once listening. The port is
+// bound exclusively (no SO_REUSEPORT): a port in use is an IoError naming it.
 void serve(const std::string& host, int port, void (*ready)(const std::string& host, int port));
 
 }  // namespace diffattn::explorer

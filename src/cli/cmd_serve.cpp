@@ -26,7 +26,19 @@ int run_serve(const std::vector<std::string>& argv) {
             "the saved lse of the fused forward. The slider replaces the learned lambda (V1: the\n"
             "layer's, V2: sigmoid(lambda_proj x) per token) until \"learned lambda\" is pressed.\n"
             "A DIFF model's \"standard\" view is its pair's full-width map softmax([q1;q2].[k1;k2] /\n"
-            "sqrt(2D)); a standard model shows only its own softmax map.");
+            "sqrt(2D)); a standard model shows only its own softmax map.\n"
+            "Limits of the server: " + std::to_string(explorer::kServerWorkers) +
+            " connections served at once and " + std::to_string(explorer::kServerQueue) +
+            " waiting (more: 503 at once);\na request must arrive within " +
+            std::to_string(explorer::kRequestSeconds) +
+            " s of its first byte (else 408), its request line and\nheaders within " +
+            std::to_string(explorer::kMaxHeadBytes / 1024) + " KiB (431) and its body within " +
+            std::to_string(explorer::kMaxBodyBytes / 1024) +
+            " KiB (413; no compressed or chunked body:\n415, 411); a response must be taken within " +
+            std::to_string(explorer::kResponseSeconds) + " s; an idle connection is closed\nafter " +
+            std::to_string(explorer::kIdleSeconds) + " s, any connection after " +
+            std::to_string(explorer::kKeepAliveRequests) +
+            " requests.\nThe port is bound exclusively: a port in use is an error, never shared.");
   args.option("--model", "DIR", "", "trained model directories to offer, comma-separated (DIR,DIR,...)")
       .option("--host", "ADDR", "127.0.0.1", "loopback address to listen on")
       .option("--port", "N", "8765", "port; 0 picks a free one (printed)");
