@@ -15,7 +15,7 @@
 #include "cli/args.h"
 #include "diffattn/data.h"
 #include "diffattn/runtime.h"
-#include "model/json_util.h"
+#include "base/json_util.h"
 
 namespace diffattn::cli {
 

@@ -19,7 +19,7 @@
 
 #include "diffattn/error.h"
 #include "diffattn/files.h"
-#include "model/json_util.h"
+#include "base/json_util.h"
 
 namespace diffattn {
 

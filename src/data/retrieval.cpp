@@ -10,7 +10,7 @@
 
 #include "diffattn/files.h"
 #include "diffattn/rng.h"
-#include "model/json_util.h"
+#include "base/json_util.h"
 
 namespace diffattn::data {
 

@@ -18,7 +18,7 @@
 #include <sstream>
 
 #include "diffattn/data.h"
-#include "model/json_util.h"
+#include "base/json_util.h"
 
 namespace diffattn::data {
 

@@ -12,7 +12,7 @@
 #include "diffattn/experiment.h"
 #include "diffattn/inspect.h"
 #include "diffattn/views.h"
-#include "model/json_util.h"
+#include "base/json_util.h"
 #include "explorer/assets.h"
 
 namespace diffattn::explorer {

@@ -5,7 +5,7 @@
 #include <set>
 
 #include "diffattn/model.h"
-#include "model/json_util.h"
+#include "base/json_util.h"
 
 namespace diffattn {
 

@@ -13,7 +13,7 @@
 
 #include "diffattn/model.h"
 #include "diffattn/runtime.h"
-#include "model/json_util.h"
+#include "base/json_util.h"
 
 namespace diffattn {
 
