@@ -141,15 +141,17 @@ void FusedDecode(const AttnDecodeParams& p) {
   const DecodeLayout f(p, threads);
   const int64_t Rg = f.Rg, G = p.G, items = p.B * f.nch;
   // Partial states of every (batch, chunk): M, L (B, nch, G, Rg), O (B, nch, G, Rg, Dvp).
-  fused::Buffer M = fused::alloc(items * G * Rg), L = fused::alloc(items * G * Rg),
-                O = fused::alloc(items * G * Rg * f.Dvp);
+  // Per-thread scratch that grows once (fused::scratch): no allocation per decoded token.
+  float* const M = fused::scratch(0, items * G * Rg);
+  float* const L = fused::scratch(1, items * G * Rg);
+  float* const O = fused::scratch(2, items * G * Rg * f.Dvp);
 #pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(threads, items)))
   {
-    fused::Buffer s = fused::alloc(G * Rg * DecodeTiles::kBk);
+    float* const s = fused::scratch(3, G * Rg * DecodeTiles::kBk);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
-      DecodeChunk(p, f, it / f.nch, it % f.nch, s.get(), M.get() + it * G * Rg,
-                  L.get() + it * G * Rg, O.get() + it * G * Rg * f.Dvp);
+      DecodeChunk(p, f, it / f.nch, it % f.nch, s, M + it * G * Rg, L + it * G * Rg,
+                  O + it * G * Rg * f.Dvp);
     }
   }
   // Merge, chunk by chunk in order (deterministic): with Mx the max of the chunks' m,
@@ -160,8 +162,9 @@ void FusedDecode(const AttnDecodeParams& p) {
 #pragma omp parallel for num_threads(static_cast<int>(std::min<int64_t>(threads, nbg))) schedule(static)
   for (int64_t bg = 0; bg < nbg; ++bg) {
     const int64_t b = bg / G, g = bg % G;
-    std::vector<float> acc(static_cast<size_t>(Rg * f.Dvp));
-    std::vector<float> lsum(static_cast<size_t>(Rg)), mx(static_cast<size_t>(Rg));
+    float* const acc = fused::scratch(4, Rg * f.Dvp);
+    float* const lsum = fused::scratch(5, Rg);
+    float* const mx = fused::scratch(6, Rg);
     for (int64_t rr = 0; rr < Rg; ++rr) {
       float m = kNegInf;
       for (int64_t ch = 0; ch < f.nch; ++ch) m = std::max(m, M[((b * f.nch + ch) * G + g) * Rg + rr]);
@@ -175,7 +178,7 @@ void FusedDecode(const AttnDecodeParams& p) {
           if (M[base] == kNegInf) continue;
           const float w = std::exp2(M[base] - m);
           l += L[base] * w;
-          const float* o = O.get() + base * f.Dvp;
+          const float* o = O + base * f.Dvp;
           for (int64_t d = 0; d < p.Dv; ++d) a[d] += w * o[d];
         }
       }

@@ -27,6 +27,19 @@ namespace fused {
 using Buffer = hwy::AlignedFreeUniquePtr<float[]>;
 inline Buffer alloc(int64_t n) { return hwy::AllocateAligned<float>(static_cast<size_t>(n > 0 ? n : 1)); }
 
+// A per-thread buffer that only grows (slot 0..7): a call that fits reuses it, so decoding, one
+// call per token, allocates nothing after its first call. Each thread keeps the largest size
+// it has needed until it exits.
+inline float* scratch(int slot, int64_t n) {
+  thread_local Buffer bufs[8];
+  thread_local int64_t caps[8] = {};
+  if (caps[slot] < n) {
+    bufs[slot] = alloc(n);
+    caps[slot] = n;
+  }
+  return bufs[slot].get();
+}
+
 // The log-sum-exp saved for a row, ln(sum exp(scale q.k)) = (m + log2 l) ln 2, from its
 // running max m (log2 units) and sum l: computed in double and rounded once, since the
 // backward rebuilds every probability of the row from it (a coherent error of the whole row).
