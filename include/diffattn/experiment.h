@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "diffattn/data.h"
+#include "diffattn/train.h"
 #include "diffattn/inspect.h"
 #include "diffattn/retrieval.h"
 

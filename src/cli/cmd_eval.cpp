@@ -3,7 +3,7 @@
 #include <cstdio>
 
 #include "cli/args.h"
-#include "diffattn/data.h"
+#include "diffattn/train.h"
 
 namespace diffattn::cli {
 

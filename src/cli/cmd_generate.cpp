@@ -7,7 +7,7 @@
 #include <iostream>
 
 #include "cli/args.h"
-#include "diffattn/data.h"
+#include "diffattn/train.h"
 #include "diffattn/runtime.h"
 
 namespace diffattn::cli {

@@ -4,7 +4,7 @@
 
 #include "cli/args.h"
 #include "cli/table.h"
-#include "diffattn/data.h"
+#include "diffattn/train.h"
 
 namespace diffattn::cli {
 

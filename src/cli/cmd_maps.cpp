@@ -7,7 +7,7 @@
 
 #include "cli/args.h"
 #include "cli/table.h"
-#include "diffattn/data.h"
+#include "diffattn/train.h"
 #include "diffattn/inspect.h"
 #include "diffattn/viz.h"
 

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/args.h"
-#include "diffattn/data.h"
+#include "diffattn/train.h"
 #include "diffattn/runtime.h"
 #include "base/json_util.h"
 

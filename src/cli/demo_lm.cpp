@@ -7,7 +7,7 @@
 
 #include "cli/demo.h"
 #include "cli/table.h"
-#include "diffattn/data.h"
+#include "diffattn/train.h"
 #include "diffattn/runtime.h"
 
 namespace diffattn::cli {

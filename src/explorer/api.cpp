@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "diffattn/data.h"
+#include "diffattn/train.h"
 #include "diffattn/explorer.h"
 #include "diffattn/experiment.h"
 #include "diffattn/inspect.h"

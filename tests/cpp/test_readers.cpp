@@ -18,7 +18,7 @@
 #include <map>
 #include <string>
 
-#include "diffattn/data.h"
+#include "diffattn/train.h"
 #include "diffattn/files.h"
 #include "diffattn/model.h"
 #include "diffattn/runtime.h"

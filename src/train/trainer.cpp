@@ -17,7 +17,7 @@
 #include <set>
 #include <sstream>
 
-#include "diffattn/data.h"
+#include "diffattn/train.h"
 #include "base/json_util.h"
 
 namespace diffattn::data {

@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <string>
 
-#include "diffattn/data.h"
+#include "diffattn/train.h"
 
 namespace diffattn::data {
 

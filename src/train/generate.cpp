@@ -2,7 +2,7 @@
 // through a decode step (Tq = 1 against the cache). Text is streamed as it becomes known.
 #include <string>
 
-#include "diffattn/data.h"
+#include "diffattn/train.h"
 
 namespace diffattn::data {
 

@@ -1,0 +1,121 @@
+// Training and text generation (docs/DESIGN.md, layer `train`, src/train): the training loop
+// with its resumable checkpoints, the bounds on a run's options, and KV-cache generation.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "diffattn/data.h"
+#include "diffattn/model.h"
+
+namespace diffattn::data {
+
+// ---- generation ----
+struct GenerateOptions {
+  int64_t max_new = 200;  // new tokens; fewer if the model's max_seq_len is reached
+  SamplerOptions sampler;
+};
+
+// Prefills the prompt through the KV cache, then decodes one token at a time, passing each new
+// piece of text to on_text as soon as it is known (streamed output). Returns the new text.
+std::string generate(Model& m, const Tokenizer& tok, const std::string& prompt,
+                     const GenerateOptions& o,
+                     const std::function<void(const std::string&)>& on_text = {});
+
+// ---- training ----
+struct TrainOptions {
+  int64_t steps = 100;
+  int64_t batch = 8;      // sequences per micro-batch
+  int64_t seq_len = 128;  // T
+  int64_t accum = 1;      // micro-batches per optimizer step
+  AdamWOptions adamw;
+  uint64_t seed = 1;
+  int64_t eval_every = 0;  // 0: never
+  int64_t eval_batches = 8;
+  int64_t save_every = 0;  // 0: only at the end
+  std::string corpus = "kjv";       // load_corpus spec, so a resumed run rebuilds the same data
+  std::string tokenizer = "bytes";  // "bytes" or "sentencepiece" (DIR/tokenizer.model)
+  std::string to_json() const;
+  static TrainOptions from_json(const std::string& text, const std::string& where);
+};
+
+// Throws InvalidArgument naming the option (the JSON key) when a count is out of range, a rate
+// is negative, B * T * accum overflows, or one micro-batch's activations (train_step_bytes, an
+// estimate) exceed this machine's physical memory. The Trainer calls it before allocating.
+void check_train_options(const TrainOptions& o, const ModelConfig& cfg);
+// Bytes of activations and gradients one forward + backward of (batch, seq_len) keeps, about;
+// throws InvalidArgument when the product overflows.
+int64_t train_step_bytes(const ModelConfig& cfg, int64_t batch, int64_t seq_len);
+
+// What a resume point (DIR/train_state.safetensors, docs/FORMAT.md) says besides its tensors.
+struct TrainState {
+  ModelConfig config;
+  TrainOptions options;  // checked by check_train_options against config
+  int64_t step = 0;      // optimizer steps taken, 0 to options.steps
+  int64_t adamw_t = 0;   // AdamW updates taken, 0 to step
+};
+// Parses and checks a resume point's metadata field by field; errors are IoError naming `where`
+// (the file) and the field.
+TrainState parse_train_state(const std::map<std::string, std::string>& metadata,
+                             const std::string& where);
+// Every check of a resume point that needs only its header: the metadata, and the weights and
+// both AdamW moments of every tensor present with the shapes the config implies. Allocates
+// nothing sized by the file.
+TrainState check_train_state_header(const SafeTensorsHeader& h, const std::string& where);
+
+struct StepLog {
+  int64_t step = 0;  // 1-based count of optimizer steps taken
+  double loss = 0, grad_norm = 0, lr = 0, tokens_per_s = 0;
+  double val_loss = -1;  // < 0: not evaluated at this step
+  std::vector<double> lambdas;
+  std::string to_json() const;
+};
+
+// One run of training in a directory: DIR/config.json + model.safetensors (the model),
+// DIR/train_state.safetensors (weights, AdamW moments, step, options: the resume point, one
+// atomic file), DIR/train_log.jsonl (one StepLog a line).
+class Trainer {
+ public:
+  // A new run: model initialised from opts.seed.
+  Trainer(const std::string& dir, const ModelConfig& cfg, const TrainOptions& opts);
+  // A new run from given weights (fine-tuning, or a run started from a saved model).
+  Trainer(const std::string& dir, Model model, const TrainOptions& opts);
+  // Resumes DIR from its train_state.safetensors; the log is cut back to the saved step.
+  static Trainer resume(const std::string& dir);
+
+  // Runs until `opts.steps` steps are done (or `until` if > 0 and smaller); each step is passed
+  // to on_step. Saves every save_every steps and at the end.
+  void run(const Dataset& train, const std::vector<int32_t>* valid, int64_t until = 0,
+           const std::function<void(const StepLog&)>& on_step = {});
+  // One optimizer step (accum micro-batches); returns its log (no eval, no save).
+  StepLog step(const Dataset& train);
+  // Writes the checkpoint files in the order checkpoint_files() gives. Each is written
+  // atomically and the resume point comes first, so a kill at any moment leaves either no
+  // resume point (as before the first save: the run starts again without --resume) or a whole
+  // one; the model files that follow are loadable once both are there.
+  void save() const;
+  static const std::vector<std::string>& checkpoint_files();
+  // Changes how long the run goes and how often it evaluates and saves (what `train --resume`
+  // may change): checked like the constructor's options. A new `steps` also moves the end of
+  // the cosine decay, so the learning rate from the current step on follows the new schedule.
+  void set_schedule(int64_t steps, int64_t eval_every, int64_t eval_batches, int64_t save_every);
+
+  Model& model() { return model_; }
+  const TrainOptions& options() const { return opts_; }
+  int64_t steps_done() const { return step_; }
+  const std::string& dir() const { return dir_; }
+  bool progress = false;  // progress bar on stderr
+  bool write_log = true;
+
+ private:
+  std::string dir_;
+  Model model_;
+  TrainOptions opts_;
+  AdamW adam_;
+  int64_t step_ = 0;
+  std::vector<int32_t> tok_, tgt_;
+};
+
+}  // namespace diffattn::data
