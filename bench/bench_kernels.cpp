@@ -5,7 +5,7 @@
 //   build/bench/bench_kernels --benchmark_filter=fwd --benchmark_repetitions=5
 #include <benchmark/benchmark.h>
 
-#include "cli/bench_cases.h"
+#include "bench/cases/bench_cases.h"
 #include "diffattn/attention.h"
 
 namespace diffattn::bench {

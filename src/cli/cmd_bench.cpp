@@ -16,7 +16,7 @@
 #include <sstream>
 
 #include "cli/args.h"
-#include "cli/bench_cases.h"
+#include "bench/cases/bench_cases.h"
 #include "cli/table.h"
 #include "diffattn/attention.h"
 #include "diffattn/runtime.h"

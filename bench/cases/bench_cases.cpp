@@ -1,5 +1,5 @@
 // Benchmark cases shared by `diffattn bench` and bench/: see bench_cases.h.
-#include "cli/bench_cases.h"
+#include "bench/cases/bench_cases.h"
 #include "diffattn/rng.h"
 
 #include <cblas.h>
