@@ -12,25 +12,11 @@
 
 namespace {
 
-std::string byte_char(int b, int& next) {
-  const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-  const int cp = printable ? b : next++;
-  std::string s;
-  if (cp < 0x80) {
-    s.push_back(static_cast<char>(cp));
-  } else {
-    s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-  return s;
-}
-
 const diffattn::HfTokenizer& fixed() {
   static const diffattn::HfTokenizer t = [] {
     std::string vocab, esc;
-    int next = 256;
     for (int b = 0; b < 256; ++b) {
-      const std::string c = byte_char(b, next);
+      const std::string c = diffattn::hf_byte_char(b);
       esc.clear();
       for (char ch : c) {
         if (ch == '"' || ch == '\\') esc.push_back('\\');

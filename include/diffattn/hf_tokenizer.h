@@ -24,6 +24,10 @@
 
 namespace diffattn {
 
+// GPT-2's bytes_to_unicode: the character (UTF-8) that stands for byte b (0..255) in the token
+// strings of byte-level vocabularies: printable bytes themselves, the others U+0100 on in order.
+std::string hf_byte_char(int b);
+
 class HfTokenizer {
  public:
   // Parses the text of a tokenizer.json; `where` (the path) starts every error (IoError).

@@ -33,23 +33,30 @@ constexpr int64_t kMaxVocab = int64_t{1} << 24;
 const char* kGpt2Regex =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
-// GPT-2's bytes_to_unicode: printable bytes map to themselves, the others to U+0100 on.
+// The code point of byte b in GPT-2's bytes_to_unicode (0..323): printable bytes are
+// themselves; the others are numbered from 256 in byte order.
+int byte_code_point(int b) {
+  auto printable = [](int x) { return (x >= '!' && x <= '~') || (x >= 0xA1 && x <= 0xAC) || x >= 0xAE; };
+  if (printable(b)) return b;
+  int n = 0;
+  for (int x = 0; x < b; ++x) n += !printable(x);
+  return 256 + n;
+}
+constexpr int kByteCodePoints = 324;  // 256 + the 68 non-printable bytes
+
 std::array<std::string, 256> byte_chars() {
   std::array<std::string, 256> out;
-  int next = 256;
-  for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-    const int cp = printable ? b : next++;
-    std::string s;
-    if (cp < 0x80) {
-      s.push_back(static_cast<char>(cp));
-    } else {
-      s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-    out[static_cast<size_t>(b)] = s;
-  }
+  for (int b = 0; b < 256; ++b) out[static_cast<size_t>(b)] = hf_byte_char(b);
   return out;
+}
+
+// The code point of the UTF-8 character at s[i] and its length in bytes (s is valid UTF-8).
+std::pair<uint32_t, size_t> code_point_at(const std::string& s, size_t i) {
+  const unsigned char c = static_cast<unsigned char>(s[i]);
+  const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : 4;
+  uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
+  for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  return {cp, len};
 }
 
 // Byte offset of the first invalid UTF-8 sequence, or npos.
@@ -166,11 +173,25 @@ std::string regex_quote(const std::string& s) { return "\\Q" + s + "\\E"; }
 
 }  // namespace
 
+std::string hf_byte_char(int b) {
+  if (b < 0 || b > 255) throw InvalidArgument("hf_byte_char: byte " + std::to_string(b) + " is outside 0..255");
+  const int cp = byte_code_point(b);
+  std::string s;
+  if (cp < 0x80) {
+    s.push_back(static_cast<char>(cp));
+  } else {
+    s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+  return s;
+}
+
 struct HfTokenizer::Impl {
   std::string where;
   std::unordered_map<std::string, int32_t> vocab;  // model vocabulary and added tokens
   std::vector<std::string> tokens;                 // id -> token string
   std::vector<char> special;                       // id -> special added token
+  std::vector<char> added_id;                      // id -> an added token (special or not)
   std::vector<AddedToken> added;                   // longest content first
   std::array<std::vector<size_t>, 256> added_by_byte;  // indices into added by first byte
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (a, b) -> (rank, ab)
@@ -180,7 +201,7 @@ struct HfTokenizer::Impl {
   int32_t bos = -1, eos = -1;           // tokenizer_config.json's
   std::array<std::string, 256> byte_char = byte_chars();
   std::array<int32_t, 256> byte_id{};
-  std::unordered_map<std::string, int> char_byte;  // the inverse of byte_char
+  std::array<int16_t, kByteCodePoints> cp_byte;  // code point -> byte (byte_char's inverse), -1
 
   void bpe(const std::string& piece, std::vector<int32_t>& out) const;
   void encode_segment(const std::string& seg, std::vector<int32_t>& out) const;
@@ -303,7 +324,8 @@ HfTokenizer HfTokenizer::from_json(const std::string& text, const std::string& w
   }
   auto t = std::make_unique<Impl>();
   t->where = where;
-  for (int b = 0; b < 256; ++b) t->char_byte[t->byte_char[static_cast<size_t>(b)]] = b;
+  t->cp_byte.fill(-1);
+  for (int b = 0; b < 256; ++b) t->cp_byte[static_cast<size_t>(byte_code_point(b))] = static_cast<int16_t>(b);
 
   if (!j.contains("model") || !j["model"].is_object()) throw IoError(where + ": no \"model\" object");
   const json& m = j["model"];
@@ -336,6 +358,7 @@ HfTokenizer HfTokenizer::from_json(const std::string& text, const std::string& w
       n_ids = id + 1;
       t->tokens.resize(static_cast<size_t>(n_ids));
       t->special.resize(static_cast<size_t>(n_ids), 0);
+      t->added_id.resize(static_cast<size_t>(n_ids), 0);
     }
     t->tokens[static_cast<size_t>(id)] = tok;
     t->vocab[tok] = static_cast<int32_t>(id);
@@ -397,6 +420,7 @@ HfTokenizer HfTokenizer::from_json(const std::string& text, const std::string& w
       add_id(tok.content, id, aw);
       tok.id = static_cast<int32_t>(id);
       t->special[static_cast<size_t>(id)] = tok.special;
+      t->added_id[static_cast<size_t>(id)] = 1;
       t->added.push_back(tok);
     }
     std::stable_sort(t->added.begin(), t->added.end(), [](const AddedToken& x, const AddedToken& y) {
@@ -515,7 +539,7 @@ std::string TokenStreamer::finish() {
 }
 
 void HfTokenizer::Impl::bpe(const std::string& piece, std::vector<int32_t>& out) const {
-  // piece is in byte-level characters; its bytes are recovered through char_byte.
+  // piece is in byte-level characters (code points below kByteCodePoints).
   if (ignore_merges) {
     auto it = vocab.find(piece);
     if (it != vocab.end()) {
@@ -526,8 +550,8 @@ void HfTokenizer::Impl::bpe(const std::string& piece, std::vector<int32_t>& out)
   // Symbols: one per byte-level character, as ids, in a doubly linked list.
   std::vector<int32_t> id;
   for (size_t i = 0; i < piece.size();) {
-    const size_t len = (static_cast<unsigned char>(piece[i]) < 0x80) ? 1 : 2;
-    id.push_back(byte_id[static_cast<size_t>(char_byte.at(piece.substr(i, len)))]);
+    const auto [cp, len] = code_point_at(piece, i);
+    id.push_back(byte_id[static_cast<size_t>(cp_byte[cp])]);
     i += len;
   }
   const int n = static_cast<int>(id.size());
@@ -537,11 +561,12 @@ void HfTokenizer::Impl::bpe(const std::string& piece, std::vector<int32_t>& out)
     prev[static_cast<size_t>(i)] = i - 1;
     next[static_cast<size_t>(i)] = i + 1 < n ? i + 1 : -1;
   }
-  // Candidate merges (rank, left position, left id, right id): stale entries are skipped.
+  // Candidate merges (rank, left position, left id, right id, merged id): stale entries are
+  // skipped.
   struct Cand {
     int32_t rank;
     int left;
-    int32_t a, b;
+    int32_t a, b, ab;
     bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
   };
   std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
@@ -551,7 +576,7 @@ void HfTokenizer::Impl::bpe(const std::string& piece, std::vector<int32_t>& out)
     if (r < 0) return;
     const int32_t a = id[static_cast<size_t>(l)], b = id[static_cast<size_t>(r)];
     auto it = merges.find((static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b));
-    if (it != merges.end()) heap.push({it->second.first, l, a, b});
+    if (it != merges.end()) heap.push({it->second.first, l, a, b, it->second.second});
   };
   for (int i = 0; i + 1 < n; ++i) consider(i);
   while (!heap.empty()) {
@@ -561,8 +586,7 @@ void HfTokenizer::Impl::bpe(const std::string& piece, std::vector<int32_t>& out)
     if (!alive[static_cast<size_t>(l)] || id[static_cast<size_t>(l)] != c.a) continue;
     const int r = next[static_cast<size_t>(l)];
     if (r < 0 || id[static_cast<size_t>(r)] != c.b) continue;
-    const auto& m = merges.at((static_cast<uint64_t>(static_cast<uint32_t>(c.a)) << 32) | static_cast<uint32_t>(c.b));
-    id[static_cast<size_t>(l)] = m.second;
+    id[static_cast<size_t>(l)] = c.ab;
     alive[static_cast<size_t>(r)] = 0;
     next[static_cast<size_t>(l)] = next[static_cast<size_t>(r)];
     if (next[static_cast<size_t>(r)] >= 0) prev[static_cast<size_t>(next[static_cast<size_t>(r)])] = l;
@@ -646,20 +670,16 @@ std::string HfTokenizer::decode(const std::vector<int32_t>& ids, bool skip_speci
       if (!skip_special) out += t.tokens[static_cast<size_t>(id)];
       continue;
     }
-    bool added = false;
-    for (const AddedToken& a : t.added) added = added || a.id == id;
     const std::string& s = t.tokens[static_cast<size_t>(id)];
-    if (added) {
+    if (t.added_id[static_cast<size_t>(id)]) {
       out += s;
       continue;
     }
     // Byte-level characters back to bytes; a character outside the map is kept as UTF-8.
     for (size_t i = 0; i < s.size();) {
-      const unsigned char c = static_cast<unsigned char>(s[i]);
-      const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : 4;
-      auto it = t.char_byte.find(s.substr(i, len));
-      if (it != t.char_byte.end()) {
-        out.push_back(static_cast<char>(it->second));
+      const auto [cp, len] = code_point_at(s, i);
+      if (cp < static_cast<uint32_t>(kByteCodePoints) && t.cp_byte[cp] >= 0) {
+        out.push_back(static_cast<char>(t.cp_byte[cp]));
       } else {
         out.append(s, i, len);
       }

@@ -53,7 +53,9 @@ void check_vectors(const std::string& name) {
     }
     // Decoding gives the text back (less the template's special tokens).
     EXPECT_EQ(tok.decode(got, /*skip_special=*/false).size() >= text.size(), true);
-    if (v["add_special_tokens"].get<bool>() == false) EXPECT_EQ(tok.decode(got), text) << n;
+    if (!v["add_special_tokens"].get<bool>()) {
+      EXPECT_EQ(tok.decode(got), text) << n;
+    }
   }
   EXPECT_GT(n, 50);
   EXPECT_EQ(failed, 0) << failed << " of " << n << " vectors differ";
@@ -92,21 +94,11 @@ TEST(HfTokenizer, Llama3MatchesTheLibrary) { check_vectors("llama3"); }
 std::string tiny_json(const std::string& extra_model = "", const std::string& normalizer = "null",
                       const std::string& post = "null") {
   json vocab = json::object();
-  // GPT-2's byte map: printable bytes are themselves; others from U+0100.
-  int next = 256, id = 0;
+  int id = 0;
   std::vector<std::string> chars(256);
   for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-    const int cp = printable ? b : next++;
-    std::string s;
-    if (cp < 0x80) {
-      s.push_back(static_cast<char>(cp));
-    } else {
-      s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-    chars[static_cast<size_t>(b)] = s;
-    vocab[s] = id++;
+    chars[static_cast<size_t>(b)] = hf_byte_char(b);
+    vocab[chars[static_cast<size_t>(b)]] = id++;
   }
   const std::string sp = chars[' '];
   vocab["ab"] = id++;
@@ -132,6 +124,18 @@ std::string error_of(const std::string& text) {
     return e.what();
   }
   return "no error";
+}
+
+TEST(HfTokenizer, ByteCharacters) {
+  // GPT-2's bytes_to_unicode: '!' is itself, space is U+0120 (the "Ġ" of " Hello"), newline
+  // U+010A ("Ċ"), byte 0 U+0100, 0xAD (not printable) U+0143, 0xFF itself.
+  EXPECT_EQ(hf_byte_char('!'), "!");
+  EXPECT_EQ(hf_byte_char(' '), "\xc4\xa0");
+  EXPECT_EQ(hf_byte_char('\n'), "\xc4\x8a");
+  EXPECT_EQ(hf_byte_char(0), "\xc4\x80");
+  EXPECT_EQ(hf_byte_char(0xAD), "\xc5\x83");
+  EXPECT_EQ(hf_byte_char(0xFF), "\xc3\xbf");
+  EXPECT_THROW(hf_byte_char(256), InvalidArgument);
 }
 
 TEST(HfTokenizer, MergesByRankAndAddedTokens) {
