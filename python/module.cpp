@@ -13,18 +13,29 @@ namespace py = pybind11;
 
 namespace diffattn::python {
 
-ConstView view_of(const char* op, const char* name, const py::handle& obj) {
+namespace {
+
+// obj as a float32 NumPy array, or an error naming op, name, type and dtype; shape filled.
+py::array float32_array(const char* op, const char* name, const py::handle& obj, Shape& shape) {
   if (!py::isinstance<py::array>(obj)) {
     throw InvalidArgument(std::string(op) + ": " + name +
                           " must be a NumPy float32 array, got " +
                           std::string(py::str(py::type::of(obj).attr("__name__"))));
   }
   const auto a = py::reinterpret_borrow<py::array>(obj);
-  Shape shape(a.shape(), a.shape() + a.ndim());
+  shape.assign(a.shape(), a.shape() + a.ndim());
   if (!a.dtype().is(py::dtype::of<float>())) {
     throw InvalidArgument(std::string(op) + ": " + name + " must be float32, got " +
                           std::string(py::str(a.dtype())) + " array of shape " + shape_str(shape));
   }
+  return a;
+}
+
+}  // namespace
+
+ConstView view_of(const char* op, const char* name, const py::handle& obj) {
+  Shape shape;
+  const py::array a = float32_array(op, name, obj, shape);
   if (!(a.flags() & py::array::c_style)) {
     throw InvalidArgument(std::string(op) + ": " + name + " of shape " + shape_str(shape) +
                           " must be C-contiguous (use numpy.ascontiguousarray)");
@@ -33,17 +44,8 @@ ConstView view_of(const char* op, const char* name, const py::handle& obj) {
 }
 
 ConstView strided_view_of(const char* op, const char* name, const py::handle& obj) {
-  if (!py::isinstance<py::array>(obj)) {
-    throw InvalidArgument(std::string(op) + ": " + name +
-                          " must be a NumPy float32 array, got " +
-                          std::string(py::str(py::type::of(obj).attr("__name__"))));
-  }
-  const auto a = py::reinterpret_borrow<py::array>(obj);
-  Shape shape(a.shape(), a.shape() + a.ndim());
-  if (!a.dtype().is(py::dtype::of<float>())) {
-    throw InvalidArgument(std::string(op) + ": " + name + " must be float32, got " +
-                          std::string(py::str(a.dtype())) + " array of shape " + shape_str(shape));
-  }
+  Shape shape;
+  const py::array a = float32_array(op, name, obj, shape);
   if (reinterpret_cast<uintptr_t>(a.data()) % alignof(float) != 0) {
     throw InvalidArgument(std::string(op) + ": " + name + " of shape " + shape_str(shape) +
                           " is not aligned to 4 bytes (use numpy.ascontiguousarray)");
