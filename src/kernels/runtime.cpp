@@ -3,11 +3,9 @@
 #include "diffattn/runtime.h"
 
 #include <omp.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 

@@ -2,11 +2,9 @@
 // range, B * T * accum computed with overflow checks, and the activation memory a training step
 // needs estimated and compared with this machine's memory, so a huge --batch is an error that
 // names it instead of a wrapped size (a buffer overrun) or a bare std::bad_alloc.
-#include <unistd.h>
-
-#include <cstdio>
 #include <string>
 
+#include "diffattn/runtime.h"
 #include "diffattn/train.h"
 
 namespace diffattn::data {
@@ -17,12 +15,6 @@ int64_t checked_mul(int64_t a, int64_t b, const std::string& what) {
   int64_t r = 0;
   if (__builtin_mul_overflow(a, b, &r)) throw InvalidArgument(what + " overflows 64 bits");
   return r;
-}
-
-std::string gib(double bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
-  return buf;
 }
 
 }  // namespace
@@ -77,14 +69,14 @@ void check_train_options(const TrainOptions& o, const ModelConfig& cfg) {
   checked_mul(o.steps, o.accum, "train: steps (" + std::to_string(o.steps) + ") x accum (" +
                                     std::to_string(o.accum) + ")");
   const int64_t need = train_step_bytes(cfg, o.batch, o.seq_len);
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  const double have = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
-  if (have > 0 && static_cast<double>(need) > have) {
-    throw InvalidArgument("train: batch " + std::to_string(o.batch) + " x seq_len " +
-                          std::to_string(o.seq_len) + " needs about " +
-                          gib(static_cast<double>(need)) +
-                          " of activations for one micro-batch, more than this machine's " +
-                          gib(have) + " of memory; lower batch (use accum for larger steps) or seq_len");
+  // The machine's (and this process's) memory, as every size from outside input is checked.
+  try {
+    check_fits_in_memory(static_cast<double>(need),
+                         "train: batch " + std::to_string(o.batch) + " x seq_len " +
+                             std::to_string(o.seq_len) + " (activations of one micro-batch)");
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(std::string(e.what()) +
+                          "; lower batch (use accum for larger steps) or seq_len");
   }
 }
 
