@@ -436,8 +436,8 @@ class DiffLlamaAttention(nn.Module):
         op = "DiffLlamaAttention"
         _module_input(op, hidden_states, self.hidden_size)
         if attention_mask is not None:
-            raise ValueError(f"{op}: attention_mask is not supported (the attention is causal; "
-                             f"padding masks are not implemented); pass None")
+            raise ValueError(f"{op}: attention_mask must be None: the module is causal over "
+                             f"unpadded sequences (batch sequences of equal length)")
         x = hidden_states
         B, T, _ = x.shape
         N, NKV, D = self.num_heads, self.num_key_value_heads, self.head_dim
@@ -589,167 +589,162 @@ def _merge(O, L, rows, o_part, l_part, m, maps=2):
     L[:, m::maps, rows] = new
 
 
+def _ring_forward(ring, layout, causal, q, k, v, block):
+    """Runs block(a, k_chunk, v_chunk, mode) for every (query chunk a, key chunk) pair this
+    rank's queries see, while the K/V shards travel the ring (the next shard's transfer overlaps
+    this shard's work)."""
+    W, r = ring.world, ring.rank
+    c = q.shape[1] // 2
+    mine = _chunk_ids(r, W, layout)
+    kb, vb = k.contiguous(), v.contiguous()
+    for s in range(W):
+        pending = ring.start([kb, vb], "forward") if s < W - 1 else None
+        theirs = _chunk_ids((r - s) % W, W, layout)
+        for a in range(2):
+            for b in range(2):
+                mode = _visible(mine[a], theirs[b], causal)
+                if mode is not None:
+                    block(a, kb[:, b * c:(b + 1) * c], vb[:, b * c:(b + 1) * c], mode)
+        if pending is not None:
+            kb, vb = ring.finish(pending)
+
+
+def _ring_backward(ring, layout, causal, q, k, v, block):
+    """dq, dk, dv over the ring: block(a, k_chunk, v_chunk, mode) returns the (dq, dk, dv) of
+    query chunk a against one key chunk; each shard's dK/dV travel with it, so after W hops
+    they are home."""
+    W, r = ring.world, ring.rank
+    c = q.shape[1] // 2
+    mine = _chunk_ids(r, W, layout)
+    dq = torch.zeros(q.shape, dtype=torch.float64)
+    kb, vb = k.contiguous(), v.contiguous()
+    dkb, dvb = torch.zeros_like(kb), torch.zeros_like(vb)
+    for s in range(W):
+        pending = ring.start([kb, vb], "backward") if s < W - 1 else None
+        theirs = _chunk_ids((r - s) % W, W, layout)
+        for a in range(2):
+            for b in range(2):
+                mode = _visible(mine[a], theirs[b], causal)
+                if mode is None:
+                    continue
+                cols = slice(b * c, (b + 1) * c)
+                gq, gk, gv = block(a, kb[:, cols], vb[:, cols], mode)
+                dq[:, a * c:(a + 1) * c] += gq
+                dkb[:, cols] += gk
+                dvb[:, cols] += gv
+        dkb, dvb = ring.finish(ring.start([dkb, dvb], "backward")) if W > 1 else [dkb, dvb]
+        if pending is not None:
+            kb, vb = ring.finish(pending)
+    return dq, dkb, dvb
+
+
+def _row_pieces(c, **tensors):
+    """Per query chunk (2 of c rows): the contiguous NumPy pieces the kernels read. A tensor
+    whose rows are its second dimension is cut there; lse (B, heads, T) on its last."""
+    out = []
+    for a in range(2):
+        rows = slice(a * c, (a + 1) * c)
+        out.append({n: _np((t[:, :, rows] if n == "lse" else t[:, rows]).contiguous())
+                    for n, t in tensors.items()})
+    return out
+
+
+def _lse_of(L):
+    """The merged log-sum-exp as the kernels save it: +inf for a row that saw no key."""
+    return torch.where(torch.isinf(L), torch.full_like(L, float("inf")), L).float()
+
+
 class _RingAttnFn(torch.autograd.Function):
     """Standard attention over the ring: as _RingDiffFn with one map."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, group, layout):
         ring = _Ring(group)
-        W, r = ring.world, ring.rank
         B, Tl, H, D = q.shape
-        Dv, c = v.shape[-1], Tl // 2
-        mine = _chunk_ids(r, W, layout)
-        O = torch.zeros(B, Tl, H, Dv, dtype=torch.float64)
+        c = Tl // 2
+        O = torch.zeros(B, Tl, H, v.shape[-1], dtype=torch.float64)
         L = torch.full((B, H, Tl), float("-inf"), dtype=torch.float64)
-        kb, vb = k.contiguous(), v.contiguous()
-        for s in range(W):
-            pending = ring.start([kb, vb], "forward") if s < W - 1 else None
-            theirs = _chunk_ids((r - s) % W, W, layout)
-            for a in range(2):
-                rows = slice(a * c, (a + 1) * c)
-                for b in range(2):
-                    mode = _visible(mine[a], theirs[b], causal)
-                    if mode is None:
-                        continue
-                    op, lp = _core.attention(_np(q[:, rows]), _np(kb[:, b * c:(b + 1) * c]),
-                                             _np(vb[:, b * c:(b + 1) * c]), causal=mode,
-                                             scale=scale, backend="fused", return_stats=True)
-                    _merge(O, L, rows, _t(op), _t(lp), 0, maps=1)
-            if pending is not None:
-                kb, vb = ring.finish(pending)
+
+        def block(a, kc, vc, mode):
+            rows = slice(a * c, (a + 1) * c)
+            op, lp = _core.attention(_np(q[:, rows]), _np(kc), _np(vc), causal=mode, scale=scale,
+                                     backend="fused", return_stats=True)
+            _merge(O, L, rows, _t(op), _t(lp), 0, maps=1)
+
+        _ring_forward(ring, layout, causal, q, k, v, block)
         out = O.float()
-        lse = torch.where(torch.isinf(L), torch.full_like(L, float("inf")), L).float()
         ctx.causal, ctx.scale, ctx.group, ctx.layout = causal, scale, group, layout
-        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.save_for_backward(q, k, v, out, _lse_of(L))
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        ring = _Ring(ctx.group)
-        W, r = ring.world, ring.rank
-        c = q.shape[1] // 2
-        mine = _chunk_ids(r, W, ctx.layout)
         dout = _as_f32(dout).contiguous()
-        per_row = []
-        for a in range(2):
-            rows = slice(a * c, (a + 1) * c)
-            per_row.append(dict(q=_np(q[:, rows]), dout=_np(dout[:, rows].contiguous()),
-                                out=_np(out[:, rows].contiguous()),
-                                lse=_np(lse[:, :, rows].contiguous())))
-        dq = torch.zeros(q.shape, dtype=torch.float64)
-        kb, vb = k.contiguous(), v.contiguous()
-        dkb, dvb = torch.zeros_like(kb), torch.zeros_like(vb)
-        for s in range(W):
-            pending = ring.start([kb, vb], "backward") if s < W - 1 else None
-            theirs = _chunk_ids((r - s) % W, W, ctx.layout)
-            for a in range(2):
-                x = per_row[a]
-                for b in range(2):
-                    mode = _visible(mine[a], theirs[b], ctx.causal)
-                    if mode is None:
-                        continue
-                    cols = slice(b * c, (b + 1) * c)
-                    gq, gk, gv = _core.attention_backward(
-                        x["q"], _np(kb[:, cols]), _np(vb[:, cols]), x["dout"], causal=mode,
-                        scale=ctx.scale, backend="fused", out=x["out"], lse=x["lse"])
-                    gq, gk = _t(gq), _t(gk)
-                    dq[:, a * c:(a + 1) * c] += gq
-                    dkb[:, cols] += gk
-                    dvb[:, cols] += _t(gv)
-            grads = ring.finish(ring.start([dkb, dvb], "backward")) if W > 1 else [dkb, dvb]
-            dkb, dvb = grads
-            if pending is not None:
-                kb, vb = ring.finish(pending)
-        return dq.float(), dkb, dvb, None, None, None, None
+        per_row = _row_pieces(q.shape[1] // 2, q=q, dout=dout, out=out, lse=lse)
+
+        def block(a, kc, vc, mode):
+            x = per_row[a]
+            gq, gk, gv = _core.attention_backward(
+                x["q"], _np(kc), _np(vc), x["dout"], causal=mode, scale=ctx.scale,
+                backend="fused", out=x["out"], lse=x["lse"])
+            return _t(gq), _t(gk), _t(gv)
+
+        dq, dk, dv = _ring_backward(_Ring(ctx.group), ctx.layout, ctx.causal, q, k, v, block)
+        return dq.float(), dk, dv, None, None, None, None
 
 
 class _RingDiffFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, lam, causal, scale, group, layout):
         ring = _Ring(group)
-        W, r = ring.world, ring.rank
         B, Tl, H2, D = q.shape
-        H, Dv, c = H2 // 2, v.shape[-1], Tl // 2
-        mine = _chunk_ids(r, W, layout)
+        H, c = H2 // 2, Tl // 2
         zero_lam = _np(torch.zeros(H))
-        O1 = torch.zeros(B, Tl, H, Dv, dtype=torch.float64)
+        O1 = torch.zeros(B, Tl, H, v.shape[-1], dtype=torch.float64)
         O2 = torch.zeros_like(O1)
         L = torch.full((B, H2, Tl), float("-inf"), dtype=torch.float64)
-        kb, vb = k.contiguous(), v.contiguous()
-        for s in range(W):
-            pending = ring.start([kb, vb], "forward") if s < W - 1 else None
-            theirs = _chunk_ids((r - s) % W, W, layout)
-            for a in range(2):
-                rows = slice(a * c, (a + 1) * c)
-                for b in range(2):
-                    mode = _visible(mine[a], theirs[b], causal)
-                    if mode is None:
-                        continue
-                    o1p, lp, o2p = _core.diff_attention(
-                        _np(q[:, rows]), _np(kb[:, b * c:(b + 1) * c]),
-                        _np(vb[:, b * c:(b + 1) * c]), zero_lam, causal=mode, scale=scale,
-                        backend="fused", return_stats=True)
-                    lp = _t(lp)
-                    _merge(O1, L, rows, _t(o1p), lp, 0)
-                    _merge(O2, L, rows, _t(o2p), lp, 1)
-            if pending is not None:
-                kb, vb = ring.finish(pending)
+
+        def block(a, kc, vc, mode):
+            # lambda 0: out is map 1's output, o2 map 2's; each merges with its own lse
+            rows = slice(a * c, (a + 1) * c)
+            o1p, lp, o2p = _core.diff_attention(_np(q[:, rows]), _np(kc), _np(vc), zero_lam,
+                                                causal=mode, scale=scale, backend="fused",
+                                                return_stats=True)
+            lp = _t(lp)
+            _merge(O1, L, rows, _t(o1p), lp, 0)
+            _merge(O2, L, rows, _t(o2p), lp, 1)
+
+        _ring_forward(ring, layout, causal, q, k, v, block)
         lam_b = lam.double().view(1, 1, H, 1) if lam.dim() == 1 else lam.double().unsqueeze(-1)
         out = (O1 - lam_b * O2).float()
         o2 = O2.float()
-        lse = torch.where(torch.isinf(L), torch.full_like(L, float("inf")), L).float()
         ctx.causal, ctx.scale, ctx.group, ctx.layout = causal, scale, group, layout
-        ctx.save_for_backward(q, k, v, lam, out, lse, o2)
+        ctx.save_for_backward(q, k, v, lam, out, _lse_of(L), o2)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, lam, out, lse, o2 = ctx.saved_tensors
-        ring = _Ring(ctx.group)
-        W, r = ring.world, ring.rank
-        Tl = q.shape[1]
-        c = Tl // 2
-        mine = _chunk_ids(r, W, ctx.layout)
+        c = q.shape[1] // 2
         dout = _as_f32(dout).contiguous()
-        per_row = []  # per query chunk: the contiguous pieces the kernel reads
+        per_row = _row_pieces(c, q=q, dout=dout, out=out, o2=o2, lse=lse)
         for a in range(2):
-            rows = slice(a * c, (a + 1) * c)
-            per_row.append(dict(
-                q=_np(q[:, rows]), dout=_np(dout[:, rows].contiguous()),
-                out=_np(out[:, rows].contiguous()), o2=_np(o2[:, rows].contiguous()),
-                lse=_np(lse[:, :, rows].contiguous()),
-                lam=_np(lam.contiguous() if lam.dim() == 1 else lam[:, rows].contiguous())))
-        dq = torch.zeros(q.shape, dtype=torch.float64)
-        kb, vb = k.contiguous(), v.contiguous()
-        dkb, dvb = torch.zeros_like(kb), torch.zeros_like(vb)
-        for s in range(W):
-            pending = ring.start([kb, vb], "backward") if s < W - 1 else None
-            theirs = _chunk_ids((r - s) % W, W, ctx.layout)
-            for a in range(2):
-                x = per_row[a]
-                for b in range(2):
-                    mode = _visible(mine[a], theirs[b], ctx.causal)
-                    if mode is None:
-                        continue
-                    cols = slice(b * c, (b + 1) * c)
-                    gq, gk, gv, _ = _core.diff_attention_backward(
-                        x["q"], _np(kb[:, cols]), _np(vb[:, cols]), x["lam"], x["dout"],
-                        causal=mode, scale=ctx.scale, backend="fused", out=x["out"],
-                        lse=x["lse"], o2=x["o2"])
-                    gq, gk = _t(gq), _t(gk)
-                    dq[:, a * c:(a + 1) * c] += gq
-                    dkb[:, cols] += gk
-                    dvb[:, cols] += _t(gv)
-            # this block's gradients go on with it; after W hops they are home
-            grads = ring.finish(ring.start([dkb, dvb], "backward")) if W > 1 else [dkb, dvb]
-            dkb, dvb = grads
-            if pending is not None:
-                kb, vb = ring.finish(pending)
-        dlam = -(dout.double() * o2.double()).sum(-1)  # (B, Tl, H)
+            per_row[a]["lam"] = _np(lam.contiguous() if lam.dim() == 1
+                                    else lam[:, a * c:(a + 1) * c].contiguous())
+
+        def block(a, kc, vc, mode):
+            x = per_row[a]
+            gq, gk, gv, _ = _core.diff_attention_backward(
+                x["q"], _np(kc), _np(vc), x["lam"], x["dout"], causal=mode, scale=ctx.scale,
+                backend="fused", out=x["out"], lse=x["lse"], o2=x["o2"])
+            return _t(gq), _t(gk), _t(gv)
+
+        dq, dk, dv = _ring_backward(_Ring(ctx.group), ctx.layout, ctx.causal, q, k, v, block)
+        dlam = -(dout.double() * o2.double()).sum(-1)  # (B, Tl, H), computed once, not per block
         if lam.dim() == 1:
             dlam = dlam.sum((0, 1))
-        return (dq.float(), dkb, dvb, dlam.float(), None, None, None, None)
+        return (dq.float(), dk, dv, dlam.float(), None, None, None, None)
 
 
 def ring_diff_attention(q, k, v, lam, causal=True, group=None, scale=None, layout="zigzag"):

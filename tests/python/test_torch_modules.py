@@ -194,7 +194,7 @@ def test_modules_reject_bad_input():
         m(torch.randn(2, 5, 16))
     with pytest.raises(ValueError, match="must have 3 dimensions"):
         m(torch.randn(5, 32))
-    with pytest.raises(ValueError, match="attention_mask is not supported"):
+    with pytest.raises(ValueError, match="attention_mask must be None: the module is causal"):
         dt.DiffLlamaAttention(dict(hidden_size=32, num_attention_heads=4), 0)(
             torch.randn(1, 3, 32), attention_mask=torch.zeros(1, 1, 3, 3))
     with pytest.raises(ValueError, match="num_heads"):
