@@ -64,11 +64,12 @@ namespace {
 // The decode path serves signed and standard attention; clamp needs its two passes.
 bool decode_capable(const AttnParams& p) { return p.maps == 1 || p.mode == DiffMode::Signed; }
 
-// Whether every value a causal forward reads is finite. The fused kernels multiply whole key
-// tiles of P by V, so a masked-out weight (0) times a NaN or Inf value would poison rows that
+// Whether every value a causal decode with several query rows reads is finite. Its chunk
+// products multiply masked-out weights (0) by V, so a NaN or Inf value would poison rows that
 // never see that key; the reference (which defines the semantics: a bad value reaches exactly
-// the rows that attend to it) takes such calls. One read of v: O(Tk Dv) against the
-// kernel's O(Tq Tk D). NaN and Inf in q and k need no scan: they propagate through the scores.
+// the rows that attend to it) takes such calls. The tiled forward checks the same while it
+// packs V (attention_fwd_fused returns false); one-row decode needs no check. NaN and Inf in q
+// and k need none either: they propagate through the scores.
 bool values_finite(const AttnProblem& p) {
   const Rows r(p);
     for (int64_t b = 0; b < p.B; ++b) {
@@ -91,12 +92,12 @@ void attention_fwd(const AttnParams& p, Backend backend) {
   g_forward.fetch_add(1, std::memory_order_relaxed);
   if (resolve_backend(backend) == Backend::Reference) return attention_fwd_ref(p);
   check_params(p, op);
-  if (p.causal && p.Tq > 1 && !values_finite(p)) return attention_fwd_ref(p);
   if (p.Tq <= fused::DecodeTiles::kMaxRows && p.Tk >= fused::DecodeTiles::kMinKeys &&
       decode_capable(p)) {
+    if (p.causal && p.Tq > 1 && !values_finite(p)) return attention_fwd_ref(p);
     return attention_decode_fused(AttnDecodeParams(p));
   }
-  attention_fwd_fused(p);
+  if (!attention_fwd_fused(p)) attention_fwd_ref(p);  // a non-finite v under a causal mask
 }
 
 void attention_decode(const AttnDecodeParams& p, Backend backend) {
@@ -108,8 +109,11 @@ void attention_decode(const AttnDecodeParams& p, Backend backend) {
     throw InvalidArgument(std::string(op) + ": key_chunk must be >= 0 (0 picks), got " +
                           std::to_string(p.key_chunk));
   }
+  if (!decode_capable(p)) {
+    if (!attention_fwd_fused(p)) attention_fwd_ref(p);
+    return;
+  }
   if (p.causal && p.Tq > 1 && !values_finite(p)) return attention_fwd_ref(p);
-  if (!decode_capable(p)) return attention_fwd_fused(p);
   attention_decode_fused(p);
 }
 

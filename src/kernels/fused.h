@@ -16,7 +16,10 @@
 namespace diffattn {
 
 // The tiled forward (any Tq): FlashAttention-2 style, both maps per K/V tile.
-void attention_fwd_fused(const AttnParams& p);
+// false (nothing written) for a causal call with more than one query row whose v holds a NaN
+// or Inf: its tile products would spread it to rows that never see that key. The caller runs
+// the reference instead.
+bool attention_fwd_fused(const AttnParams& p);
 // The split-KV forward for a few query rows against a long cache (signed or standard).
 void attention_decode_fused(const AttnDecodeParams& p);
 // The FlashAttention-2 style backward (signed differential or standard attention).

@@ -53,10 +53,16 @@ struct FwdLayout {
 // reads them): per (b, g, tile) the keys of each key head of the group transposed
 // (nkh, D, Bk), then the values (Bk, Dvp), zero beyond Tk and Dv. O(Tk) memory, a copy of K
 // and V; it saves re-transposing each key tile for every query block.
-void PackKV(const AttnParams& p, const FwdLayout& f, float* packed, int threads) {
+// Returns whether every packed value is finite when the call is causal with more than one query
+// row (else true): the tile products multiply masked weights (0) by V, so a NaN or Inf value
+// would poison rows that never see its key; the dispatcher then takes the reference. The check
+// reads each packed tile while it is in cache, instead of another pass over v.
+bool PackKV(const AttnParams& p, const FwdLayout& f, float* packed, int threads) {
   const Rows r(p);
   const int64_t Bk = FwdTiles::kBk, n = p.B * p.G * f.ntiles;
-#pragma omp parallel for num_threads(threads) schedule(static)
+  const bool check = p.causal && p.Tq > 1;
+  bool finite = true;
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(&& : finite)
   for (int64_t x = 0; x < n; ++x) {
     const int64_t tile = x % f.ntiles, bg = x / f.ntiles, b = bg / p.G, g = bg % p.G;
     const int64_t j0 = tile * Bk, nk = std::min(Bk, p.Tk - j0);
@@ -66,7 +72,9 @@ void PackKV(const AttnParams& p, const FwdLayout& f, float* packed, int threads)
       fused::pack_transposed(dst + kl * p.D * Bk, Bk, r.k(b, j0, kh), p.k_row_stride, nk, p.D);
     }
     fused::pack_rows(dst + f.nkh * p.D * Bk, f.Dvp, Bk, r.v(b, j0, g), p.v_row_stride, nk, p.Dv);
+    if (check) finite = AllFinite(dst + f.nkh * p.D * Bk, static_cast<size_t>(Bk * f.Dvp)) && finite;
   }
+  return finite;
 }
 
 // Per-thread scratch of one item.
@@ -267,8 +275,8 @@ class FwdItem {
 
 }  // namespace
 
-void FusedForward(const AttnParams& p) {
-  if (p.B == 0 || p.Tq == 0) return;
+bool FusedForward(const AttnParams& p) {
+  if (p.B == 0 || p.Tq == 0) return true;
   const FwdLayout f(p);
   const int64_t items = p.B * p.G * f.nqb;
   const int threads = static_cast<int>(std::min<int64_t>(
@@ -276,7 +284,7 @@ void FusedForward(const AttnParams& p) {
                                    num_threads()),
       items));
   fused::Buffer packed = fused::alloc(p.B * p.G * f.ntiles * f.tile_floats);
-  PackKV(p, f, packed.get(), threads);
+  if (!PackKV(p, f, packed.get(), threads)) return false;
 #pragma omp parallel num_threads(threads)
   {
     FwdScratch scratch(p, f);
@@ -288,6 +296,7 @@ void FusedForward(const AttnParams& p) {
       FwdItem(p, f, scratch, packed.get(), bg / p.G, bg % p.G, qb * f.Bq).run();
     }
   }
+  return true;
 }
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
@@ -301,7 +310,7 @@ namespace diffattn {
 HWY_EXPORT(FusedForward);
 HWY_EXPORT(TargetName);
 
-void attention_fwd_fused(const AttnParams& p) { HWY_DYNAMIC_DISPATCH(FusedForward)(p); }
+bool attention_fwd_fused(const AttnParams& p) { return HWY_DYNAMIC_DISPATCH(FusedForward)(p); }
 
 const char* fused_simd_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 

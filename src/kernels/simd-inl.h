@@ -215,6 +215,16 @@ HWY_INLINE float Dot(const float* HWY_RESTRICT x, const float* HWY_RESTRICT y, s
   return s;
 }
 
+// Whether every x[0, n) is finite: x * 0 is NaN exactly for NaN and Inf (n % Lanes == 0).
+HWY_INLINE bool AllFinite(const float* HWY_RESTRICT x, size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const VF zero = hn::Zero(d);
+  VF acc = zero;
+  for (size_t i = 0; i < n; i += N) acc = hn::MulAdd(hn::LoadU(d, x + i), zero, acc);
+  return hn::GetLane(hn::SumOfLanes(d, acc)) == 0.0f;
+}
+
 // y[0, n) += x[0, n), n % Lanes == 0.
 HWY_INLINE void AddTo(const float* HWY_RESTRICT x, float* HWY_RESTRICT y, size_t n) {
   const DF d;

@@ -124,3 +124,20 @@ def test_nan_and_inf_reach_the_same_outputs_in_both_backends(where, bad):
             return diffattn.attention(std_q, k[:, :, :1].copy(), v, causal=causal, backend=backend)
         np.testing.assert_array_equal(finite_pattern(run_std, "fused"),
                                       finite_pattern(run_std, "reference"))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_nan_in_the_cache_reaches_only_the_rows_that_see_it_in_decode(bad):
+    # A few query rows against a long cache take the split-KV decode path: key 299 is seen by
+    # the last row only (bottom-right causal), so only that row's output may be non-finite.
+    rng = np.random.default_rng(4)
+    Tq, Tk, H, G, D, Dv = 3, 300, 2, 1, 8, 16
+    q = rng.standard_normal((1, Tq, 2 * H, D), dtype=np.float32)
+    k = rng.standard_normal((1, Tk, 2 * G, D), dtype=np.float32)
+    v = rng.standard_normal((1, Tk, G, Dv), dtype=np.float32)
+    lam = np.array([0.3, 0.6], np.float32)
+    v[0, Tk - 1, 0, 2] = bad
+    for backend in ("fused", "reference"):
+        out = diffattn.diff_attention(q, k, v, lam, causal=True, backend=backend)
+        np.testing.assert_array_equal(np.isfinite(out).all(axis=-1)[0, :, 0], [True, True, False],
+                                      err_msg=backend)
