@@ -11,6 +11,7 @@
 #include "bind_common.h"
 #include "diffattn/hf_tokenizer.h"
 #include "diffattn/model.h"
+#include "diffattn/train.h"
 
 namespace py = pybind11;
 
@@ -126,8 +127,38 @@ void bind_model(py::module_& m) {
           },
           py::arg("tokens"), py::arg("targets"),
           "gradients of the mean loss: {tensor name: array} for every FORMAT.md tensor")
-      .def("parameters", [](const Model& self) { return tensors_of(self, self.params); },
-           "the weights: {tensor name: array} (copies)")
+      .def(
+          "parameters",
+          [](const Model& self) {
+            py::dict d;
+            for (const TensorInfo& t : self.tensors()) {
+              py::array_t<float> a = new_array(t.shape);
+              const std::vector<float> w = self.weight_f32(t.name);
+              std::memcpy(a.mutable_data(), w.data(), sizeof(float) * w.size());
+              d[py::str(t.name)] = a;
+            }
+            return d;
+          },
+          "the weights: {tensor name: float32 array} (copies; BF16/F16 weights converted)")
+      .def(
+          "generate",
+          [](Model& self, const std::vector<int32_t>& prompt, int64_t max_new, double temperature,
+             uint64_t seed, const std::vector<int32_t>& stop_ids) {
+            data::GenerateOptions o;
+            o.max_new = max_new;
+            o.sampler.temperature = temperature;
+            o.sampler.seed = seed;
+            o.stop_ids = stop_ids;
+            py::gil_scoped_release nogil;
+            return data::generate_ids(self, prompt, o);
+          },
+          py::arg("prompt_ids"), py::arg("max_new"), py::arg("temperature") = 0.0,
+          py::arg("seed") = 0, py::arg("stop_ids") = std::vector<int32_t>{},
+          "new token ids continuing prompt_ids through the KV cache (temperature 0: greedy); "
+          "stops at max_new, at max_seq_len or before an id in stop_ids")
+      .def_property_readonly("trainable", &Model::trainable,
+                             "False for a model over weights kept as loaded (Hugging Face BF16/F16)")
+      .def_property_readonly("storage", &Model::storage, "where the weights live")
       .def("lambdas", &Model::layer_lambdas,
            "lambda per layer: V1 the scalar of Eq. 2; V2 the mean sigmoid of the last forward")
       .def_property_readonly("config", [](const Model& self) { return self.config().to_json(); },

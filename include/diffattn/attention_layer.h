@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "diffattn/attention.h"
+#include "diffattn/dtype.h"
 
 namespace diffattn::nn {
 
@@ -38,19 +39,29 @@ struct AttnLayerShape {
   int64_t n_out() const { return H * Dv(); }
 };
 
-// Pointers into a parameter (or gradient) buffer.
-template <typename F>
-struct AttnLayerTensors {
-  F* proj = nullptr;       // (n_proj, C): q_proj, k_proj, v_proj[, lambda_proj] stacked
-  F* out_proj = nullptr;   // (C, H*Dv)
-  F* lambda_q1 = nullptr;  // (D) V1
-  F* lambda_k1 = nullptr;  // (D) V1
-  F* lambda_q2 = nullptr;  // (D) V1
-  F* lambda_k2 = nullptr;  // (D) V1
-  F* subln = nullptr;      // (2D) V1
+// A layer's weights: the two projections in their stored type (weights kept as loaded may be
+// BF16/F16), the small vectors as float32.
+struct AttnLayerWeights {
+  TypedPtr proj;                        // (n_proj, C): q_proj, k_proj, v_proj[, lambda_proj] stacked
+  TypedPtr out_proj;                    // (C, H*Dv)
+  const float* proj_bias = nullptr;     // (n_q + n_k + n_v) or null: q, k, v biases stacked
+  const float* out_bias = nullptr;      // (C) or null
+  const float* lambda_q1 = nullptr;     // (D) V1
+  const float* lambda_k1 = nullptr;     // (D) V1
+  const float* lambda_q2 = nullptr;     // (D) V1
+  const float* lambda_k2 = nullptr;     // (D) V1
+  const float* subln = nullptr;         // (2D) V1
 };
-using AttnLayerWeights = AttnLayerTensors<const float>;
-using AttnLayerGrads = AttnLayerTensors<float>;
+// Their gradients (float32 training weights; biases are not trained).
+struct AttnLayerGrads {
+  float* proj = nullptr;
+  float* out_proj = nullptr;
+  float* lambda_q1 = nullptr;
+  float* lambda_k1 = nullptr;
+  float* lambda_q2 = nullptr;
+  float* lambda_k2 = nullptr;
+  float* subln = nullptr;
+};
 
 // What the forward saves for the backward (sized by attn_acts_resize).
 struct AttnLayerActs {

@@ -23,6 +23,8 @@ class Tokenizer {
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   virtual int64_t vocab_size() const = 0;
   virtual std::string name() const = 0;
+  // The end-of-sequence id generation stops at (-1: none).
+  virtual int32_t eos_id() const { return -1; }
 };
 
 // Bytes 0..255 are the tokens.
@@ -36,7 +38,10 @@ std::unique_ptr<Tokenizer> parse_sentencepiece(const std::string& bytes, const s
 // out_path. Seeded and single-threaded, so the same text gives the same model.
 void train_sentencepiece(const std::string& text, const std::string& out_path, int64_t vocab_size,
                          uint32_t seed);
-// DIR/tokenizer.model if present, else bytes.
+// A Hugging Face tokenizer.json (and tokenizer_config.json beside it): encode adds the
+// template's special tokens (Llama 3's <|begin_of_text|>).
+std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path);
+// DIR/tokenizer.json if present, else DIR/tokenizer.model, else bytes.
 std::unique_ptr<Tokenizer> tokenizer_for(const std::string& model_dir);
 
 // ---- corpus ----

@@ -23,4 +23,15 @@ uint16_t f32_to_f16(float f);
 void convert_to_f32(float* dst, const void* src, DType t, int64_t n);
 void convert_from_f32(void* dst, const float* src, DType t, int64_t n);
 
+// A read-only tensor in its stored type: weights kept as loaded (BF16 stays BF16).
+struct TypedPtr {
+  const void* data = nullptr;
+  DType dtype = DType::F32;
+  // The data as float32; throws InvalidArgument when the tensor is stored in another type.
+  const float* f32() const;
+  // Element i as float32 (any type).
+  float at(int64_t i) const;
+};
+inline TypedPtr typed(const float* p) { return TypedPtr{p, DType::F32}; }
+
 }  // namespace diffattn

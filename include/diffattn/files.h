@@ -35,10 +35,36 @@ class InputFile {
   // Exactly n bytes from offset into dst; fewer is "PATH: truncated: read X of Y bytes ...".
   void read_at(uint64_t offset, void* dst, size_t n) const;
   std::string read_at(uint64_t offset, size_t n) const;
+  int fd() const { return fd_; }
 
  private:
   std::string path_;
   int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
+// A regular file mapped read only (PROT_READ, MAP_PRIVATE): a checkpoint's weights used where
+// they lie, with no copy. The pages are the page cache's until touched. A file that another
+// process truncates while it is mapped makes reads past its new end fault: map files that are
+// not being rewritten (checkpoints are written atomically, by rename, which keeps the old file).
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  // Hints for the byte range [begin, end): read it ahead; drop its pages from this process
+  // (a later read maps them again from the file).
+  void will_need(uint64_t begin, uint64_t end) const;
+  void drop(uint64_t begin, uint64_t end) const;
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
 };
 

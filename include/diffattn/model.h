@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "diffattn/dtype.h"
 #include "diffattn/error.h"
 #include "diffattn/files.h"
+#include "diffattn/nn.h"
 #include "diffattn/rng.h"
 
 namespace diffattn {
@@ -32,6 +34,9 @@ struct ModelConfig {
   float norm_eps = 1e-5f;
   bool tie_embeddings = false;
   std::optional<double> lambda_init;  // absent: 0.8 - 0.6 exp(-0.3 l), l 0-based
+  nn::RopeScaling rope_scaling;       // none by default
+  bool attn_bias = false;  // q, k, v and out projections have biases (diff_v1, standard)
+  bool mlp_bias = false;   // gate, up and down projections have biases
 
   // lambda_init of layer l (0-based): the fixed value or the paper's schedule
   // (arXiv:2410.05258 section 2.1, with its 1-based l - 1 written as the 0-based l).
@@ -73,19 +78,41 @@ struct TensorInfo {
 // lambda) projections are contiguous (one stacked (n_proj, C) weight) and so are gate and up.
 std::vector<TensorInfo> tensor_table(const ModelConfig& cfg);
 
-struct LayerOffsets {
-  int64_t attn_norm, proj, out_proj, lambda_q1, lambda_k1, lambda_q2, lambda_k2, subln;
-  int64_t ffn_norm, gate_up, down;
+// A layer's tensors as indices into tensor_table (-1: absent for this config).
+struct LayerTensors {
+  int64_t attn_norm = -1, proj = -1, proj_bias = -1, out_proj = -1, out_bias = -1;
+  int64_t lambda_q1 = -1, lambda_k1 = -1, lambda_q2 = -1, lambda_k2 = -1, subln = -1;
+  int64_t ffn_norm = -1, gate = -1, up = -1, gate_bias = -1, up_bias = -1, down = -1,
+          down_bias = -1;
+};
+
+// Weights kept as loaded instead of in Model::params: one typed view per tensor_table entry
+// (BF16 and F16 matrices stay so; the small vectors are float32), and whatever keeps the memory
+// alive (memory-mapped files, converted copies). Read only; models built on one share it.
+struct WeightStore {
+  virtual ~WeightStore() = default;
+  std::vector<TypedPtr> tensors;
+  std::string description;  // what `diffattn info` shows, e.g. "Hugging Face diffllama, BF16"
 };
 
 class Model {
  public:
+  // A trainable model: float32 weights and gradients in params / grads.
   explicit Model(const ModelConfig& cfg);
+  // An inference model over weights kept as loaded (no params, no grads; backward() refuses).
+  Model(const ModelConfig& cfg, std::shared_ptr<const WeightStore> store);
 
   const ModelConfig& config() const { return cfg_; }
+  // False for a model over a WeightStore.
+  bool trainable() const { return store_ == nullptr; }
+  // Where the weights live: "float32" or the store's description.
+  std::string storage() const;
+  // A tensor in its stored type, and a float32 copy of it.
+  TypedPtr weight(const std::string& name) const;
+  std::vector<float> weight_f32(const std::string& name) const;
   const std::vector<TensorInfo>& tensors() const { return table_; }
   const TensorInfo& tensor(const std::string& name) const;  // throws naming the tensor
-  int64_t num_params() const { return static_cast<int64_t>(params.size()); }
+  int64_t num_params() const;
 
   // Seeded initialisation: linear weights and embeddings N(0, 0.02), norms 1, V1 lambda
   // vectors N(0, 0.1) (the upstream code's convention). Same seed, same weights.
@@ -150,13 +177,21 @@ class Model {
   nn::AttnLayerWeights attn_weights(int64_t l) const;
   nn::AttnLayerGrads attn_grads(int64_t l);
   void rope_for(int64_t pos0, int64_t T);
-  const float* lm_head() const;
+  void require_trainable(const char* what) const;
+  // Tensor i of the table: in its stored type, as float32 (throws if stored otherwise), and
+  // its offset in params / grads (trainable models).
+  TypedPtr wt(int64_t i) const;
+  const float* wf(int64_t i) const { return i < 0 ? nullptr : wt(i).f32(); }
+  int64_t off(int64_t i) const { return table_[static_cast<size_t>(i)].offset; }
+  void index_tensors();
 
   ModelConfig cfg_;
   std::vector<TensorInfo> table_;
   std::map<std::string, size_t> index_;
-  std::vector<LayerOffsets> off_;
-  int64_t embed_off_ = 0, norm_off_ = 0, head_off_ = 0;
+  std::vector<LayerTensors> lt_;
+  int64_t embed_ = 0, norm_ = 0, head_ = 0;  // tensor indices
+  std::shared_ptr<const WeightStore> store_;
+  std::vector<double> inv_freq_;  // RoPE frequencies (D/2), scaled per cfg_.rope_scaling
 
   // training activations
   int64_t B_ = 0, T_ = 0;
@@ -194,14 +229,16 @@ struct SafeTensorsFile {
   std::map<std::string, std::string> metadata;
 };
 
-// Writes F32 tensors (name, shape, data) and metadata, atomically.
+// Writes float32 tensors (name, shape, data) and metadata, atomically, stored as dtype (BF16 and
+// F16 rounded to nearest even).
 struct SafeTensorRef {
   std::string name;
   Shape shape;
   const float* data = nullptr;
 };
 void write_safetensors(const std::string& path, const std::vector<SafeTensorRef>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {},
+                       DType dtype = DType::F32);
 // The header alone: every tensor's dtype, shape and byte range in the data (checked: sizes
 // without overflow, ranges inside the data, no overlaps), and the metadata.
 struct SafeTensorEntry {
@@ -245,6 +282,25 @@ void check_weights_header(const ModelConfig& cfg, const SafeTensorsHeader& h, co
 // that every value is finite (a NaN or Inf is an error naming the tensor and its first index).
 void load_weights(Model& m, const SafeTensorsFile& f, const std::string& where,
                   const std::string& prefix = "", bool allow_extra = false);
+
+// ---- Hugging Face checkpoints (docs/FORMAT.md, "Hugging Face directories") ----
+// True when DIR/config.json has a "model_type" (and no "format"): a transformers directory.
+bool is_hf_model_dir(const std::string& dir);
+// The ModelConfig a transformers config.json ("llama" or "diffllama") maps onto; anything
+// unsupported is an error naming `where` and the key.
+ModelConfig hf_model_config(const std::string& text, const std::string& where);
+// A LlamaForCausalLM or DiffLlamaForCausalLM directory: config.json, model.safetensors or the
+// shards of model.safetensors.index.json. Weights stay in their stored type (F32, BF16, F16),
+// memory-mapped where the layout allows; q/k/v rows are permuted once onto the project's layout.
+// An inference model (Model::trainable() is false). load_model(dir) calls it for such a directory.
+Model load_hf_model(const std::string& dir);
+// Writes a diff_v1 model as a DiffLlama directory, a standard one as a Llama directory
+// (config.json, generation_config.json, model.safetensors or `shards` files with their index),
+// tensors stored as dtype. What DiffLlama lacks is folded in exactly or refused: V1's learned
+// subln weight multiplies o_proj's columns; a fixed lambda_init, diff_v2 and biases on a
+// diff_v2 model are errors naming the reason. load_hf_model(dir) gives back the same logits.
+void save_hf_model(const Model& m, const std::string& dir, DType dtype = DType::F32,
+                   int64_t shards = 1);
 
 // ---- optimizer ----
 struct AdamWOptions {

@@ -8,6 +8,9 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
+
+#include "diffattn/dtype.h"
 
 #include "diffattn/attention.h"
 
@@ -29,9 +32,18 @@ void linear_bwd(float* dinp, float* dweight, const float* dout, const float* inp
                 const float* weight, int64_t N, int64_t C, int64_t OC, int64_t ldd = 0,
                 bool dinp_overwrite = false);
 
+// The same with the weight in its stored type (F32, BF16, F16; F32 accumulation): weights kept
+// as loaded from a checkpoint.
+void linear_fwd(float* out, const float* inp, TypedPtr weight, int64_t N, int64_t C, int64_t OC,
+                int64_t ldo = 0);
+// out (N, OC) [row stride ldo, 0: OC] += bias (OC) on every row.
+void bias_add(float* out, const float* bias, int64_t N, int64_t OC, int64_t ldo = 0);
+
 // ---- embedding ----
 // out (N, C) = table[tokens]; tokens checked against V.
 void embedding_fwd(float* out, const int32_t* tokens, const float* table, int64_t N, int64_t C,
+                   int64_t V);
+void embedding_fwd(float* out, const int32_t* tokens, TypedPtr table, int64_t N, int64_t C,
                    int64_t V);
 // dtable (V, C) += scatter of dout (N, C) (serial over rows: tokens repeat).
 void embedding_bwd(float* dtable, const float* dout, const int32_t* tokens, int64_t N,
@@ -49,7 +61,27 @@ void rmsnorm_bwd(float* dinp, float* dweight, const float* dout, const float* in
                  int64_t ldi = 0);
 
 // ---- interleaved RoPE ----
-// Angle table for positions [pos0, pos0 + T): cos/sin (T, D/2), theta_j = base^(-2j/D).
+// Frequency scaling of long-context checkpoints (Hugging Face's rope_scaling / rope_parameters).
+struct RopeScaling {
+  enum class Type { None, Linear, Llama3 };
+  Type type = Type::None;
+  double factor = 1.0;           // Linear, Llama3: low frequencies divided by it
+  double low_freq_factor = 1.0;  // Llama3
+  double high_freq_factor = 4.0;  // Llama3
+  int64_t original_max_position_embeddings = 8192;  // Llama3: the pre-training context
+  bool operator==(const RopeScaling&) const = default;
+};
+const char* rope_type_name(RopeScaling::Type t);  // "default", "linear", "llama3"
+// theta_j = base^(-2j/D) for j < D/2, then scaled: Linear divides every theta_j by factor;
+// Llama3 divides the frequencies whose wavelength 2 pi / theta_j exceeds original / low_freq_factor
+// by factor, keeps those under original / high_freq_factor, and blends linearly in
+// original / wavelength between the two (Llama 3.1's rule).
+std::vector<double> rope_inv_freq(int64_t D, double base, const RopeScaling& scaling = {});
+// Angle table for positions [pos0, pos0 + T): cos/sin (T, D/2) of (pos0 + t) * inv_freq[j],
+// inv_freq (D/2) from rope_inv_freq.
+void rope_table(float* cos_t, float* sin_t, int64_t pos0, int64_t T, int64_t D,
+                const std::vector<double>& inv_freq);
+// The unscaled table, theta_j = base^(-2j/D).
 void rope_table(float* cos_t, float* sin_t, int64_t pos0, int64_t T, int64_t D, double base);
 // In place on x (B, T, nh, D) with row stride ld (elements between consecutive t) and batch
 // stride lb: u'[2j] = u[2j] c - u[2j+1] s, u'[2j+1] = u[2j] s + u[2j+1] c. inverse = true

@@ -16,7 +16,17 @@ namespace diffattn::data {
 struct GenerateOptions {
   int64_t max_new = 200;  // new tokens; fewer if the model's max_seq_len is reached
   SamplerOptions sampler;
+  std::vector<int32_t> stop_ids;  // generation ends at any of these (not part of the output)
 };
+
+// Prefills prompt ids through the KV cache, then decodes one token at a time; on_token (if
+// given) sees each new id and may return false to stop. Returns the new ids (without a stop id).
+std::vector<int32_t> generate_ids(Model& m, const std::vector<int32_t>& prompt,
+                                  const GenerateOptions& o,
+                                  const std::function<bool(int32_t)>& on_token = {});
+// The ids a model directory's generation ends at: generation_config.json's eos_token_id (a
+// number or a list) when the file exists, else the tokenizer's end-of-sequence id, else none.
+std::vector<int32_t> stop_ids_for(const std::string& model_dir, const Tokenizer& tok);
 
 // Prefills the prompt through the KV cache, then decodes one token at a time, passing each new
 // piece of text to on_text as soon as it is known (streamed output). Returns the new text.

@@ -4,6 +4,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
+
+#include "diffattn/error.h"
 
 namespace diffattn {
 
@@ -98,6 +101,23 @@ void convert_from_f32(void* dst, const float* src, DType t, int64_t n) {
   } else {
     for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
   }
+}
+
+const float* TypedPtr::f32() const {
+  if (dtype != DType::F32) {
+    throw InvalidArgument(std::string("a tensor stored as ") + dtype_name(dtype) +
+                          " was used where float32 is needed");
+  }
+  return static_cast<const float*>(data);
+}
+
+float TypedPtr::at(int64_t i) const {
+  switch (dtype) {
+    case DType::F32: return static_cast<const float*>(data)[i];
+    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
+  }
+  return 0.0f;
 }
 
 }  // namespace diffattn

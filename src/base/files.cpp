@@ -2,6 +2,7 @@
 #include "diffattn/files.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -136,6 +137,42 @@ std::string InputFile::read_at(uint64_t offset, size_t n) const {
   std::string s(n, '\0');
   read_at(offset, s.data(), n);
   return s;
+}
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+  InputFile f(path);  // a regular file, or an error naming it
+  size_ = f.size();
+  if (size_ == 0) return;
+  void* p = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_PRIVATE, f.fd(), 0);
+  if (p == MAP_FAILED) io_fail(path, "cannot map", errno);
+  data_ = static_cast<const uint8_t*>(p);
+}
+
+MappedFile::~MappedFile() {
+  if (data_) ::munmap(const_cast<uint8_t*>(data_), static_cast<size_t>(size_));
+}
+
+namespace {
+
+// The pages wholly inside [begin, end) of a mapping (drop), or touching it (will_need).
+void advise(const uint8_t* base, uint64_t size, uint64_t begin, uint64_t end, int advice,
+            bool inner) {
+  if (!base || begin >= end || end > size) return;
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  uint64_t b = inner ? (begin + page - 1) / page * page : begin / page * page;
+  uint64_t e = inner ? end / page * page : std::min(size, (end + page - 1) / page * page);
+  if (b >= e) return;
+  ::madvise(const_cast<uint8_t*>(base) + b, static_cast<size_t>(e - b), advice);
+}
+
+}  // namespace
+
+void MappedFile::will_need(uint64_t begin, uint64_t end) const {
+  advise(data_, size_, begin, end, MADV_WILLNEED, false);
+}
+
+void MappedFile::drop(uint64_t begin, uint64_t end) const {
+  advise(data_, size_, begin, end, MADV_DONTNEED, true);
 }
 
 std::string read_file(const std::string& path, uint64_t max_bytes) {

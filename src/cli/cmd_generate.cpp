@@ -45,9 +45,11 @@ int bench_decode(Model& m, int64_t prompt_len, int64_t n) {
 
 int run_generate(const std::vector<std::string>& argv) {
   Args a("generate",
-         "Continue a prompt with a trained model: the prompt is prefilled through the KV cache,\n"
-         "then one token at a time is decoded and printed as it comes (streamed).");
-  a.option("--model", "DIR", "", "the model directory (required)")
+         "Continue a prompt with a model (diffattn's own directory, or a Hugging Face Llama or\n"
+         "DiffLlama directory with its tokenizer.json): the prompt is prefilled through the KV\n"
+         "cache, then one token at a time is decoded and printed as it comes (streamed); it stops\n"
+         "at the model's end-of-sequence id (generation_config.json or tokenizer_config.json).");
+  a.option("--model", "DIR", "", "the model directory (required): diffattn's format or Hugging Face's")
       .option("--prompt", "TEXT", "",
               "the text to continue (empty: a newline); it must encode to at least one token and "
               "fewer than the model's max_seq_len")
@@ -78,6 +80,7 @@ int run_generate(const std::vector<std::string>& argv) {
     throw UsageError("--top-p must be in (0, 1], got " + a.str("--top-p"));
   }
   o.sampler.seed = static_cast<uint64_t>(a.integer("--seed", 0, INT64_MAX));
+  o.stop_ids = data::stop_ids_for(dir, *tok);
   const std::string prompt = a.str("--prompt");
   {
     const size_t n = tok->encode(prompt.empty() ? std::string("\n") : prompt).size();

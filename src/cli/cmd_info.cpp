@@ -12,14 +12,14 @@ namespace {
 
 int run_info(const std::vector<std::string>& argv) {
   Args a("info", "Show a model directory: config, parameters per tensor, lambda per layer.");
-  a.positional("DIR", "the model directory (config.json, model.safetensors)");
+  a.positional("DIR", "the model directory: diffattn's (config.json, model.safetensors) or a Hugging Face Llama/DiffLlama one");
   if (!a.parse(argv)) return 0;
   const std::string dir = a.str("DIR");
   Model m = load_model(dir);
   const ModelConfig& c = m.config();
   const auto tok = data::tokenizer_for(dir);
-  std::cout << "model " << dir << " (" << tok->name() << " tokenizer)\n\nconfig.json\n"
-            << c.to_json() << "\n";
+  std::cout << "model " << dir << " (" << tok->name() << " tokenizer)\nweights: " << m.storage()
+            << "\n\nconfig (diffattn's form)\n" << c.to_json() << "\n";
   std::vector<std::vector<std::string>> rows;
   for (const TensorInfo& t : m.tensors()) {
     rows.push_back({t.name, shape_str(t.shape), std::to_string(t.numel), t.decay ? "yes" : "no"});

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "diffattn/data.h"
+#include "diffattn/hf_tokenizer.h"
 
 namespace diffattn::data {
 
@@ -169,9 +170,31 @@ std::unique_ptr<Tokenizer> parse_sentencepiece(const std::string& bytes, const s
   return std::make_unique<SentencePieceTokenizer>(bytes, name);
 }
 
+namespace {
+
+class HfTokenizerAdapter : public Tokenizer {
+ public:
+  explicit HfTokenizerAdapter(HfTokenizer t) : t_(std::move(t)) {}
+  std::vector<int32_t> encode(const std::string& text) const override { return t_.encode(text, true); }
+  std::string decode(const std::vector<int32_t>& ids) const override { return t_.decode(ids, true); }
+  int64_t vocab_size() const override { return t_.vocab_size(); }
+  std::string name() const override { return "tokenizer.json"; }
+  int32_t eos_id() const override { return t_.eos_id(); }
+
+ private:
+  HfTokenizer t_;
+};
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path) {
+  return std::make_unique<HfTokenizerAdapter>(HfTokenizer::load(path));
+}
+
 std::unique_ptr<Tokenizer> tokenizer_for(const std::string& model_dir) {
-  const std::string p = model_dir + "/tokenizer.model";
   struct stat st {};
+  if (::stat((model_dir + "/tokenizer.json").c_str(), &st) == 0) return load_hf_tokenizer(model_dir);
+  const std::string p = model_dir + "/tokenizer.model";
   if (::stat(p.c_str(), &st) == 0) return load_sentencepiece(p);
   return byte_tokenizer();
 }

@@ -17,7 +17,18 @@ namespace diffattn {
 void save_model(const Model& m, const std::string& dir) {
   make_dirs(dir);
   std::vector<SafeTensorRef> refs;
-  for (const TensorInfo& t : m.tensors()) refs.push_back({t.name, t.shape, m.params.data() + t.offset});
+  std::vector<std::vector<float>> converted;  // a model over kept weights: float32 copies
+  converted.reserve(m.tensors().size());
+  for (const TensorInfo& t : m.tensors()) {
+    const float* data = nullptr;
+    if (m.trainable()) {
+      data = m.params.data() + t.offset;
+    } else {
+      converted.push_back(m.weight_f32(t.name));
+      data = converted.back().data();
+    }
+    refs.push_back({t.name, t.shape, data});
+  }
   // Weights first, then the config: a reader that finds the new config finds the new weights.
   write_safetensors(dir + "/model.safetensors", refs, {{"format", "diffattn/1"}});
   write_file_atomic(dir + "/config.json", m.config().to_json());
@@ -87,6 +98,7 @@ Model load_model(const std::string& dir) {
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     throw IoError(dir + ": not a model directory (expected config.json and model.safetensors)");
   }
+  if (is_hf_model_dir(dir)) return load_hf_model(dir);
   const std::string cfg_path = dir + "/config.json";
   const ModelConfig cfg = ModelConfig::from_json(read_file(cfg_path, kMaxJsonFileBytes), cfg_path);
   // The header first: a config whose sizes the weights do not match is an error before the

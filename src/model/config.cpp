@@ -6,6 +6,7 @@
 
 #include "diffattn/model.h"
 #include "base/json_util.h"
+#include "model/config_json.h"
 
 namespace diffattn {
 
@@ -17,6 +18,44 @@ nn::AttnKind parse_attn_kind(const std::string& name, const std::string& where) 
   if (name == "standard") return nn::AttnKind::Standard;
   throw InvalidArgument(where + ": attention is \"" + name +
                         "\", expected \"diff_v1\", \"diff_v2\" or \"standard\"");
+}
+
+nn::RopeScaling parse_rope_scaling(const json& r, const std::string& where) {
+  if (!r.is_object()) throw InvalidArgument(where + " must be an object, got " + json_brief(r));
+  nn::RopeScaling s;
+  // transformers writes "rope_type" (older versions "type")
+  const char* type_key = r.contains("rope_type") ? "rope_type" : "type";
+  if (!r.contains(type_key) || !r.at(type_key).is_string()) {
+    throw InvalidArgument(where + ": missing \"rope_type\" (a string)");
+  }
+  const std::string type = r.at(type_key).get<std::string>();
+  auto number = [&](const char* key) {
+    if (!r.contains(key)) throw InvalidArgument(where + ": missing \"" + std::string(key) + "\"");
+    const json& v = r.at(key);
+    if (!v.is_number()) {
+      throw InvalidArgument(where + ": \"" + key + "\" must be a number, got " + json_brief(v));
+    }
+    return v.get<double>();
+  };
+  if (type == "default") return s;
+  if (type == "linear") {
+    s.type = nn::RopeScaling::Type::Linear;
+    s.factor = number("factor");
+  } else if (type == "llama3") {
+    s.type = nn::RopeScaling::Type::Llama3;
+    s.factor = number("factor");
+    s.low_freq_factor = number("low_freq_factor");
+    s.high_freq_factor = number("high_freq_factor");
+    const json& o = r.contains("original_max_position_embeddings") ? r.at("original_max_position_embeddings") : json();
+    if (!o.is_number_integer()) {
+      throw InvalidArgument(where + ": \"original_max_position_embeddings\" must be an integer, got " + json_brief(o));
+    }
+    s.original_max_position_embeddings = o.get<int64_t>();
+  } else {
+    throw InvalidArgument(where + ": rope type " + json_brief(r.at(type_key)) +
+                          " is not implemented (diffattn has \"default\", \"linear\" and \"llama3\")");
+  }
+  return s;
 }
 
 float ModelConfig::layer_lambda_init(int64_t l) const {
@@ -71,6 +110,22 @@ void ModelConfig::validate(const std::string& where) const {
   if (lambda_init && !std::isfinite(*lambda_init)) {
     throw InvalidArgument(where + ": lambda_init must be a finite number");
   }
+  if (attn_bias && attention == nn::AttnKind::DiffV2) {
+    throw InvalidArgument(where + ": attention_bias is supported for diff_v1 and standard, not diff_v2");
+  }
+  const nn::RopeScaling& rs = rope_scaling;
+  if (rs.type != nn::RopeScaling::Type::None) {
+    if (!(rs.factor >= 1.0) || !std::isfinite(rs.factor)) {
+      throw InvalidArgument(where + ": rope_scaling factor must be a number >= 1");
+    }
+    if (rs.type == nn::RopeScaling::Type::Llama3 &&
+        (!(rs.low_freq_factor > 0) || !(rs.high_freq_factor > rs.low_freq_factor) ||
+         !std::isfinite(rs.high_freq_factor) || rs.original_max_position_embeddings < 1 ||
+         rs.original_max_position_embeddings > (int64_t{1} << 24))) {
+      throw InvalidArgument(where + ": llama3 rope_scaling needs 0 < low_freq_factor < "
+                            "high_freq_factor and original_max_position_embeddings in [1, 2^24]");
+    }
+  }
   if (lambda_init && attention != nn::AttnKind::DiffV1) {
     throw InvalidArgument(where + ": lambda_init applies to diff_v1 only, attention is \"" +
                           nn::attn_kind_name(attention) + "\"");
@@ -93,6 +148,17 @@ std::string ModelConfig::to_json() const {
   j["norm_eps"] = norm_eps;
   j["tie_embeddings"] = tie_embeddings;
   if (lambda_init) j["lambda_init"] = *lambda_init;
+  if (rope_scaling.type != nn::RopeScaling::Type::None) {
+    json r = {{"rope_type", nn::rope_type_name(rope_scaling.type)}, {"factor", rope_scaling.factor}};
+    if (rope_scaling.type == nn::RopeScaling::Type::Llama3) {
+      r["low_freq_factor"] = rope_scaling.low_freq_factor;
+      r["high_freq_factor"] = rope_scaling.high_freq_factor;
+      r["original_max_position_embeddings"] = rope_scaling.original_max_position_embeddings;
+    }
+    j["rope_scaling"] = r;
+  }
+  if (attn_bias) j["attention_bias"] = true;
+  if (mlp_bias) j["mlp_bias"] = true;
   return j.dump(2) + "\n";
 }
 
@@ -101,7 +167,7 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& w
   static const std::set<std::string> known = {
       "format",  "attention", "vocab_size", "d_model",    "n_layers",       "n_heads",
       "n_kv_heads", "head_dim", "ffn_dim",  "max_seq_len", "rope_theta",    "norm_eps",
-      "tie_embeddings", "lambda_init"};
+      "tie_embeddings", "lambda_init", "rope_scaling", "attention_bias", "mlp_bias"};
   for (const auto& [key, value] : j.items()) {
     if (!known.count(key)) throw InvalidArgument(where + ": unknown key \"" + key + "\"");
   }
@@ -146,6 +212,14 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& w
   c.tie_embeddings = tie.get<bool>();
   if (j.contains("lambda_init") && !j.at("lambda_init").is_null()) {
     c.lambda_init = number("lambda_init");
+  }
+  if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null()) {
+    c.rope_scaling = parse_rope_scaling(j.at("rope_scaling"), where + ": rope_scaling");
+  }
+  for (const char* key : {"attention_bias", "mlp_bias"}) {
+    if (!j.contains(key)) continue;
+    if (!j.at(key).is_boolean()) throw InvalidArgument(where + ": \"" + key + "\" must be true or false");
+    (std::string(key) == "mlp_bias" ? c.mlp_bias : c.attn_bias) = j.at(key).get<bool>();
   }
   c.validate(where);
   return c;
@@ -215,7 +289,13 @@ std::vector<TensorInfo> tensor_table(const ModelConfig& c) {
     add(p + "attn.k_proj.weight", {s.n_k(), C}, true);
     add(p + "attn.v_proj.weight", {s.n_v(), C}, true);
     if (c.attention == nn::AttnKind::DiffV2) add(p + "attn.lambda_proj.weight", {s.H, C}, true);
+    if (c.attn_bias) {
+      add(p + "attn.q_proj.bias", {s.n_q()}, false);
+      add(p + "attn.k_proj.bias", {s.n_k()}, false);
+      add(p + "attn.v_proj.bias", {s.n_v()}, false);
+    }
     add(p + "attn.out_proj.weight", {C, s.n_out()}, true);
+    if (c.attn_bias) add(p + "attn.out_proj.bias", {C}, false);
     if (c.attention == nn::AttnKind::DiffV1) {
       add(p + "attn.lambda_q1", {s.D}, false);
       add(p + "attn.lambda_k1", {s.D}, false);
@@ -227,6 +307,11 @@ std::vector<TensorInfo> tensor_table(const ModelConfig& c) {
     add(p + "ffn.gate_proj.weight", {c.ffn_dim, C}, true);
     add(p + "ffn.up_proj.weight", {c.ffn_dim, C}, true);
     add(p + "ffn.down_proj.weight", {C, c.ffn_dim}, true);
+    if (c.mlp_bias) {
+      add(p + "ffn.gate_proj.bias", {c.ffn_dim}, false);
+      add(p + "ffn.up_proj.bias", {c.ffn_dim}, false);
+      add(p + "ffn.down_proj.bias", {C}, false);
+    }
   }
   add("norm.weight", {C}, false);
   if (!c.tie_embeddings) add("lm_head.weight", {c.vocab_size, C}, true);

@@ -34,7 +34,6 @@ void add3(float* out, const float* a, const float* b, int64_t n) {
 Model::Model(const ModelConfig& cfg) : cfg_(cfg) {
   cfg_.validate();
   table_ = tensor_table(cfg_);
-  for (size_t i = 0; i < table_.size(); ++i) index_[table_[i].name] = i;
   int64_t total = 0;
   for (const TensorInfo& t : table_) total += t.numel;
   // params and grads (8 bytes a weight) before anything is allocated and touched.
@@ -42,29 +41,74 @@ Model::Model(const ModelConfig& cfg) : cfg_(cfg) {
                        "a model of " + std::to_string(total) + " parameters (weights and gradients)");
   params.assign(static_cast<size_t>(total), 0.0f);
   grads.assign(static_cast<size_t>(total), 0.0f);
-  auto at = [&](const std::string& n) { return table_[index_.at(n)].offset; };
-  embed_off_ = at("embed_tokens.weight");
-  norm_off_ = at("norm.weight");
-  head_off_ = cfg_.tie_embeddings ? embed_off_ : at("lm_head.weight");
+  index_tensors();
+}
+
+Model::Model(const ModelConfig& cfg, std::shared_ptr<const WeightStore> store)
+    : cfg_(cfg), store_(std::move(store)) {
+  cfg_.validate();
+  table_ = tensor_table(cfg_);
+  if (!store_ || store_->tensors.size() != table_.size()) {
+    throw InvalidArgument("Model: a weight store with " +
+                          std::to_string(store_ ? store_->tensors.size() : 0) +
+                          " tensors for a config of " + std::to_string(table_.size()));
+  }
+  index_tensors();
+}
+
+void Model::index_tensors() {
+  for (size_t i = 0; i < table_.size(); ++i) index_[table_[i].name] = i;
+  auto at = [&](const std::string& n) -> int64_t {
+    auto it = index_.find(n);
+    return it == index_.end() ? -1 : static_cast<int64_t>(it->second);
+  };
+  embed_ = at("embed_tokens.weight");
+  norm_ = at("norm.weight");
+  head_ = cfg_.tie_embeddings ? embed_ : at("lm_head.weight");
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
-    LayerOffsets o{};
+    LayerTensors o;
     o.attn_norm = at(p + "attn_norm.weight");
     o.proj = at(p + "attn.q_proj.weight");
+    o.proj_bias = at(p + "attn.q_proj.bias");
     o.out_proj = at(p + "attn.out_proj.weight");
-    if (cfg_.attention == nn::AttnKind::DiffV1) {
-      o.lambda_q1 = at(p + "attn.lambda_q1");
-      o.lambda_k1 = at(p + "attn.lambda_k1");
-      o.lambda_q2 = at(p + "attn.lambda_q2");
-      o.lambda_k2 = at(p + "attn.lambda_k2");
-      o.subln = at(p + "attn.subln.weight");
-    }
+    o.out_bias = at(p + "attn.out_proj.bias");
+    o.lambda_q1 = at(p + "attn.lambda_q1");
+    o.lambda_k1 = at(p + "attn.lambda_k1");
+    o.lambda_q2 = at(p + "attn.lambda_q2");
+    o.lambda_k2 = at(p + "attn.lambda_k2");
+    o.subln = at(p + "attn.subln.weight");
     o.ffn_norm = at(p + "ffn_norm.weight");
-    o.gate_up = at(p + "ffn.gate_proj.weight");
+    o.gate = at(p + "ffn.gate_proj.weight");
+    o.up = at(p + "ffn.up_proj.weight");
+    o.gate_bias = at(p + "ffn.gate_proj.bias");
+    o.up_bias = at(p + "ffn.up_proj.bias");
     o.down = at(p + "ffn.down_proj.weight");
-    off_.push_back(o);
+    o.down_bias = at(p + "ffn.down_proj.bias");
+    lt_.push_back(o);
   }
   acts_.resize(static_cast<size_t>(cfg_.n_layers));
+  inv_freq_ = nn::rope_inv_freq(cfg_.head_dim, cfg_.rope_theta, cfg_.rope_scaling);
+}
+
+TypedPtr Model::wt(int64_t i) const {
+  if (store_) return store_->tensors[static_cast<size_t>(i)];
+  return typed(params.data() + off(i));
+}
+
+int64_t Model::num_params() const {
+  int64_t n = 0;
+  for (const TensorInfo& t : table_) n += t.numel;
+  return n;
+}
+
+std::string Model::storage() const { return store_ ? store_->description : "float32"; }
+
+void Model::require_trainable(const char* what) const {
+  if (!store_) return;
+  throw InvalidArgument(std::string(what) + ": this model's weights are kept as loaded (" +
+                        store_->description +
+                        "); training needs a float32 model (diffattn convert --to diffattn)");
 }
 
 const TensorInfo& Model::tensor(const std::string& name) const {
@@ -73,7 +117,21 @@ const TensorInfo& Model::tensor(const std::string& name) const {
   return table_[it->second];
 }
 
+TypedPtr Model::weight(const std::string& name) const {
+  tensor(name);  // throws naming an unknown tensor
+  return wt(static_cast<int64_t>(index_.at(name)));
+}
+
+std::vector<float> Model::weight_f32(const std::string& name) const {
+  const TensorInfo& t = tensor(name);
+  std::vector<float> out(static_cast<size_t>(t.numel));
+  const TypedPtr w = weight(name);
+  convert_to_f32(out.data(), w.data, w.dtype, t.numel);
+  return out;
+}
+
 void Model::init_weights(uint64_t seed) {
+  require_trainable("init_weights");
   uint64_t s = seed ^ 0x6469666661747431ull;  // "diffatt1"
   for (const TensorInfo& t : table_) {
     float* w = params.data() + t.offset;
@@ -91,44 +149,43 @@ void Model::init_weights(uint64_t seed) {
   }
 }
 
-namespace {
-
-// The attention tensors of one layer inside a flat buffer (weights or gradients).
-template <typename F>
-nn::AttnLayerTensors<F> attn_tensors(F* base, const LayerOffsets& o, bool v1) {
-  nn::AttnLayerTensors<F> t;
-  t.proj = base + o.proj;
-  t.out_proj = base + o.out_proj;
-  if (v1) {
-    t.lambda_q1 = base + o.lambda_q1;
-    t.lambda_k1 = base + o.lambda_k1;
-    t.lambda_q2 = base + o.lambda_q2;
-    t.lambda_k2 = base + o.lambda_k2;
-    t.subln = base + o.subln;
-  }
-  return t;
-}
-
-}  // namespace
-
 nn::AttnLayerWeights Model::attn_weights(int64_t l) const {
-  return attn_tensors<const float>(params.data(), off_[static_cast<size_t>(l)],
-                                   cfg_.attention == nn::AttnKind::DiffV1);
+  const LayerTensors& o = lt_[static_cast<size_t>(l)];
+  nn::AttnLayerWeights w;
+  w.proj = wt(o.proj);
+  w.out_proj = wt(o.out_proj);
+  w.proj_bias = wf(o.proj_bias);
+  w.out_bias = wf(o.out_bias);
+  w.lambda_q1 = wf(o.lambda_q1);
+  w.lambda_k1 = wf(o.lambda_k1);
+  w.lambda_q2 = wf(o.lambda_q2);
+  w.lambda_k2 = wf(o.lambda_k2);
+  w.subln = wf(o.subln);
+  return w;
 }
 
 nn::AttnLayerGrads Model::attn_grads(int64_t l) {
-  return attn_tensors<float>(grads.data(), off_[static_cast<size_t>(l)],
-                             cfg_.attention == nn::AttnKind::DiffV1);
+  const LayerTensors& o = lt_[static_cast<size_t>(l)];
+  float* G = grads.data();
+  nn::AttnLayerGrads g;
+  g.proj = G + off(o.proj);
+  g.out_proj = G + off(o.out_proj);
+  if (cfg_.attention == nn::AttnKind::DiffV1) {
+    g.lambda_q1 = G + off(o.lambda_q1);
+    g.lambda_k1 = G + off(o.lambda_k1);
+    g.lambda_q2 = G + off(o.lambda_q2);
+    g.lambda_k2 = G + off(o.lambda_k2);
+    g.subln = G + off(o.subln);
+  }
+  return g;
 }
-
-const float* Model::lm_head() const { return params.data() + head_off_; }
 
 void Model::rope_for(int64_t pos0, int64_t T) {
   if (pos0 == rope_pos0_ && T == rope_T_) return;
   const int64_t half = cfg_.head_dim / 2;
   cos_.resize(static_cast<size_t>(T * half));
   sin_.resize(static_cast<size_t>(T * half));
-  nn::rope_table(cos_.data(), sin_.data(), pos0, T, cfg_.head_dim, cfg_.rope_theta);
+  nn::rope_table(cos_.data(), sin_.data(), pos0, T, cfg_.head_dim, inv_freq_);
   rope_pos0_ = pos0;
   rope_T_ = T;
 }
@@ -140,12 +197,11 @@ void Model::layer_fwd(int64_t l, LayerActs& a, const float* x_in, float* x_out, 
                       bool save) {
   const int64_t C = cfg_.d_model, F = cfg_.ffn_dim, BT = B * T;
   const size_t nx = static_cast<size_t>(BT * C);
-  const float* P = params.data();
-  const LayerOffsets& o = off_[static_cast<size_t>(l)];
+  const LayerTensors& o = lt_[static_cast<size_t>(l)];
   // x_mid = x_in + attn(rmsnorm(x_in, attn_norm))
   a.an.resize(nx);
   a.an_rstd.resize(static_cast<size_t>(BT));
-  nn::rmsnorm_fwd(a.an.data(), a.an_rstd.data(), x_in, P + o.attn_norm, BT, C, cfg_.norm_eps);
+  nn::rmsnorm_fwd(a.an.data(), a.an_rstd.data(), x_in, wf(o.attn_norm), BT, C, cfg_.norm_eps);
   a.attn_out.resize(nx);
   nn::attn_layer_fwd(a.attn_out.data(), a.attn, a.an.data(), attn_weights(l), cfg_.attn_shape(l),
                      B, T, cos_t, sin_t, cache, save);
@@ -154,13 +210,26 @@ void Model::layer_fwd(int64_t l, LayerActs& a, const float* x_in, float* x_out, 
   // x_out = x_mid + down(silu(gate f) * up f), f = rmsnorm(x_mid, ffn_norm)
   a.fn.resize(nx);
   a.fn_rstd.resize(static_cast<size_t>(BT));
-  nn::rmsnorm_fwd(a.fn.data(), a.fn_rstd.data(), a.x_mid.data(), P + o.ffn_norm, BT, C,
+  nn::rmsnorm_fwd(a.fn.data(), a.fn_rstd.data(), a.x_mid.data(), wf(o.ffn_norm), BT, C,
                   cfg_.norm_eps);
   a.gu.resize(static_cast<size_t>(BT * 2 * F));
-  nn::linear_fwd(a.gu.data(), a.fn.data(), P + o.gate_up, BT, C, 2 * F);
+  const TypedPtr gate = wt(o.gate), up = wt(o.up);
+  if (gate.dtype == up.dtype &&
+      static_cast<const char*>(up.data) ==
+          static_cast<const char*>(gate.data) + static_cast<size_t>(F * C) * dtype_size(gate.dtype)) {
+    nn::linear_fwd(a.gu.data(), a.fn.data(), gate, BT, C, 2 * F);  // stacked: one product
+  } else {
+    nn::linear_fwd(a.gu.data(), a.fn.data(), gate, BT, C, F, 2 * F);
+    nn::linear_fwd(a.gu.data() + F, a.fn.data(), up, BT, C, F, 2 * F);
+  }
+  if (o.gate_bias >= 0) {
+    nn::bias_add(a.gu.data(), wf(o.gate_bias), BT, F, 2 * F);
+    nn::bias_add(a.gu.data() + F, wf(o.up_bias), BT, F, 2 * F);
+  }
   a.h.resize(static_cast<size_t>(BT * F));
   nn::swiglu_fwd(a.h.data(), a.gu.data(), a.gu.data() + F, BT, F, 2 * F);
-  nn::linear_fwd(a.attn_out.data(), a.h.data(), P + o.down, BT, F, C);
+  nn::linear_fwd(a.attn_out.data(), a.h.data(), wt(o.down), BT, F, C);
+  if (o.down_bias >= 0) nn::bias_add(a.attn_out.data(), wf(o.down_bias), BT, C);
   add3(x_out, a.x_mid.data(), a.attn_out.data(), BT * C);
 }
 
@@ -175,7 +244,6 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, 
                           std::to_string(cfg_.max_seq_len));
   }
   const int64_t C = cfg_.d_model, V = cfg_.vocab_size, BT = B * T;
-  const float* P = params.data();
   B_ = B;
   T_ = T;
   tokens_.assign(tokens, tokens + BT);
@@ -191,7 +259,7 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, 
   const size_t nx = static_cast<size_t>(BT * C);
   acts_[0].x_in.resize(nx);
   x_final_.resize(nx);
-  nn::embedding_fwd(acts_[0].x_in.data(), tokens, P + embed_off_, BT, C, V);
+  nn::embedding_fwd(acts_[0].x_in.data(), tokens, wt(embed_), BT, C, V);
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     LayerActs& a = acts_[static_cast<size_t>(l)];
     std::vector<float>& next =
@@ -201,10 +269,10 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, 
   }
   nf_.resize(x_final_.size());
   nf_rstd_.resize(static_cast<size_t>(BT));
-  nn::rmsnorm_fwd(nf_.data(), nf_rstd_.data(), x_final_.data(), P + norm_off_, BT, C,
+  nn::rmsnorm_fwd(nf_.data(), nf_rstd_.data(), x_final_.data(), wf(norm_), BT, C,
                   cfg_.norm_eps);
   logits_.resize(static_cast<size_t>(BT * V));
-  nn::linear_fwd(logits_.data(), nf_.data(), lm_head(), BT, C, V);
+  nn::linear_fwd(logits_.data(), nf_.data(), wt(head_), BT, C, V);
   if (!targets) return 0.0;
   lse_.resize(static_cast<size_t>(BT));
   losses_.resize(static_cast<size_t>(BT));
@@ -221,6 +289,10 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, 
 }
 
 void Model::backward(float dloss_scale) {
+  require_trainable("backward");
+  if (cfg_.attn_bias || cfg_.mlp_bias) {
+    throw InvalidArgument("backward: training a model with biases is not implemented");
+  }
   if (targets_.empty()) throw InvalidArgument("backward: the last forward had no targets");
   const int64_t B = B_, T = T_, C = cfg_.d_model, F = cfg_.ffn_dim, V = cfg_.vocab_size;
   const int64_t BT = B * T;
@@ -232,15 +304,18 @@ void Model::backward(float dloss_scale) {
                         V);
   // logits = lm_head(nf)
   dbuf_.resize(static_cast<size_t>(BT * C));
-  nn::linear_bwd(dbuf_.data(), Gr + head_off_, dlogits_.data(), nf_.data(), lm_head(), BT, C, V,
-                 0, true);
+  nn::linear_bwd(dbuf_.data(), Gr + off(head_), dlogits_.data(), nf_.data(), P + off(head_), BT, C,
+                 V, 0, true);
   // nf = rmsnorm(x, norm)
   dx_.assign(static_cast<size_t>(BT * C), 0.0f);
-  nn::rmsnorm_bwd(dx_.data(), Gr + norm_off_, dbuf_.data(), x_final_.data(), P + norm_off_,
+  nn::rmsnorm_bwd(dx_.data(), Gr + off(norm_), dbuf_.data(), x_final_.data(), P + off(norm_),
                   nf_rstd_.data(), BT, C);
   for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
     LayerActs& a = acts_[static_cast<size_t>(l)];
-    const LayerOffsets& o = off_[static_cast<size_t>(l)];
+    const LayerTensors& lt = lt_[static_cast<size_t>(l)];
+    struct {
+      int64_t down, gate_up, ffn_norm, attn_norm;
+    } o{off(lt.down), off(lt.gate), off(lt.ffn_norm), off(lt.attn_norm)};
     // x_out = x_mid + down(h): dx flows through unchanged, plus the branch
     dbig_.resize(static_cast<size_t>(BT * F));
     nn::linear_bwd(dbig_.data(), Gr + o.down, dx_.data(), a.h.data(), P + o.down, BT, F, C, 0,
@@ -260,7 +335,7 @@ void Model::backward(float dloss_scale) {
     nn::rmsnorm_bwd(dx_.data(), Gr + o.attn_norm, dbuf_.data(), a.x_in.data(), P + o.attn_norm,
                     a.an_rstd.data(), BT, C);
   }
-  nn::embedding_bwd(Gr + embed_off_, dx_.data(), tokens_.data(), BT, C);
+  nn::embedding_bwd(Gr + off(embed_), dx_.data(), tokens_.data(), BT, C);
 }
 
 std::vector<double> Model::layer_lambdas() const {
@@ -319,14 +394,13 @@ void Model::infer(const int32_t* tokens, int64_t B, int64_t Tn, float* logits_la
                           std::to_string(caches_[0].capacity));
   }
   const int64_t BT = B * Tn;
-  const float* P = params.data();
   InferScratch& s = infer_;
   const size_t half = static_cast<size_t>(cfg_.head_dim / 2);
   s.cos.resize(static_cast<size_t>(Tn) * half);
   s.sin.resize(s.cos.size());
-  nn::rope_table(s.cos.data(), s.sin.data(), pos0, Tn, cfg_.head_dim, cfg_.rope_theta);
+  nn::rope_table(s.cos.data(), s.sin.data(), pos0, Tn, cfg_.head_dim, inv_freq_);
   s.x.resize(static_cast<size_t>(BT * C));
-  nn::embedding_fwd(s.x.data(), tokens, P + embed_off_, BT, C, V);
+  nn::embedding_fwd(s.x.data(), tokens, wt(embed_), BT, C, V);
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     layer_fwd(l, s.layer, s.x.data(), s.x.data(), B, Tn, s.cos.data(), s.sin.data(),
               &caches_[static_cast<size_t>(l)], false);
@@ -339,8 +413,8 @@ void Model::infer(const int32_t* tokens, int64_t B, int64_t Tn, float* logits_la
     std::memcpy(&s.last[static_cast<size_t>(b * C)], &s.x[static_cast<size_t>((b * Tn + Tn - 1) * C)],
                 sizeof(float) * static_cast<size_t>(C));
   }
-  nn::rmsnorm_fwd(s.normed.data(), s.rstd.data(), s.last.data(), P + norm_off_, B, C, cfg_.norm_eps);
-  nn::linear_fwd(logits_last, s.normed.data(), lm_head(), B, C, V);
+  nn::rmsnorm_fwd(s.normed.data(), s.rstd.data(), s.last.data(), wf(norm_), B, C, cfg_.norm_eps);
+  nn::linear_fwd(logits_last, s.normed.data(), wt(head_), B, C, V);
 }
 
 }  // namespace diffattn

@@ -20,14 +20,15 @@ namespace diffattn {
 using json = nlohmann::json;
 
 void write_safetensors(const std::string& path, const std::vector<SafeTensorRef>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata, DType dtype) {
+  const size_t es = dtype_size(dtype);
   json header = json::object();
   uint64_t off = 0;
   for (const SafeTensorRef& t : tensors) {
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
-    const uint64_t bytes = static_cast<uint64_t>(n) * 4;
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {off, off + bytes}}};
+    const uint64_t bytes = static_cast<uint64_t>(n) * es;
+    header[t.name] = {{"dtype", dtype_name(dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + bytes}}};
     off += bytes;
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -41,7 +42,9 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensorRef>
   for (const SafeTensorRef& t : tensors) {
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
-    out.append(reinterpret_cast<const char*>(t.data), static_cast<size_t>(n) * 4);
+    const size_t at = out.size();
+    out.resize(at + static_cast<size_t>(n) * es);
+    convert_from_f32(&out[at], t.data, dtype, n);
   }
   write_file_atomic(path, out);
 }

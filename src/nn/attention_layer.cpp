@@ -81,6 +81,7 @@ void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
   acts.proj.resize(static_cast<size_t>(BT * np));
   float* proj = acts.proj.data();
   linear_fwd(proj, inp, w.proj, BT, s.C, np);
+  if (w.proj_bias) bias_add(proj, w.proj_bias, BT, s.n_q() + s.n_k() + s.n_v(), np);
   rope_apply(proj, cos_t, sin_t, B, T, s.q_heads(), s.D, np, T * np, false);
   rope_apply(proj + s.n_q(), cos_t, sin_t, B, T, s.k_heads(), s.D, np, T * np, false);
 
@@ -138,6 +139,7 @@ void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
     src = acts.normed.data();
   }
   linear_fwd(out, src, w.out_proj, BT, s.n_out(), s.C);
+  if (w.out_bias) bias_add(out, w.out_bias, BT, s.C);
 }
 
 AttnBwdParams attn_layer_params(const AttnLayerActs& acts, const AttnLayerShape& s, int64_t B,
@@ -165,7 +167,10 @@ void attn_layer_bwd(float* dinp, const AttnLayerGrads& g, const float* dout,
   // out = out_proj(src)
   sc.dnormed.resize(static_cast<size_t>(BT * no));
   const float* src = v1 ? acts.normed.data() : acts.att.data();
-  linear_bwd(sc.dnormed.data(), g.out_proj, dout, src, w.out_proj, BT, no, s.C, 0, true);
+  if (w.proj_bias || w.out_bias) {
+    throw InvalidArgument("attention layer: training with projection biases is not implemented");
+  }
+  linear_bwd(sc.dnormed.data(), g.out_proj, dout, src, w.out_proj.f32(), BT, no, s.C, 0, true);
 
   const float* datt = sc.dnormed.data();
   if (v1) {
@@ -219,7 +224,7 @@ void attn_layer_bwd(float* dinp, const AttnLayerGrads& g, const float* dout,
   // The operator saw q and k after RoPE; rotate their gradients back.
   rope_apply(dproj, cos_t, sin_t, B, T, s.q_heads(), s.D, np, T * np, true);
   rope_apply(dproj + s.n_q(), cos_t, sin_t, B, T, s.k_heads(), s.D, np, T * np, true);
-  linear_bwd(dinp, g.proj, dproj, inp, w.proj, BT, s.C, np);
+  linear_bwd(dinp, g.proj, dproj, inp, w.proj.f32(), BT, s.C, np);
 }
 
 }  // namespace diffattn::nn

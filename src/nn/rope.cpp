@@ -8,19 +8,59 @@
 
 namespace diffattn::nn {
 
-void rope_table(float* cos_t, float* sin_t, int64_t pos0, int64_t T, int64_t D, double base) {
+const char* rope_type_name(RopeScaling::Type t) {
+  switch (t) {
+    case RopeScaling::Type::None: return "default";
+    case RopeScaling::Type::Linear: return "linear";
+    case RopeScaling::Type::Llama3: return "llama3";
+  }
+  return "?";
+}
+
+std::vector<double> rope_inv_freq(int64_t D, double base, const RopeScaling& sc) {
   if (D % 2 != 0) throw InvalidArgument("rope: head size D = " + std::to_string(D) + " is odd");
   const int64_t half = D / 2;
+  std::vector<double> f(static_cast<size_t>(half));
+  for (int64_t j = 0; j < half; ++j) {
+    double theta = std::pow(base, -2.0 * static_cast<double>(j) / static_cast<double>(D));
+    if (sc.type == RopeScaling::Type::Linear) {
+      theta /= sc.factor;
+    } else if (sc.type == RopeScaling::Type::Llama3) {
+      const double L = static_cast<double>(sc.original_max_position_embeddings);
+      const double wavelen = 2.0 * M_PI / theta;
+      if (wavelen > L / sc.low_freq_factor) {
+        theta /= sc.factor;  // low frequencies: stretched to the long context
+      } else if (wavelen >= L / sc.high_freq_factor) {
+        // between: blend the stretched and the original frequency
+        const double s = (L / wavelen - sc.low_freq_factor) / (sc.high_freq_factor - sc.low_freq_factor);
+        theta = (1.0 - s) * theta / sc.factor + s * theta;
+      }
+    }
+    f[static_cast<size_t>(j)] = theta;
+  }
+  return f;
+}
+
+void rope_table(float* cos_t, float* sin_t, int64_t pos0, int64_t T, int64_t D,
+                const std::vector<double>& inv_freq) {
+  const int64_t half = D / 2;
+  if (static_cast<int64_t>(inv_freq.size()) != half) {
+    throw InvalidArgument("rope: " + std::to_string(inv_freq.size()) +
+                          " frequencies for head size D = " + std::to_string(D));
+  }
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t j = 0; j < half; ++j) {
       // Angles in double: t * theta_j reaches thousands of radians at long context, where a
       // float angle would lose its low bits before cos/sin see it.
-      const double theta = std::pow(base, -2.0 * static_cast<double>(j) / static_cast<double>(D));
-      const double a = static_cast<double>(pos0 + t) * theta;
+      const double a = static_cast<double>(pos0 + t) * inv_freq[static_cast<size_t>(j)];
       cos_t[t * half + j] = static_cast<float>(std::cos(a));
       sin_t[t * half + j] = static_cast<float>(std::sin(a));
     }
   }
+}
+
+void rope_table(float* cos_t, float* sin_t, int64_t pos0, int64_t T, int64_t D, double base) {
+  rope_table(cos_t, sin_t, pos0, T, D, rope_inv_freq(D, base));
 }
 
 void rope_apply(float* x, const float* cos_t, const float* sin_t, int64_t B, int64_t T,

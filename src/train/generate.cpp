@@ -1,10 +1,70 @@
 // Text generation: the prompt goes through the KV cache in one prefill, then each new token
 // through a decode step (Tq = 1 against the cache). Text is streamed as it becomes known.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <climits>
+#include <nlohmann/json.hpp>
 #include <string>
+
+#include "base/json_util.h"
 
 #include "diffattn/train.h"
 
 namespace diffattn::data {
+
+std::vector<int32_t> generate_ids(Model& m, const std::vector<int32_t>& ids,
+                                  const GenerateOptions& o,
+                                  const std::function<bool(int32_t)>& on_token) {
+  if (o.max_new < 0) {
+    throw InvalidArgument("generate: max_new must be >= 0, got " + std::to_string(o.max_new));
+  }
+  const int64_t V = m.config().vocab_size, cap = m.config().max_seq_len;
+  if (ids.empty()) throw InvalidArgument("generate: the prompt has no tokens");
+  if (static_cast<int64_t>(ids.size()) >= cap) {
+    throw InvalidArgument("generate: the prompt has " + std::to_string(ids.size()) +
+                          " tokens, the model's max_seq_len is " + std::to_string(cap) +
+                          " (the prompt and at least one new token must fit)");
+  }
+  const int64_t n_new = std::min<int64_t>(o.max_new, cap - static_cast<int64_t>(ids.size()));
+  std::vector<int32_t> out;
+  if (n_new == 0) return out;
+  m.cache_reset(1, static_cast<int64_t>(ids.size()) + n_new);
+  Sampler sampler(o.sampler);
+  std::vector<float> logits(static_cast<size_t>(V));
+  m.infer(ids.data(), 1, static_cast<int64_t>(ids.size()), logits.data());
+  for (int64_t i = 0; i < n_new; ++i) {
+    const int32_t next = sampler.sample(logits.data(), V);
+    if (std::find(o.stop_ids.begin(), o.stop_ids.end(), next) != o.stop_ids.end()) break;
+    out.push_back(next);
+    if (on_token && !on_token(next)) break;
+    if (i + 1 < n_new) m.infer(&next, 1, 1, logits.data());
+  }
+  return out;
+}
+
+std::vector<int32_t> stop_ids_for(const std::string& model_dir, const Tokenizer& tok) {
+  std::vector<int32_t> ids;
+  const std::string p = model_dir + "/generation_config.json";
+  struct stat st {};
+  if (::stat(p.c_str(), &st) == 0) {
+    const nlohmann::json j = parse_json_object(read_file(p, kMaxJsonFileBytes), p);
+    if (j.contains("eos_token_id") && !j.at("eos_token_id").is_null()) {
+      const nlohmann::json& e = j.at("eos_token_id");
+      const nlohmann::json list = e.is_array() ? e : nlohmann::json::array({e});
+      for (const nlohmann::json& x : list) {
+        if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX) {
+          throw IoError(p + ": eos_token_id must be a token id or a list of them, got " +
+                        json_brief(e));
+        }
+        ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
+      }
+      return ids;
+    }
+  }
+  if (tok.eos_id() >= 0) ids.push_back(tok.eos_id());
+  return ids;
+}
 
 std::string generate(Model& m, const Tokenizer& tok, const std::string& prompt,
                      const GenerateOptions& o,
@@ -20,21 +80,9 @@ std::string generate(Model& m, const Tokenizer& tok, const std::string& prompt,
     throw InvalidArgument("generate: the prompt encodes to no tokens with the " + tok.name() +
                           " tokenizer (it is empty or only whitespace); give some text to continue");
   }
-  const int64_t V = m.config().vocab_size, cap = m.config().max_seq_len;
-  if (static_cast<int64_t>(ids.size()) >= cap) {
-    throw InvalidArgument("generate: the prompt has " + std::to_string(ids.size()) +
-                          " tokens, the model's max_seq_len is " + std::to_string(cap) +
-                          " (the prompt and at least one new token must fit)");
-  }
-  const int64_t n_new = std::min<int64_t>(o.max_new, cap - static_cast<int64_t>(ids.size()));
-  m.cache_reset(1, static_cast<int64_t>(ids.size()) + n_new);
-  Sampler sampler(o.sampler);
-  std::vector<float> logits(static_cast<size_t>(V));
-  m.infer(ids.data(), 1, static_cast<int64_t>(ids.size()), logits.data());
   std::vector<int32_t> out;
   std::string text;
-  for (int64_t i = 0; i < n_new; ++i) {
-    const int32_t next = sampler.sample(logits.data(), V);
+  generate_ids(m, ids, o, [&](int32_t next) {
     out.push_back(next);
     // Decode everything generated so far and emit what is new: SentencePiece pieces may merge.
     const std::string now = tok.decode(out);
@@ -44,8 +92,8 @@ std::string generate(Model& m, const Tokenizer& tok, const std::string& prompt,
     } else if (now != text) {
       text = now;
     }
-    if (i + 1 < n_new) m.infer(&next, 1, 1, logits.data());
-  }
+    return true;
+  });
   return text;
 }
 

@@ -1,0 +1,69 @@
+// `diffattn convert`: between diffattn's model directories and Hugging Face ones (DiffLlama for
+// diff_v1, Llama for standard), so a model trained here runs in transformers and a published
+// checkpoint becomes a trainable float32 model here.
+#include <sys/stat.h>
+
+#include <iostream>
+
+#include "cli/args.h"
+#include "diffattn/train.h"
+
+namespace diffattn::cli {
+
+namespace {
+
+DType parse_dtype(const std::string& s) {
+  if (s == "f32" || s == "F32" || s == "float32") return DType::F32;
+  if (s == "bf16" || s == "BF16" || s == "bfloat16") return DType::BF16;
+  if (s == "f16" || s == "F16" || s == "float16") return DType::F16;
+  throw UsageError("--dtype is \"" + s + "\", expected f32, bf16 or f16");
+}
+
+int run_convert(const std::vector<std::string>& argv) {
+  Args a("convert",
+         "Write a model in the other format. --to hf: a diff_v1 model as a Hugging Face DiffLlama\n"
+         "directory, a standard one as Llama (V1's learned per-head norm weight is folded into\n"
+         "o_proj; DIFF V2 and a fixed lambda_init have no DiffLlama equivalent and are refused).\n"
+         "--to diffattn: any model diffattn loads (a Hugging Face directory included) as diffattn's\n"
+         "float32 format, trainable. A tokenizer.json / tokenizer_config.json beside the model is\n"
+         "copied along. Loading either result gives the same logits.");
+  a.option("--model", "DIR", "", "the model to convert (required)")
+      .option("--to", "FORMAT", "", "hf or diffattn (required)")
+      .option("--out", "DIR", "", "the directory to write (required)")
+      .option("--dtype", "TYPE", "f32", "--to hf: the stored type, f32, bf16 or f16")
+      .option("--shards", "N", "1", "--to hf: number of safetensors files (with an index when > 1)");
+  if (!a.parse(argv)) return 0;
+  for (const char* k : {"--model", "--to", "--out"}) {
+    if (!a.given(k)) throw UsageError(std::string(k) + " is required");
+  }
+  const std::string to = a.str("--to"), in = a.str("--model"), out = a.str("--out");
+  if (to != "hf" && to != "diffattn") throw UsageError("--to is \"" + to + "\", expected hf or diffattn");
+  const DType dtype = parse_dtype(a.str("--dtype"));
+  const int64_t shards = a.integer("--shards", 1, 9999);
+  if (to == "diffattn" && (a.given("--dtype") || a.given("--shards"))) {
+    throw UsageError("--dtype and --shards apply to --to hf (diffattn's format is one float32 file)");
+  }
+  const Model m = load_model(in);
+  if (to == "hf") {
+    save_hf_model(m, out, dtype, shards);
+  } else {
+    save_model(m, out);
+  }
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+    struct stat st {};
+    const std::string src = in + "/" + f;
+    if (::stat(src.c_str(), &st) == 0) write_file_atomic(out + "/" + f, read_file(src));
+  }
+  std::cout << "wrote " << out << " (" << (to == "hf" ? "Hugging Face " : "diffattn ")
+            << (to == "hf" ? (m.config().attention == nn::AttnKind::DiffV1 ? "diffllama" : "llama")
+                           : nn::attn_kind_name(m.config().attention))
+            << ", " << m.num_params() << " parameters)\n";
+  return 0;
+}
+
+const CommandRegistration reg({"convert", "convert between diffattn and Hugging Face model directories", 15,
+                               run_convert});
+
+}  // namespace
+
+}  // namespace diffattn::cli
