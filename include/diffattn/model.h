@@ -289,6 +289,10 @@ bool is_hf_model_dir(const std::string& dir);
 // The ModelConfig a transformers config.json ("llama" or "diffllama") maps onto; anything
 // unsupported is an error naming `where` and the key.
 ModelConfig hf_model_config(const std::string& text, const std::string& where);
+// model.safetensors.index.json's weight_map: tensor name -> shard file (a plain name inside the
+// directory: no '/', not "." or ".."); errors name `where`.
+std::map<std::string, std::string> parse_hf_weight_map(const std::string& text,
+                                                       const std::string& where);
 // A LlamaForCausalLM or DiffLlamaForCausalLM directory: config.json, model.safetensors or the
 // shards of model.safetensors.index.json. Weights stay in their stored type (F32, BF16, F16),
 // memory-mapped where the layout allows; q/k/v rows are permuted once onto the project's layout.

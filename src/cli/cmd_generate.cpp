@@ -1,11 +1,14 @@
 // `diffattn generate --model DIR --prompt TEXT`: sampled continuation, streamed to stdout.
 // `--bench N` times N decode steps instead and prints tokens/s.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
 
+#include "bench/cases/bench_cases.h"
 #include "cli/args.h"
 #include "diffattn/train.h"
 #include "diffattn/runtime.h"
@@ -14,7 +17,36 @@ namespace diffattn::cli {
 
 namespace {
 
-int bench_decode(Model& m, int64_t prompt_len, int64_t n) {
+// Weight bytes a forward reads for each token: every matrix but the embedding table (one row
+// a token), which is read whole when tied to the output layer.
+double bytes_per_token(const Model& m) {
+  double b = 0;
+  for (const TensorInfo& t : m.tensors()) {
+    if (t.name == "embed_tokens.weight" && !m.config().tie_embeddings) continue;
+    b += static_cast<double>(t.numel) * static_cast<double>(dtype_size(m.weight(t.name).dtype));
+  }
+  return b;
+}
+
+// Multiply-adds x 2 of one prefill of P tokens: the projections and the MLP for every token,
+// the output layer for the last, causal attention (about P^2/2 scores and P^2/2 weighted
+// values per query head and map).
+double prefill_flops(const Model& m, int64_t P) {
+  const ModelConfig& c = m.config();
+  double linear = 0;
+  for (const TensorInfo& t : m.tensors()) {
+    if (t.shape.size() == 2 && t.name != "embed_tokens.weight" && t.name != "lm_head.weight") {
+      linear += static_cast<double>(t.numel);
+    }
+  }
+  const nn::AttnLayerShape s = c.attn_shape(0);
+  const double Pd = static_cast<double>(P);
+  const double attn = static_cast<double>(c.n_layers) * Pd * Pd *
+                      static_cast<double>(s.q_heads() * s.D + s.q_heads() * s.Dv());  // x 2 / 2
+  return 2.0 * linear * Pd + 2.0 * static_cast<double>(c.d_model * c.vocab_size) + attn;
+}
+
+int bench_decode(Model& m, int64_t prompt_len, int64_t n, double load_s) {
   const int64_t V = m.config().vocab_size;
   if (prompt_len + n > m.config().max_seq_len) {
     n = m.config().max_seq_len - prompt_len;
@@ -34,12 +66,35 @@ int bench_decode(Model& m, int64_t prompt_len, int64_t n) {
   const auto t2 = std::chrono::steady_clock::now();
   const double pre = std::chrono::duration<double>(t1 - t0).count();
   const double dec = std::chrono::duration<double>(t2 - t1).count();
-  std::printf("bench generate: %s params %lld threads %d backend %s: prefill %lld tokens in %.4f s "
-              "(%.0f tokens/s), decode %lld tokens in %.4f s, %.1f tokens/s\n",
+  struct rusage ru {};
+  ::getrusage(RUSAGE_SELF, &ru);
+  const double rss = static_cast<double>(ru.ru_maxrss) * 1024.0;
+  // The machine's limits in the same run: sgemm rate and read bandwidth.
+  const int threads = num_threads();
+  const double sgemm = bench::sgemm_gflops(1024, threads);
+  bench::ReadBandwidth bw_probe(int64_t{512} << 20);
+  bw_probe.measure(threads);
+  const double bw = bw_probe.measure(threads);
+  const nn::AttnLayerShape s = m.config().attn_shape(0);
+  // Decode's bytes a token: the weights plus the K/V cache read (float32), at the mean length.
+  const double kv = static_cast<double>(m.config().n_layers) *
+                    static_cast<double>(s.n_k() + s.n_v()) * 4.0 *
+                    (static_cast<double>(prompt_len) + static_cast<double>(n) / 2.0);
+  const double per_token = bytes_per_token(m) + kv;
+  const double bound = bw * 1e9 / per_token;
+  const double gflops = prefill_flops(m, prompt_len) / pre * 1e-9;
+  std::printf("bench generate: %s, %lld params (%s), threads %d, backend %s\n",
               nn::attn_kind_name(m.config().attention), static_cast<long long>(m.num_params()),
-              num_threads(), backend_name(resolve_backend(Backend::Auto)),
-              static_cast<long long>(prompt_len), pre, static_cast<double>(prompt_len) / pre,
-              static_cast<long long>(n), dec, static_cast<double>(n) / dec);
+              m.storage().c_str(), threads, backend_name(resolve_backend(Backend::Auto)));
+  std::printf("  load %.2f s; peak RSS %.2f GB = %.2f x the weights' %.2f GB\n", load_s, rss * 1e-9,
+              rss / bytes_per_token(m), bytes_per_token(m) * 1e-9);
+  std::printf("  prefill %lld tokens in %.3f s: %.1f tokens/s, %.1f GFLOP/s = %.2f x sgemm (%.1f GFLOP/s)\n",
+              static_cast<long long>(prompt_len), pre, static_cast<double>(prompt_len) / pre, gflops,
+              gflops / sgemm, sgemm);
+  std::printf("  decode %lld tokens in %.3f s: %.2f tokens/s = %.2f x the bound %.2f tokens/s "
+              "(read bandwidth %.1f GB/s / %.3f GB a token)\n",
+              static_cast<long long>(n), dec, static_cast<double>(n) / dec,
+              static_cast<double>(n) / dec / bound, bound, bw, per_token * 1e-9);
   return 0;
 }
 
@@ -60,15 +115,23 @@ int run_generate(const std::vector<std::string>& argv) {
       .option("--top-k", "K", "0", "sample from the K most likely tokens (0: all)")
       .option("--top-p", "P", "1.0", "nucleus sampling: the smallest set with probability >= P")
       .option("--seed", "N", "0", "sampling seed")
-      .option("--bench", "N", "0", "time N decode steps after a 64-token prompt instead");
+      .option("--bench", "N", "0",
+              "time a prefill of --bench-prompt tokens and N decode steps instead: load time, peak "
+              "RSS against the weights, prefill GFLOP/s against the same-run sgemm rate, decode "
+              "tokens/s against read bandwidth / bytes read a token")
+      .option("--bench-prompt", "P", "64", "prompt tokens of --bench");
   if (!a.parse(argv)) return 0;
   if (!a.given("--model")) throw UsageError("--model DIR is required");
   const std::string dir = a.str("--model");
+  const auto t_load = std::chrono::steady_clock::now();
   Model m = load_model(dir);
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
   const int64_t bench_steps = a.integer("--bench", 0, int64_t{1} << 40);
+  const int64_t bench_prompt = a.integer("--bench-prompt", 1, int64_t{1} << 24);
   if (bench_steps > 0) {
-    return bench_decode(m, std::max<int64_t>(1, std::min<int64_t>(64, m.config().max_seq_len / 2)),
-                        bench_steps);
+    return bench_decode(m, std::max<int64_t>(1, std::min<int64_t>(bench_prompt, m.config().max_seq_len / 2)),
+                        bench_steps, load_s);
   }
   const auto tok = data::tokenizer_for(dir);
   data::GenerateOptions o;

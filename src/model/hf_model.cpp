@@ -213,22 +213,7 @@ class Shards {
   Shards(const std::string& dir, HfStore& store) : dir_(dir), store_(store) {
     const std::string index = dir + "/model.safetensors.index.json";
     if (file_exists(index)) {
-      const json j = parse_json_object(read_file(index, kMaxJsonFileBytes), index);
-      if (!j.contains("weight_map") || !j.at("weight_map").is_object()) {
-        throw IoError(index + ": missing \"weight_map\" (an object from tensor name to file)");
-      }
-      for (const auto& [name, f] : j.at("weight_map").items()) {
-        if (!f.is_string()) {
-          throw IoError(index + ": weight_map[" + quote_name(name) + "] must be a file name, got " +
-                        json_brief(f));
-        }
-        const std::string file = f.get<std::string>();
-        if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..") {
-          throw IoError(index + ": weight_map[" + quote_name(name) + "] names " + json_brief(f) +
-                        ", which is not a file name inside the directory");
-        }
-        map_[name] = file;
-      }
+      map_ = parse_hf_weight_map(read_file(index, kMaxJsonFileBytes), index);
       where_ = index;
     } else {
       const std::string one = dir + "/model.safetensors";
@@ -542,6 +527,29 @@ class Loader {
 };
 
 }  // namespace
+
+std::map<std::string, std::string> parse_hf_weight_map(const std::string& text,
+                                                       const std::string& where) {
+  const json j = parse_json_object(text, where);
+  if (!j.contains("weight_map") || !j.at("weight_map").is_object()) {
+    throw IoError(where + ": missing \"weight_map\" (an object from tensor name to file)");
+  }
+  std::map<std::string, std::string> out;
+  for (const auto& [name, f] : j.at("weight_map").items()) {
+    if (!f.is_string()) {
+      throw IoError(where + ": weight_map[" + quote_name(name) + "] must be a file name, got " +
+                    json_brief(f));
+    }
+    const std::string file = f.get<std::string>();
+    if (file.empty() || file.find('/') != std::string::npos || file.find('\0') != std::string::npos ||
+        file == "." || file == "..") {
+      throw IoError(where + ": weight_map[" + quote_name(name) + "] names " + json_brief(f) +
+                    ", which is not a file name inside the directory");
+    }
+    out[name] = file;
+  }
+  return out;
+}
 
 bool is_hf_model_dir(const std::string& dir) {
   const std::string p = dir + "/config.json";

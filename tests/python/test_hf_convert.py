@@ -1,0 +1,143 @@
+"""`diffattn convert`: a model of the project's format written as a Hugging Face DiffLlama or
+Llama directory and read back gives the same logits (V1's learned per-head norm weight folded
+into o_proj; llama3 RoPE scaling, biases, GQA, tied embeddings, BF16 and shards carried), BF16
+round trips are exact, and what DiffLlama cannot express is refused with the reason."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import diffattn
+import model_helpers as mh
+import torch_model as tm
+
+
+def tensors_of(c):
+    """The project's tensor list (docs/FORMAT.md) of a config."""
+    C, F, V, D = c["d_model"], c["ffn_dim"], c["vocab_size"], c["head_dim"]
+    H, G, kind = c["n_heads"], c["n_kv_heads"], c["attention"]
+    nq = (2 * H if kind != "standard" else H) * D
+    nk = (2 * G if kind == "diff_v1" else G) * D
+    nv = G * (2 * D if kind == "diff_v1" else D)
+    nout = H * (2 * D if kind == "diff_v1" else D)
+    out = {"embed_tokens.weight": (V, C)}
+    for l in range(c["n_layers"]):
+        p = f"layers.{l}."
+        out[p + "attn_norm.weight"] = (C,)
+        out[p + "attn.q_proj.weight"] = (nq, C)
+        out[p + "attn.k_proj.weight"] = (nk, C)
+        out[p + "attn.v_proj.weight"] = (nv, C)
+        out[p + "attn.out_proj.weight"] = (C, nout)
+        if c.get("attention_bias"):
+            for n, s in (("q", nq), ("k", nk), ("v", nv), ("out", C)):
+                out[p + f"attn.{n}_proj.bias"] = (s,)
+        if kind == "diff_v1":
+            for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+                out[p + "attn." + n] = (D,)
+            out[p + "attn.subln.weight"] = (2 * D,)
+        if kind == "diff_v2":
+            out[p + "attn.lambda_proj.weight"] = (H, C)
+        out[p + "ffn_norm.weight"] = (C,)
+        out[p + "ffn.gate_proj.weight"] = (F, C)
+        out[p + "ffn.up_proj.weight"] = (F, C)
+        out[p + "ffn.down_proj.weight"] = (C, F)
+        if c.get("mlp_bias"):
+            out[p + "ffn.gate_proj.bias"] = (F,)
+            out[p + "ffn.up_proj.bias"] = (F,)
+            out[p + "ffn.down_proj.bias"] = (C,)
+    out["norm.weight"] = (C,)
+    if not c["tie_embeddings"]:
+        out["lm_head.weight"] = (V, C)
+    return out
+
+
+def write_model(path, cfg, seed=0):
+    """Random weights (norms and subln away from 1, so a dropped or unfolded weight shows)."""
+    rng = np.random.default_rng(seed)
+    w = {}
+    for name, shape in tensors_of(cfg).items():
+        if name.endswith("norm.weight") or "subln" in name:
+            w[name] = 1.0 + 0.3 * rng.standard_normal(shape)
+        else:
+            w[name] = (0.3 if "lambda_" in name or "bias" in name else 0.08) * rng.standard_normal(shape)
+    os.makedirs(path, exist_ok=True)
+    tm.write_safetensors(os.path.join(path, "model.safetensors"), w)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+def config(kind, **extra):
+    c = {"format": "diffattn/1", "attention": kind, "vocab_size": 97, "d_model": 48,
+         "n_layers": 3, "n_heads": 4 if kind == "standard" else 2,
+         "n_kv_heads": 2 if kind == "standard" else 1, "head_dim": 12, "ffn_dim": 72,
+         "max_seq_len": 256, "rope_theta": 10000.0, "norm_eps": 1e-5, "tie_embeddings": False}
+    c.update(extra)
+    return c
+
+
+CASES = [
+    ("diff_v1", {}),
+    ("diff_v1", {"tie_embeddings": True, "attention_bias": True,
+                 "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}),
+    ("standard", {}),
+    ("standard", {"attention_bias": True, "mlp_bias": True,
+                  "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+]
+
+
+@pytest.mark.parametrize("kind,extra", CASES)
+def test_hf_round_trip_keeps_the_logits(tmp_path, kind, extra):
+    src = write_model(str(tmp_path / "own"), config(kind, **extra))
+    hf = tmp_path / "hf"
+    mh.run_cli("convert", "--model", src, "--to", "hf", "--out", hf, "--shards", 3)
+    j = json.loads((hf / "config.json").read_text())
+    assert j["model_type"] == ("diffllama" if kind == "diff_v1" else "llama")
+    assert (hf / "model.safetensors.index.json").exists()
+    back = tmp_path / "back"
+    mh.run_cli("convert", "--model", hf, "--to", "diffattn", "--out", back)
+    tokens = np.random.default_rng(1).integers(0, 97, (2, 70))
+    ref = diffattn.load_model(src).forward(tokens)
+    m_hf = diffattn.load_model(str(hf))
+    assert not m_hf.trainable and "memory-mapped" in m_hf.storage
+    for got in (m_hf.forward(tokens), diffattn.load_model(str(back)).forward(tokens)):
+        # Folding subln into o_proj rounds once per weight: a few float32 ulps of the logits.
+        assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max(), np.abs(got - ref).max()
+    assert m_hf.generate([3, 1, 4, 1, 5], 12) == diffattn.load_model(src).generate([3, 1, 4, 1, 5], 12)
+
+
+def test_bf16_round_trip_is_exact(tmp_path):
+    src = write_model(str(tmp_path / "own"), config("diff_v1"))
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    mh.run_cli("convert", "--model", src, "--to", "hf", "--out", a, "--dtype", "bf16")
+    mh.run_cli("convert", "--model", a, "--to", "diffattn", "--out", b)
+    mh.run_cli("convert", "--model", b, "--to", "hf", "--out", c, "--dtype", "bf16")
+    wa, _ = tm.read_safetensors(str(a / "model.safetensors"))
+    wc, _ = tm.read_safetensors(str(c / "model.safetensors"))
+    assert sorted(wa) == sorted(wc)
+    for n in wa:
+        assert np.array_equal(wa[n], wc[n]), n
+    assert "BF16" in diffattn.load_model(str(a)).storage
+
+
+def test_what_diffllama_lacks_is_refused(tmp_path):
+    v2 = write_model(str(tmp_path / "v2"), config("diff_v2", n_kv_heads=2))
+    p = mh.run_cli("convert", "--model", v2, "--to", "hf", "--out", tmp_path / "x", check=False)
+    assert p.returncode != 0 and "DIFF V2" in p.stderr
+    fixed = write_model(str(tmp_path / "fixed"), config("diff_v1", lambda_init=0.5))
+    p = mh.run_cli("convert", "--model", fixed, "--to", "hf", "--out", tmp_path / "y", check=False)
+    assert p.returncode != 0 and "lambda_init" in p.stderr
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_training_a_kept_model_is_refused(tmp_path):
+    src = write_model(str(tmp_path / "own"), config("standard"))
+    hf = tmp_path / "hf"
+    mh.run_cli("convert", "--model", src, "--to", "hf", "--out", hf, "--dtype", "bf16")
+    m = diffattn.load_model(str(hf))
+    t = np.zeros((1, 4), dtype=np.int64)
+    with pytest.raises(ValueError, match="convert --to diffattn"):
+        m.gradients(t, t)
