@@ -61,11 +61,14 @@ SnrConfig snr_config(int64_t length, int64_t head_dim, double signal, double noi
   return c;
 }
 
-ArchConfig arch_of(const py::dict& d) {
-  ArchConfig c;
+// A config dict with config.json's architecture keys (docs/FORMAT.md); absent keys stay unset
+// and fail validation by name.
+ModelConfig arch_of(const py::dict& d) {
+  ModelConfig c;
+  c.max_seq_len = 1;  // no tensor depends on it
   for (auto item : d) {
     const std::string key = py::str(item.first);
-    if (key == "attention") c.attention = py::str(item.second);
+    if (key == "attention") c.attention = parse_attn_kind(py::str(item.second), "model config");
     else if (key == "vocab_size") c.vocab_size = item.second.cast<int64_t>();
     else if (key == "d_model") c.d_model = item.second.cast<int64_t>();
     else if (key == "n_layers") c.n_layers = item.second.cast<int64_t>();
@@ -74,6 +77,7 @@ ArchConfig arch_of(const py::dict& d) {
     else if (key == "n_kv_heads") c.n_kv_heads = item.second.cast<int64_t>();
     else if (key == "head_dim") c.head_dim = item.second.cast<int64_t>();
     else if (key == "tie_embeddings") c.tie_embeddings = item.second.cast<bool>();
+    else if (key == "max_seq_len") c.max_seq_len = item.second.cast<int64_t>();
     else throw InvalidArgument("model config: unknown key \"" + key + "\"");
   }
   return c;

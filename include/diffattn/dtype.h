@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace diffattn {
 
@@ -11,6 +12,9 @@ enum class DType { F32, BF16, F16 };
 
 size_t dtype_size(DType t);      // bytes per element: 4, 2, 2
 const char* dtype_name(DType t);  // "F32", "BF16", "F16"
+// "f32" | "bf16" | "f16" (any case; also "float32", "bfloat16", "float16"); anything else is an
+// InvalidArgument naming `what` (a flag or a key) and the accepted names.
+DType parse_dtype(const std::string& name, const std::string& what);
 
 // bfloat16: the float's top 16 bits. From float: round to nearest even; NaN stays a (quiet) NaN.
 float bf16_to_f32(uint16_t h);

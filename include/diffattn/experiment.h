@@ -17,16 +17,12 @@
 
 namespace diffattn {
 
-// A model size shared by the three attention kinds. Sizes describe the standard model (as the
-// presets do): DIFF V1 pairs its heads (n_heads / 2 pairs of head_dim, values 2 * head_dim
-// wide), DIFF V2 keeps n_heads output heads and doubles the query heads, and pays for them with
-// a smaller SwiGLU (model_preset's rule), so the three have (nearly) equal parameter counts.
-struct ModelSize {
-  int64_t d_model = 64, n_layers = 2, n_heads = 4, ffn_dim = 176;
-  int64_t max_seq_len = 256;
-  static ModelSize preset(const std::string& name);  // "tiny" or "small"
-  ModelConfig config(nn::AttnKind kind, int64_t vocab_size = 256) const;
-};
+// The model of kind `kind` of a standard size (its d_model, n_layers, n_heads, ffn_dim and
+// max_seq_len, as the presets describe sizes): DIFF V1 pairs its heads (n_heads / 2 pairs of
+// head_dim, values 2 * head_dim wide), DIFF V2 keeps n_heads output heads and doubles the query
+// heads, and pays for them with a smaller SwiGLU (model_of_size's rule), so the three have
+// (nearly) equal parameter counts.
+ModelConfig version_of_size(const ModelConfig& standard, nn::AttnKind kind, int64_t vocab_size = 256);
 
 struct RetrievalExperimentOptions {
   data::RetrievalSpec task;           // the training task; task.seed also seeds the weights
@@ -35,7 +31,7 @@ struct RetrievalExperimentOptions {
   int64_t depth_context = 0;          // context of the depth evaluation; 0: task.context
   int64_t eval_samples = 256;         // held-out samples per length and per depth
   int64_t noise_samples = 64;         // held-out samples for the attention-noise analysis
-  ModelSize size;
+  ModelConfig size = model_preset("tiny", nn::AttnKind::Standard);  // the standard model's size
   double init_std = 0.02;             // std of the initial projection weights
   data::TrainOptions train;           // steps, batch, lr, ...; seq_len is set from the task
   std::vector<nn::AttnKind> kinds = {nn::AttnKind::DiffV1, nn::AttnKind::DiffV2,

@@ -21,6 +21,15 @@ const char* dtype_name(DType t) {
   return "?";
 }
 
+DType parse_dtype(const std::string& name, const std::string& what) {
+  std::string s;
+  for (char c : name) s.push_back(static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c));
+  if (s == "f32" || s == "float32") return DType::F32;
+  if (s == "bf16" || s == "bfloat16") return DType::BF16;
+  if (s == "f16" || s == "float16") return DType::F16;
+  throw InvalidArgument(what + " is \"" + name + "\", expected f32, bf16 or f16");
+}
+
 namespace {
 
 uint32_t bits_of(float f) {

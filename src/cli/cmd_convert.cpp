@@ -12,13 +12,6 @@ namespace diffattn::cli {
 
 namespace {
 
-DType parse_dtype(const std::string& s) {
-  if (s == "f32" || s == "F32" || s == "float32") return DType::F32;
-  if (s == "bf16" || s == "BF16" || s == "bfloat16") return DType::BF16;
-  if (s == "f16" || s == "F16" || s == "float16") return DType::F16;
-  throw UsageError("--dtype is \"" + s + "\", expected f32, bf16 or f16");
-}
-
 int run_convert(const std::vector<std::string>& argv) {
   Args a("convert",
          "Write a model in the other format. --to hf: a diff_v1 model as a Hugging Face DiffLlama\n"
@@ -38,7 +31,7 @@ int run_convert(const std::vector<std::string>& argv) {
   }
   const std::string to = a.str("--to"), in = a.str("--model"), out = a.str("--out");
   if (to != "hf" && to != "diffattn") throw UsageError("--to is \"" + to + "\", expected hf or diffattn");
-  const DType dtype = parse_dtype(a.str("--dtype"));
+  const DType dtype = parse_dtype(a.str("--dtype"), "--dtype");
   const int64_t shards = a.integer("--shards", 1, 9999);
   if (to == "diffattn" && (a.given("--dtype") || a.given("--shards"))) {
     throw UsageError("--dtype and --shards apply to --to hf (diffattn's format is one float32 file)");

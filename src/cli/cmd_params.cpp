@@ -63,8 +63,8 @@ std::string delta(int64_t n) { return n == 0 ? "0" : (n > 0 ? "+" : "-") + exact
 
 std::string ratio(double a, double b) { return fixed(a / b, 3) + "x"; }
 
-std::string shape_line(const ArchConfig& c) {
-  const bool v1 = c.attention == "diff_v1", v2 = c.attention == "diff_v2";
+std::string shape_line(const ModelConfig& c) {
+  const bool v1 = c.attention == nn::AttnKind::DiffV1, v2 = c.attention == nn::AttnKind::DiffV2;
   std::string s = std::to_string(c.n_layers) + " layers, ";
   if (v1) {
     s += std::to_string(c.n_heads) + " pairs of 2 x " + std::to_string(c.head_dim) +
@@ -80,11 +80,11 @@ std::string shape_line(const ArchConfig& c) {
   return s + ", ffn " + std::to_string(c.ffn_dim);
 }
 
-void report(std::ostream& os, const std::string& title, const BaseSize& b, int64_t T,
+void report(std::ostream& os, const std::string& title, const ModelConfig& b, int64_t T,
             double bytes, bool match_ffn) {
-  BaseSize bm = b;
+  ModelConfig bm = b;
   if (match_ffn) bm.ffn_dim = v2_matched_ffn(b);
-  const Accounting st = account(standard_of(b), T, bytes);
+  const Accounting st = account(b, T, bytes);
   const Accounting v1 = account(diff_v1_of(b), T, bytes);
   const Accounting v2 = account(diff_v2_of(bm), T, bytes);
   os << "== " << title << " ==\n"
@@ -169,7 +169,7 @@ int run_params(const std::vector<std::string>& argv) {
             "tensors docs/FORMAT.md lists. Without size options: the 7B-class example of seed 001\n"
             "(hidden 4096, 32 heads of 128, 32 layers; vocab 32000 and ffn 11008 assumed, as in\n"
             "LLaMA-7B) with and without GQA (8 KV heads).");
-  args.option("--model", "DIR", "", "a model directory (or its config.json, docs/FORMAT.md): its version and the other two")
+  args.option("--model", "DIR", "", "a model directory (or its config.json; diffattn's or a Hugging Face Llama/DiffLlama one): its version and the other two")
       .option("--vocab", "N", "32000", "vocabulary size")
       .option("--d-model", "N", "4096", "hidden size")
       .option("--layers", "N", "32", "layers")
@@ -191,12 +191,12 @@ int run_params(const std::vector<std::string>& argv) {
   const double bytes = args.number("--kv-bytes");
   const bool match = args.on("--v2-match-ffn");
   if (args.given("--model")) {
-    const ArchConfig c = read_arch_config(args.str("--model"));
-    report(std::cout, args.str("--model") + " (" + c.attention + ") and its other versions",
+    const ModelConfig c = read_model_config(args.str("--model"));
+    report(std::cout, args.str("--model") + " (" + nn::attn_kind_name(c.attention) + ") and its other versions",
            base_of(c), T, bytes, match);
     return 0;
   }
-  BaseSize b;
+  ModelConfig b = example_7b();
   b.vocab_size = args.integer("--vocab");
   b.d_model = args.integer("--d-model");
   b.n_layers = args.integer("--layers");

@@ -9,93 +9,78 @@ void need(bool ok, const std::string& what) {
   if (!ok) throw InvalidArgument("model config: " + what);
 }
 
-void check(const ArchConfig& c) {
-  need(c.attention == "standard" || c.attention == "diff_v1" || c.attention == "diff_v2",
-       "attention must be \"standard\", \"diff_v1\" or \"diff_v2\", got \"" + c.attention + "\"");
-  need(c.vocab_size > 0, "vocab_size must be > 0, got " + std::to_string(c.vocab_size));
-  need(c.d_model > 0, "d_model must be > 0, got " + std::to_string(c.d_model));
-  need(c.n_layers > 0, "n_layers must be > 0, got " + std::to_string(c.n_layers));
-  need(c.ffn_dim > 0, "ffn_dim must be > 0, got " + std::to_string(c.ffn_dim));
-  need(c.n_heads > 0, "n_heads must be > 0, got " + std::to_string(c.n_heads));
-  need(c.head_dim > 0, "head_dim must be > 0, got " + std::to_string(c.head_dim));
-  need(c.n_kv_heads > 0 && c.n_heads % c.n_kv_heads == 0,
-       "n_kv_heads (" + std::to_string(c.n_kv_heads) + ") must divide n_heads (" +
-           std::to_string(c.n_heads) + ")");
-}
-
 }  // namespace
 
-ArchConfig standard_of(const BaseSize& b) {
-  ArchConfig c;
-  c.attention = "standard";
-  c.vocab_size = b.vocab_size;
-  c.d_model = b.d_model;
-  c.n_layers = b.n_layers;
-  c.ffn_dim = b.ffn_dim;
-  c.n_heads = b.n_heads;
-  c.n_kv_heads = b.n_kv_heads;
-  c.head_dim = b.head_dim;
-  c.tie_embeddings = b.tie_embeddings;
+ModelConfig example_7b() {
+  ModelConfig c;
+  c.attention = nn::AttnKind::Standard;
+  c.vocab_size = 32000;
+  c.d_model = 4096;
+  c.n_layers = 32;
+  c.n_heads = 32;
+  c.n_kv_heads = 32;
+  c.head_dim = 128;
+  c.ffn_dim = 11008;
+  c.max_seq_len = 4096;
   return c;
 }
 
-ArchConfig diff_v1_of(const BaseSize& b) {
+ModelConfig diff_v1_of(const ModelConfig& b) {
   need(b.n_heads % 2 == 0, "DIFF V1 pairs two heads of the standard model: n_heads must be even, got " +
                                std::to_string(b.n_heads));
   need(b.n_kv_heads % 2 == 0,
        "DIFF V1 keeps the key/value size with half as many groups of 2D-wide values: n_kv_heads "
        "must be even, got " + std::to_string(b.n_kv_heads));
-  ArchConfig c = standard_of(b);
-  c.attention = "diff_v1";
+  ModelConfig c = b;
+  c.attention = nn::AttnKind::DiffV1;
   c.n_heads = b.n_heads / 2;  // h = d_model / 2d (arXiv:2410.05258, Section 2.1)
   c.n_kv_heads = b.n_kv_heads / 2;
   return c;
 }
 
-ArchConfig diff_v2_of(const BaseSize& b) {
-  ArchConfig c = standard_of(b);
-  c.attention = "diff_v2";
+ModelConfig diff_v2_of(const ModelConfig& b) {
+  ModelConfig c = b;
+  c.attention = nn::AttnKind::DiffV2;
   return c;
 }
 
-int64_t v2_matched_ffn(const BaseSize& b) {
+int64_t v2_matched_ffn(const ModelConfig& b) {
   return v2_matched_ffn_dim(b.ffn_dim, b.d_model, b.n_heads, b.head_dim);
 }
 
-ModelConfig model_config_of(const ArchConfig& c) {
-  check(c);
-  ModelConfig m;
-  m.attention = parse_attn_kind(c.attention, "model config: attention");
-  m.vocab_size = c.vocab_size;
-  m.d_model = c.d_model;
-  m.n_layers = c.n_layers;
-  m.ffn_dim = c.ffn_dim;
-  m.n_heads = c.n_heads;
-  m.n_kv_heads = c.n_kv_heads;
-  m.head_dim = c.head_dim;
-  m.tie_embeddings = c.tie_embeddings;
-  m.max_seq_len = 1;  // no tensor depends on it
-  return m;
+ModelConfig base_of(const ModelConfig& c) {
+  ModelConfig b = c;
+  b.attention = nn::AttnKind::Standard;
+  b.lambda_init.reset();
+  if (c.attention == nn::AttnKind::DiffV1) {
+    b.n_heads = 2 * c.n_heads;
+    b.n_kv_heads = 2 * c.n_kv_heads;
+  }
+  return b;
 }
 
 // FORMAT.md's tensor list is tensor_table (src/model/config.cpp), the one the model loads and
 // saves; accounting only adds each tensor's component.
-std::vector<TensorSpec> format_tensors(const ArchConfig& c) {
+std::vector<TensorSpec> format_tensors(const ModelConfig& c) {
   auto component = [](const std::string& n) -> std::string {
     auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
     if (has("embed_tokens")) return "embeddings";
     if (has("lm_head")) return "head";
     if (has("norm.weight") || has("subln")) return "norms";
+    if (has(".bias")) return has(".attn.") ? "attention" : "ffn";
     if (has("lambda")) return "lambda";
     if (has(".attn.")) return "attention";
     return "ffn";
   };
   std::vector<TensorSpec> t;
-  for (const TensorInfo& i : tensor_table(model_config_of(c))) t.push_back({i.name, i.shape, component(i.name)});
+  ModelConfig v = c;
+  if (v.max_seq_len < 1) v.max_seq_len = 1;  // no tensor depends on it
+  v.validate("model config");
+  for (const TensorInfo& i : tensor_table(v)) t.push_back({i.name, i.shape, component(i.name)});
   return t;
 }
 
-Accounting account(const ArchConfig& c, int64_t context, double bytes_per_value) {
+Accounting account(const ModelConfig& c, int64_t context, double bytes_per_value) {
   if (context < 1) throw InvalidArgument("accounting: context must be >= 1, got " + std::to_string(context));
   if (!(bytes_per_value > 0)) throw InvalidArgument("accounting: bytes per value must be > 0");
   Accounting a;
@@ -109,7 +94,7 @@ Accounting account(const ArchConfig& c, int64_t context, double bytes_per_value)
     if (t.shape.size() == 2 && t.component != "embeddings") a.linear_flops_per_token += 2.0 * n;
   }
   if (c.tie_embeddings) a.linear_flops_per_token += 2.0 * c.vocab_size * c.d_model;
-  const bool v1 = c.attention == "diff_v1", v2 = c.attention == "diff_v2";
+  const bool v1 = c.attention == nn::AttnKind::DiffV1, v2 = c.attention == nn::AttnKind::DiffV2;
   const double H = c.n_heads, G = c.n_kv_heads, D = c.head_dim, L = c.n_layers;
   const double Dv = v1 ? 2 * D : D;
   const double maps = (v1 || v2) ? 2 : 1;
@@ -142,42 +127,14 @@ double sequence_flops(const Accounting& a, int64_t T) {
 
 namespace diffattn {
 
-// config.json has one parser, the model's (every FORMAT.md rule and error message); this
-// keeps the fields the accounting needs.
-ArchConfig parse_arch_config(const std::string& json_text, const std::string& source) {
-  const ModelConfig m = ModelConfig::from_json(json_text, source);
-  ArchConfig c;
-  c.attention = nn::attn_kind_name(m.attention);
-  c.vocab_size = m.vocab_size;
-  c.d_model = m.d_model;
-  c.n_layers = m.n_layers;
-  c.ffn_dim = m.ffn_dim;
-  c.n_heads = m.n_heads;
-  c.n_kv_heads = m.n_kv_heads;
-  c.head_dim = m.head_dim;
-  c.tie_embeddings = m.tie_embeddings;  // from_json has validated every size
-  return c;
-}
-
-ArchConfig read_arch_config(const std::string& path) {
+ModelConfig read_model_config(const std::string& path) {
   struct stat st {};
   const bool dir = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
   const std::string file = dir ? path + "/config.json" : path;
-  return parse_arch_config(read_file(file, kMaxJsonFileBytes), file);
-}
-
-BaseSize base_of(const ArchConfig& c) {
-  BaseSize b;
-  b.vocab_size = c.vocab_size;
-  b.d_model = c.d_model;
-  b.n_layers = c.n_layers;
-  b.ffn_dim = c.ffn_dim;
-  b.head_dim = c.head_dim;
-  b.tie_embeddings = c.tie_embeddings;
-  const bool v1 = c.attention == "diff_v1";
-  b.n_heads = v1 ? 2 * c.n_heads : c.n_heads;
-  b.n_kv_heads = v1 ? 2 * c.n_kv_heads : c.n_kv_heads;
-  return b;
+  const std::string text = read_file(file, kMaxJsonFileBytes);
+  // config.json has one parser per format, the model loader's (every rule and error message).
+  if (dir && is_hf_model_dir(path)) return hf_model_config(text, file);
+  return ModelConfig::from_json(text, file);
 }
 
 }  // namespace diffattn

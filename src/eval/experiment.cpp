@@ -113,19 +113,8 @@ void tables(std::ostream& os, const RetrievalExperimentResult& r, bool md) {
 
 }  // namespace
 
-ModelSize ModelSize::preset(const std::string& name) {
-  const ModelConfig c = model_preset(name, nn::AttnKind::Standard);
-  ModelSize s;
-  s.d_model = c.d_model;
-  s.n_layers = c.n_layers;
-  s.n_heads = c.n_heads;
-  s.ffn_dim = c.ffn_dim;
-  s.max_seq_len = c.max_seq_len;
-  return s;
-}
-
-ModelConfig ModelSize::config(nn::AttnKind kind, int64_t vocab_size) const {
-  return model_of_size(kind, d_model, n_layers, n_heads, ffn_dim, max_seq_len, vocab_size);
+ModelConfig version_of_size(const ModelConfig& s, nn::AttnKind kind, int64_t vocab_size) {
+  return model_of_size(kind, s.d_model, s.n_layers, s.n_heads, s.ffn_dim, s.max_seq_len, vocab_size);
 }
 
 data::RetrievalSpec heldout(const data::RetrievalSpec& task) {
@@ -191,7 +180,7 @@ RetrievalExperimentResult run_retrieval_experiment(const RetrievalExperimentOpti
   for (nn::AttnKind kind : o.kinds) {
     RetrievalModelResult mr;
     mr.kind = kind;
-    Model init(o.size.config(kind));
+    Model init(version_of_size(o.size, kind));
     init.init_weights(o.task.seed);
     rescale_init(init, o.init_std);
     mr.params = init.num_params();

@@ -119,19 +119,19 @@ TEST(Snr, OperatorOutputIsTheSignalWeightAndLambdaZeroIsStandard) {
 }
 
 TEST(Accounting, VersionsCountFormatTensors) {
-  BaseSize b;
+  ModelConfig b = example_7b();
   b.n_kv_heads = 8;
-  const Accounting st = account(standard_of(b), 4096, 2), v1 = account(diff_v1_of(b), 4096, 2),
+  const Accounting st = account(b, 4096, 2), v1 = account(diff_v1_of(b), 4096, 2),
                    v2 = account(diff_v2_of(b), 4096, 2);
   EXPECT_EQ(v1.params - st.params, b.n_layers * 6 * b.head_dim);
   EXPECT_EQ(v2.params - st.params, b.n_layers * (b.n_heads * b.head_dim * b.d_model + b.n_heads * b.d_model));
   EXPECT_EQ(st.kv_cache_bytes_per_token, v1.kv_cache_bytes_per_token);
   EXPECT_EQ(st.kv_cache_bytes_per_token, v2.kv_cache_bytes_per_token);
   EXPECT_EQ(v1.decode_read_bytes_two_pass, 1.5 * v1.decode_read_bytes_fused);
-  BaseSize odd = b;
+  ModelConfig odd = b;
   odd.n_kv_heads = 1;
   EXPECT_THROW(diff_v1_of(odd), InvalidArgument);
-  BaseSize m = b;
+  ModelConfig m = b;
   m.ffn_dim = v2_matched_ffn(b);
   EXPECT_LT(std::abs(account(diff_v2_of(m), 1, 2).params - st.params), 3 * b.d_model * b.n_layers);
 }
@@ -140,12 +140,14 @@ TEST(Accounting, ConfigJsonIsStrict) {
   const std::string ok = R"({"format": "diffattn/1", "attention": "diff_v1", "vocab_size": 256,
     "d_model": 64, "n_layers": 2, "ffn_dim": 128, "max_seq_len": 128, "n_heads": 2,
     "n_kv_heads": 1, "head_dim": 16, "rope_theta": 10000.0, "norm_eps": 1e-5, "tie_embeddings": false})";
-  const ArchConfig c = parse_arch_config(ok, "m/config.json");
-  EXPECT_EQ(c.attention, "diff_v1");
+  const ModelConfig c = ModelConfig::from_json(ok, "m/config.json");
+  EXPECT_EQ(c.attention, nn::AttnKind::DiffV1);
   EXPECT_EQ(base_of(c).n_heads, 4);
+  EXPECT_EQ(base_of(c).n_kv_heads, 2);
+  EXPECT_EQ(format_tensors(c).size(), tensor_table(c).size());
   auto error_of = [](const std::string& text) {
     try {
-      parse_arch_config(text, "m/config.json");
+      ModelConfig::from_json(text, "m/config.json");
     } catch (const InvalidArgument& e) {
       return std::string(e.what());
     }
@@ -157,6 +159,23 @@ TEST(Accounting, ConfigJsonIsStrict) {
   no_heads.replace(no_heads.find("\"n_heads\": 2,"), 13, "");
   EXPECT_NE(error_of(no_heads).find("missing key \"n_heads\""), std::string::npos) << error_of(no_heads);
   EXPECT_NE(error_of("[1").find("m/config.json: not valid JSON"), std::string::npos);
+}
+
+TEST(Accounting, ReadsHuggingFaceConfigs) {
+  // A DiffLlama config.json reads as the diff_v1 model it loads as: 8 query heads of 16 are
+  // 4 pairs, 4 key/value heads 2 groups; its base is the standard model of 8 heads.
+  const std::string dir = ::testing::TempDir() + "/hf_accounting";
+  make_dirs(dir);
+  write_file_atomic(dir + "/config.json", R"({"model_type": "diffllama", "vocab_size": 300,
+    "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "tie_word_embeddings": true})");
+  const ModelConfig c = read_model_config(dir);
+  EXPECT_EQ(c.attention, nn::AttnKind::DiffV1);
+  EXPECT_EQ(c.n_heads, 4);
+  EXPECT_EQ(c.n_kv_heads, 2);
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_EQ(base_of(c).n_heads, 8);
+  EXPECT_EQ(account(c, 16, 2).params, count_params(c));
 }
 
 TEST(ExplorerApi, ComputesTheViewsAndNamesBadFields) {

@@ -161,13 +161,13 @@ TEST(Noise, SharesOfHandMadeRows) {
 }
 
 ModelConfig tiny(nn::AttnKind kind) {
-  ModelSize z;
+  ModelConfig z;
   z.d_model = 32;
   z.n_layers = 2;
   z.n_heads = 4;
   z.ffn_dim = 48;
   z.max_seq_len = 64;
-  return z.config(kind, 128);
+  return version_of_size(z, kind, 128);
 }
 
 // Dense softmax of map m of pair/head h, row i, from the views layer_attention gives, in double.
