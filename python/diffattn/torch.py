@@ -241,10 +241,34 @@ class RMSNorm(nn.Module):
         return y * self.weight if self.weight is not None else y
 
 
-def rotary_cos_sin(T, dim, theta=10000.0, offset=0, dtype=torch.float32):
-    """cos, sin (T, dim/2) for positions offset .. offset+T-1: angle t * theta^(-2j/dim)."""
+def rope_frequencies(dim, theta=10000.0, scaling=None):
+    """theta^(-2j/dim) for j < dim/2 (float64), scaled as a config's rope_scaling says: None or
+    "default" as is; "linear" divided by factor; "llama3" (Llama 3.1's rule) divided by factor
+    where the wavelength exceeds original / low_freq_factor, kept under original /
+    high_freq_factor, blended linearly in original / wavelength between."""
     j = torch.arange(dim // 2, dtype=torch.float64)
     freq = theta ** (-2.0 * j / dim)
+    kind = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
+    if kind in (None, "default"):
+        return freq
+    if kind == "linear":
+        return freq / scaling["factor"]
+    if kind != "llama3":
+        raise ValueError(f"rope_scaling: rope type {kind!r} is not implemented "
+                         f"(default, linear and llama3 are)")
+    f, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    L = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / freq
+    s = (L / wavelen - lo) / (hi - lo)
+    blended = (1 - s) * freq / f + s * freq
+    out = torch.where(wavelen > L / lo, freq / f, freq)
+    return torch.where((wavelen <= L / lo) & (wavelen >= L / hi), blended, out)
+
+
+def rotary_cos_sin(T, dim, theta=10000.0, offset=0, dtype=torch.float32, scaling=None):
+    """cos, sin (T, dim/2) for positions offset .. offset+T-1: angle t * freq_j, freq_j =
+    theta^(-2j/dim) scaled by rope_scaling (rope_frequencies)."""
+    freq = rope_frequencies(dim, theta, scaling)
     ang = torch.arange(offset, offset + T, dtype=torch.float64)[:, None] * freq[None, :]
     return torch.cos(ang).to(dtype), torch.sin(ang).to(dtype)
 
@@ -820,13 +844,15 @@ class _ModelAttention(nn.Module):
         C, H, G, D = cfg["d_model"], cfg["n_heads"], cfg["n_kv_heads"], cfg["head_dim"]
         self.kind, self.H, self.G, self.D = cfg["attention"], H, G, D
         self.theta = cfg["rope_theta"]
+        self.scaling = cfg.get("rope_scaling")
         nq = {"diff_v1": 2 * H, "diff_v2": 2 * H, "standard": H}[self.kind]
         nk = 2 * G if self.kind == "diff_v1" else G
         self.Dv = 2 * D if self.kind == "diff_v1" else D
-        self.q_proj = nn.Linear(C, nq * D, bias=False)
-        self.k_proj = nn.Linear(C, nk * D, bias=False)
-        self.v_proj = nn.Linear(C, G * self.Dv, bias=False)
-        self.out_proj = nn.Linear(H * self.Dv, C, bias=False)
+        bias = bool(cfg.get("attention_bias", False))
+        self.q_proj = nn.Linear(C, nq * D, bias=bias)
+        self.k_proj = nn.Linear(C, nk * D, bias=bias)
+        self.v_proj = nn.Linear(C, G * self.Dv, bias=bias)
+        self.out_proj = nn.Linear(H * self.Dv, C, bias=bias)
         if self.kind == "diff_v1":
             li = cfg.get("lambda_init")
             self.lambda_init = lambda_init_fn(layer) if li is None else li
@@ -839,7 +865,7 @@ class _ModelAttention(nn.Module):
     def forward(self, x):  # x (B, T, C), normalised
         B, T, _ = x.shape
         H, G, D = self.H, self.G, self.D
-        cos, sin = rotary_cos_sin(T, D, self.theta)
+        cos, sin = rotary_cos_sin(T, D, self.theta, scaling=self.scaling)
         q = apply_rotary_interleaved(self.q_proj(x).view(B, T, -1, D), cos, sin)
         k = apply_rotary_interleaved(self.k_proj(x).view(B, T, -1, D), cos, sin)
         v = self.v_proj(x).view(B, T, G, self.Dv)
@@ -856,11 +882,11 @@ class _ModelAttention(nn.Module):
 
 
 class _FFN(nn.Module):
-    def __init__(self, C, F_):
+    def __init__(self, C, F_, bias=False):
         super().__init__()
-        self.gate_proj = nn.Linear(C, F_, bias=False)
-        self.up_proj = nn.Linear(C, F_, bias=False)
-        self.down_proj = nn.Linear(F_, C, bias=False)
+        self.gate_proj = nn.Linear(C, F_, bias=bias)
+        self.up_proj = nn.Linear(C, F_, bias=bias)
+        self.down_proj = nn.Linear(F_, C, bias=bias)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -873,7 +899,7 @@ class _Layer(nn.Module):
         self.attn_norm = RMSNorm(C, eps)
         self.attn = _ModelAttention(cfg, layer)
         self.ffn_norm = RMSNorm(C, eps)
-        self.ffn = _FFN(C, cfg["ffn_dim"])
+        self.ffn = _FFN(C, cfg["ffn_dim"], bool(cfg.get("mlp_bias", False)))
 
     def forward(self, x):
         x = x + self.attn(self.attn_norm(x))
@@ -925,8 +951,9 @@ class DiffTransformerLM(nn.Module):
 
 
 def load(path):
-    """A model directory (config.json + model.safetensors, docs/FORMAT.md) as a
-    DiffTransformerLM. The C++ loader reads and checks it (errors name the file and tensor:
+    """A model directory (config.json + model.safetensors, docs/FORMAT.md; or a Hugging Face
+    Llama / DiffLlama directory, read as the standard / diff_v1 model it maps onto) as a
+    DiffTransformerLM (float32). The C++ loader reads and checks it (errors name the file and tensor:
     OSError, ValueError); the weights are copied into the module's parameters."""
     import json
     m = _core.load_model(str(path))

@@ -141,3 +141,38 @@ def test_training_a_kept_model_is_refused(tmp_path):
     t = np.zeros((1, 4), dtype=np.int64)
     with pytest.raises(ValueError, match="convert --to diffattn"):
         m.gradients(t, t)
+
+
+@pytest.mark.parametrize("kind,extra", CASES)
+def test_torch_load_of_a_hugging_face_directory(tmp_path, kind, extra):
+    """diffattn.torch.load reads the directory through the C++ loader into PyTorch modules
+    (RoPE scaling and biases included): its logits equal the C++ model's."""
+    torch = pytest.importorskip("torch")
+    import diffattn.torch as dt
+    src = write_model(str(tmp_path / "own"), config(kind, **extra))
+    hf = tmp_path / "hf"
+    mh.run_cli("convert", "--model", src, "--to", "hf", "--out", hf, "--dtype", "bf16")
+    tokens = np.random.default_rng(2).integers(0, 97, (2, 50))
+    ref = diffattn.load_model(str(hf)).forward(tokens)
+    with torch.no_grad():
+        got = dt.load(str(hf))(torch.from_numpy(tokens)).numpy()
+    assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max(), np.abs(got - ref).max()
+
+
+def test_rope_frequencies_agree_with_the_llama3_rule():
+    """The Python scaling rule against the rule written out per frequency band (Llama 3.1)."""
+    import diffattn.torch as dt
+    sc = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192}
+    f = dt.rope_frequencies(128, 500000.0, sc).numpy()
+    base = 500000.0 ** (-np.arange(0, 128, 2) / 128.0)
+    for got, b in zip(f, base):
+        wl = 2 * np.pi / b
+        if wl < 8192 / 4.0:
+            assert got == pytest.approx(b, rel=1e-12)
+        elif wl > 8192 / 1.0:
+            assert got == pytest.approx(b / 8.0, rel=1e-12)
+        else:
+            s = (8192 / wl - 1.0) / 3.0
+            assert got == pytest.approx((1 - s) * b / 8.0 + s * b, rel=1e-12)
+    assert (f < base).any() and (f == base).any()
