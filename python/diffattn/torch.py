@@ -418,10 +418,16 @@ class DiffLlamaAttention(nn.Module):
     config: an object or dict with hidden_size, num_attention_heads, num_key_value_heads,
     head_dim (default hidden_size / num_attention_heads), rms_norm_eps, attention_bias,
     lambda_std_dev, rope_theta. forward(hidden_states (B, T, hidden), position_embeddings=None,
-    attention_mask=None) -> (attn_output, None) as transformers' attention returns it without
-    weights. position_embeddings is Llama's (cos, sin), each (B, T, head_dim) or (T, head_dim),
-    rotate-half style; None computes them for positions 0..T-1 with rope_theta. The mask is
-    causal; an explicit attention_mask (padding) is not supported and is an error.
+    attention_mask=None, past_key_values=None) -> (attn_output, None) as transformers'
+    attention returns it without weights. position_embeddings is Llama's (cos, sin), each
+    (B, T, head_dim) or (T, head_dim), rotate-half style; None computes them for positions
+    0..T-1 with rope_theta. Attention is causal (bottom-right when a cache holds earlier keys).
+    attention_mask marks padding: a (B, Tk) 0/1 mask (1: a real token) or transformers' 4-D
+    (B, 1, T, Tk) mask (additive: 0 where allowed; or bool: True where allowed) that is causal
+    apart from padded keys; each sequence then runs on its real tokens alone (padded query rows
+    give zeros), and any other mask pattern is an error. past_key_values: a cache with
+    transformers' update(key, value, layer_idx, cache_kwargs) -> (keys, values), keys and values
+    (B, num_key_value_heads, T, head_dim) after RoPE, as DynamicCache keeps them.
 
     The layout as transformers writes it: the first half of the query heads is map 1, the
     second half map 2 (pair p: query heads p and p + N/2); after repeat_kv the value heads are
@@ -456,12 +462,11 @@ class DiffLlamaAttention(nn.Module):
         self.groupnorm = RMSNorm(2 * D, eps=_cfg(config, "rms_norm_eps", 1e-6),
                                  elementwise_affine=False)
 
-    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None,
+                past_key_values=None, **kwargs):
         op = "DiffLlamaAttention"
         _module_input(op, hidden_states, self.hidden_size)
-        if attention_mask is not None:
-            raise ValueError(f"{op}: attention_mask must be None: the module is causal over "
-                             f"unpadded sequences (batch sequences of equal length)")
+        past_key_values = past_key_values if past_key_values is not None else kwargs.get("past_key_value")
         x = hidden_states
         B, T, _ = x.shape
         N, NKV, D = self.num_heads, self.num_key_value_heads, self.head_dim
@@ -473,8 +478,15 @@ class DiffLlamaAttention(nn.Module):
         q = apply_rotary_half(self.q_proj(x).view(B, T, N, D).transpose(1, 2), cos, sin)
         k = apply_rotary_half(self.k_proj(x).view(B, T, NKV, D).transpose(1, 2), cos, sin)
         v = self.v_proj(x).view(B, T, NKV, D)
+        if past_key_values is not None:
+            if not hasattr(past_key_values, "update"):
+                raise TypeError(f"{op}: past_key_values must be a cache with update(key, value, "
+                                f"layer_idx, cache_kwargs), got {type(past_key_values).__name__}")
+            k, vt = past_key_values.update(k, v.transpose(1, 2), self.layer_idx,
+                                           {"sin": sin, "cos": cos})
+            v = vt.transpose(1, 2)
         q = q.transpose(1, 2)  # (B, T, N, D)
-        k = k.transpose(1, 2)  # (B, T, NKV, D)
+        k = k.transpose(1, 2)  # (B, Tk, NKV, D)
         if NKV % 2:  # no clean grouping: repeat to one key/value head per query head
             k = k.repeat_interleave(self.num_key_value_groups, dim=2)
             v = v.repeat_interleave(self.num_key_value_groups, dim=2)
@@ -483,14 +495,67 @@ class DiffLlamaAttention(nn.Module):
         # pair p: sub-head 2p = query head p, 2p+1 = query head p + P
         qi = torch.stack((q[:, :, :P], q[:, :, P:]), dim=3).reshape(B, T, 2 * P, D)
         # group g: key sub-heads 2g = head g, 2g+1 = head g + NKV/2; values cat(v[g], v[g+NKV/2])
-        ki = torch.stack((k[:, :, :Gp], k[:, :, Gp:]), dim=3).reshape(B, T, 2 * Gp, D)
+        ki = torch.stack((k[:, :, :Gp], k[:, :, Gp:]), dim=3).reshape(B, k.shape[1], 2 * Gp, D)
         vi = torch.cat((v[:, :, :Gp], v[:, :, Gp:]), dim=-1)  # (B, T, Gp, 2D)
         l1 = torch.exp(torch.sum(self.lambda_q1 * self.lambda_k1, dim=-1, dtype=torch.float32))
         l2 = torch.exp(torch.sum(self.lambda_q2 * self.lambda_k2, dim=-1, dtype=torch.float32))
         lam = (l1 - l2 + self.lambda_init).expand(P)
-        o = diff_attention(qi, ki, vi, lam, causal=True, scale=1.0 / math.sqrt(D))  # (B,T,P,2D)
+        scale = 1.0 / math.sqrt(D)
+        if attention_mask is None:
+            o = diff_attention(qi, ki, vi, lam, causal=True, scale=scale)  # (B, T, P, 2D)
+        else:
+            keep = _padding_of(op, attention_mask, B, T, ki.shape[1])
+            o = _per_sequence(qi, ki, vi, keep, lambda a, b, c: diff_attention(
+                a, b, c, lam, causal=True, scale=scale), P)
         o = (1 - self.lambda_init) * self.groupnorm(o)
         return self.o_proj(o.reshape(B, T, P * 2 * D)), None
+
+
+def _padding_of(op, mask, B, T, Tk):
+    """The real keys (B, Tk) bool of a padding mask, checked to be causal apart from them."""
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{op}: attention_mask must be a torch.Tensor, got {type(mask).__name__}")
+    causal = torch.ones(T, Tk, dtype=torch.bool).tril(Tk - T)
+    if mask.dim() == 2:
+        if tuple(mask.shape) != (B, Tk):
+            raise ValueError(f"{op}: a 2-D attention_mask must be (B, Tk) = ({B}, {Tk}), got "
+                             f"{tuple(mask.shape)}")
+        return mask != 0
+    if mask.dim() != 4 or tuple(mask.shape) != (B, 1, T, Tk):
+        raise ValueError(f"{op}: attention_mask must be (B, Tk) or (B, 1, T, Tk) = ({B}, 1, {T}, "
+                         f"{Tk}), got {tuple(mask.shape)}")
+    allowed = mask[:, 0] if mask.dtype == torch.bool else mask[:, 0] == 0
+    keep = allowed[:, -1, :].clone()  # the last query row sees every real key
+    keep[:, Tk - T:] |= allowed.diagonal(Tk - T, dim1=1, dim2=2)  # each real query sees itself
+    want = causal[None] & keep[:, None, :]
+    rows = keep[:, Tk - T:]  # real query rows
+    if not bool(((allowed == want) | ~rows[:, :, None]).all()):
+        raise ValueError(f"{op}: attention_mask is not a causal mask with padded keys; other "
+                         f"patterns are not supported (the operator masks causally)")
+    return keep
+
+
+def _per_sequence(q, k, v, keep, fn, heads):
+    """fn on each sequence's real tokens alone (q (B, T, ...), k/v (B, Tk, ...), keep (B, Tk)):
+    the outputs (B, T, heads, Dv) of its real query rows, zeros for the padded ones. A sequence's real queries must
+    be its last real tokens (left padding, or padding before the new tokens), so that causal
+    attention on the packed sequence is the padded one's."""
+    B, T, Tk = q.shape[0], q.shape[1], k.shape[1]
+    outs = []
+    for b in range(B):
+        kk = keep[b].nonzero().flatten()
+        qk = keep[b, Tk - T:].nonzero().flatten()
+        out = q.new_zeros((T, heads, v.shape[-1]))
+        if len(qk):
+            # packed causal = padded causal: real query t (of T) sees the real keys up to Tk - T + t
+            seen = torch.cumsum(keep[b].long(), 0)[Tk - T + qk]
+            if not bool((seen == len(kk) - len(qk) + 1 + torch.arange(len(qk))).all()):
+                raise ValueError("attention_mask: a padded position lies between the new real "
+                                 "tokens; pad on the left (or before the new tokens)")
+            o = fn(q[b:b + 1, qk], k[b:b + 1, kk], v[b:b + 1, kk])[0]
+            out = out.index_copy(0, qk, o)
+        outs.append(out)
+    return torch.stack(outs)
 
 
 # ------------------------------------------------------------------ ring attention

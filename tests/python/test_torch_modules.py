@@ -194,9 +194,12 @@ def test_modules_reject_bad_input():
         m(torch.randn(2, 5, 16))
     with pytest.raises(ValueError, match="must have 3 dimensions"):
         m(torch.randn(5, 32))
-    with pytest.raises(ValueError, match="attention_mask must be None: the module is causal"):
+    with pytest.raises(ValueError, match="not a causal mask with padded keys"):
         dt.DiffLlamaAttention(dict(hidden_size=32, num_attention_heads=4), 0)(
             torch.randn(1, 3, 32), attention_mask=torch.zeros(1, 1, 3, 3))
+    with pytest.raises(ValueError, match=r"attention_mask must be \(B, Tk\)"):
+        dt.DiffLlamaAttention(dict(hidden_size=32, num_attention_heads=4), 0)(
+            torch.randn(1, 3, 32), attention_mask=torch.ones(3))
     with pytest.raises(ValueError, match="num_heads"):
         dt.MultiheadDiffAttn(30, 0, 4)
 
@@ -230,3 +233,81 @@ def test_upstream_constructor_call():
     assert (m.num_heads, m.num_kv_heads) == (2, 2)
     with pytest.raises(ValueError, match="attn_mask is not supported"):
         m(torch.randn(1, 3, 32), None, torch.zeros(3, 3))
+
+
+def _diffllama(seed):
+    cfg = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+               rms_norm_eps=1e-5)
+    m = dt.DiffLlamaAttention(cfg, layer_idx=2)
+    rand_params(m, seed)
+    return m
+
+
+def _half_tables(B, T, offsets):
+    """Llama's (cos, sin) (B, T, 8) for row b at positions offsets[b] + t (may be negative: pads)."""
+    cs = [dt.rotary_cos_sin(T, 8, offset=o) for o in offsets]
+    return (torch.stack([torch.cat((c, c), -1) for c, _ in cs]),
+            torch.stack([torch.cat((s, s), -1) for _, s in cs]))
+
+
+def _ref_rows(m, x, n):
+    """ref_diffllama in float64 and float32 on the sequence x (1, n, 32) alone."""
+    P = {k: p.detach() for k, p in m.state_dict().items()}
+    return [ref_diffllama({k: p.to(dt_) for k, p in P.items()}, x.to(dt_), 4, 2, 8, 2, 1e-5)
+            for dt_ in (torch.float64, torch.float32)]
+
+
+@pytest.mark.parametrize("form", ["2d", "4d-additive", "4d-bool"])
+def test_diffllama_attention_left_padding(form):
+    """A left-padded batch (2D mask, or transformers' 4-D causal mask with padded keys): each
+    row's real tokens give what the sequence gives alone, padded rows give zeros."""
+    torch.manual_seed(0)
+    m = _diffllama(7)
+    T, pads = 13, [0, 4]
+    x = torch.randn(2, T, 32)
+    keep = torch.ones(2, T, dtype=torch.long)
+    keep[1, :pads[1]] = 0
+    if form == "2d":
+        mask = keep
+    else:
+        allowed = torch.ones(T, T, dtype=torch.bool).tril()[None] & keep.bool()[:, None, :]
+        mask = allowed[:, None] if form == "4d-bool" else torch.where(
+            allowed[:, None], 0.0, torch.finfo(torch.float32).min)
+    pe = _half_tables(2, T, [-p for p in pads])
+    y, _ = m(x, position_embeddings=pe, attention_mask=mask)
+    for b, p in enumerate(pads):
+        r64, r32 = _ref_rows(m, x[b:b + 1, p:], T - p)
+        check_rule(f"row {b}", y[b:b + 1, p:], r64, r32)
+        assert torch.count_nonzero(y[b, :p]) == 0
+
+
+def test_diffllama_attention_kv_cache():
+    """A prefill then one token at a time through a cache with transformers' update()
+    interface equals the whole sequence at once."""
+
+    class Cache:
+        def __init__(self):
+            self.k, self.v = {}, {}
+
+        def update(self, k, v, layer_idx, cache_kwargs=None):
+            if layer_idx in self.k:
+                self.k[layer_idx] = torch.cat((self.k[layer_idx], k), dim=2)
+                self.v[layer_idx] = torch.cat((self.v[layer_idx], v), dim=2)
+            else:
+                self.k[layer_idx], self.v[layer_idx] = k, v
+            return self.k[layer_idx], self.v[layer_idx]
+
+    torch.manual_seed(1)
+    m = _diffllama(8)
+    T, T0 = 16, 10
+    x = torch.randn(1, T, 32)
+    cache, outs = Cache(), []
+    with torch.no_grad():
+        outs.append(m(x[:, :T0], position_embeddings=_half_tables(1, T0, [0]),
+                      past_key_values=cache)[0])
+        for t in range(T0, T):
+            outs.append(m(x[:, t:t + 1], position_embeddings=_half_tables(1, 1, [t]),
+                          past_key_values=cache)[0])
+        r64, r32 = _ref_rows(m, x, T)
+    check_rule("cached", torch.cat(outs, dim=1), r64, r32)
+    assert cache.k[2].shape == (1, 2, T, 8)
