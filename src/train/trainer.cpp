@@ -29,12 +29,6 @@ namespace {
 const char* kStateFile = "/train_state.safetensors";
 const char* kLogFile = "/train_log.jsonl";
 
-std::string fmt_double(double x) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.17g", x);
-  return buf;
-}
-
 std::string eta(double seconds) {
   const int64_t s = static_cast<int64_t>(seconds + 0.5);
   char buf[32];
@@ -122,15 +116,17 @@ TrainOptions TrainOptions::from_json(const std::string& text, const std::string&
 }
 
 std::string StepLog::to_json() const {
-  std::ostringstream os;
-  os << "{\"step\":" << step << ",\"loss\":" << fmt_double(loss)
-     << ",\"grad_norm\":" << fmt_double(grad_norm) << ",\"lr\":" << fmt_double(lr)
-     << ",\"lambda\":[";
-  for (size_t i = 0; i < lambdas.size(); ++i) os << (i ? "," : "") << fmt_double(lambdas[i]);
-  os << "],\"tokens_per_s\":" << fmt_double(tokens_per_s);
-  if (val_loss >= 0) os << ",\"val_loss\":" << fmt_double(val_loss);
-  os << "}";
-  return os.str();
+  // nlohmann writes every double so that it reads back exactly, and a diverged NaN or Inf
+  // as null (a hand-written "nan" is not JSON); ordered keys keep "step" first.
+  nlohmann::ordered_json j;
+  j["step"] = step;
+  j["loss"] = loss;
+  j["grad_norm"] = grad_norm;
+  j["lr"] = lr;
+  j["lambda"] = lambdas;
+  j["tokens_per_s"] = tokens_per_s;
+  if (val_loss >= 0) j["val_loss"] = val_loss;
+  return j.dump();
 }
 
 Trainer::Trainer(const std::string& dir, Model model, const TrainOptions& opts)
@@ -263,9 +259,15 @@ Trainer Trainer::resume(const std::string& dir) {
     std::istringstream in(read_file(log_path));
     std::string line;
     while (std::getline(in, line)) {
-      long long s = -1;
-      if (std::sscanf(line.c_str(), "{\"step\":%lld,", &s) == 1 && s <= t.step_ && !line.empty() &&
-          line.back() == '}') {
+      // A line cut short by a kill does not parse; it goes with the lines after the step.
+      nlohmann::json j;
+      try {
+        j = parse_json_object(line, log_path);
+      } catch (const Error&) {
+        continue;
+      }
+      if (j.contains("step") && j.at("step").is_number_integer() &&
+          j.at("step").get<int64_t>() <= t.step_) {
         kept += line + "\n";
       }
     }
