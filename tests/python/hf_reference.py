@@ -241,6 +241,25 @@ def write_hf_checkpoint(path, config, tensors, dtype="F32", shards=1, rope_spell
     return stored
 
 
+def read_hf_checkpoint(path):
+    """(config dict, {name: float32 array}) of a checkpoint directory, one file or sharded."""
+    from torch_model import read_safetensors
+
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    idx = os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(idx):
+        with open(idx) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    tensors = {}
+    for fn in files:
+        t, _ = read_safetensors(os.path.join(path, fn))
+        tensors.update(t)
+    return cfg, tensors
+
+
 # ------------------------------------------------------------------ the model
 
 

@@ -21,6 +21,7 @@ import torch
 import diffattn
 import hf_reference as hr
 import model_helpers as mh
+import torch_model as tm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOKENIZER = os.path.join(os.environ.get("DIFFATTN_TOKENIZER_DATA",
@@ -157,6 +158,53 @@ def test_cli_info(tmp_path):
         lam = (float(torch.exp((P[a + "lambda_q1"] * P[a + "lambda_k1"]).sum()))
                - float(torch.exp((P[a + "lambda_q2"] * P[a + "lambda_k2"]).sum())) + hr.lambda_init(l))
         assert f"{l} {hr.lambda_init(l):.4f} {lam:.4f}" in " ".join(out.split()), out
+
+
+# ---------------------------------------------------------------- convert
+
+
+@pytest.mark.parametrize("name", ["diffllama-hkv2-bf16-3shards", "llama-gqa", "llama-mha-tied-bf16"])
+def test_convert_to_diffattn_is_hf_to_project(tmp_path, name):
+    d, cfg, w = make(tmp_path, name)
+    out = tmp_path / "converted"
+    mh.run_cli("convert", "--model", d, "--to", "diffattn", "--out", out)
+    pc = json.loads((out / "config.json").read_text())
+    pt, _ = tm.read_safetensors(str(out / "model.safetensors"))
+    want_c, want_t = hr.hf_to_project(cfg, w)
+    assert pc.pop("norm_eps") == pytest.approx(want_c.pop("norm_eps"), rel=1e-6)
+    assert pc == want_c
+    assert sorted(pt) == sorted(want_t)
+    for n in pt:
+        assert np.array_equal(pt[n], want_t[n]), n  # a permutation of the stored values, exactly
+
+
+@pytest.mark.parametrize("kind,G,dtype,shards", [("diff_v1", 2, "f32", 1), ("diff_v1", 1, "bf16", 3),
+                                                 ("standard", 2, "f16", 2)])
+def test_convert_to_hf_gives_the_reference_model(tmp_path, kind, G, dtype, shards):
+    """A diffattn/1 model (subln gains not 1) written as a Hugging Face directory: read back by
+    this file's reader, the reference computes the project model's logits (exactly so up to the
+    rounding of the stored dtype), and diffattn loads it with the reference's logits."""
+    pc = {"format": "diffattn/1", "attention": kind, "vocab_size": 96, "d_model": 32, "n_layers": 2,
+          "n_heads": 2 if kind == "diff_v1" else 4, "n_kv_heads": G, "head_dim": 8, "ffn_dim": 64,
+          "max_seq_len": 64, "rope_theta": 10000.0, "norm_eps": 1e-5, "tie_embeddings": False}
+    src, out = tmp_path / "project", tmp_path / "hf"
+    pw = tm.random_weights(pc, 4)
+    tm.save_model_dir(str(src), pc, pw)
+    mh.run_cli("convert", "--model", src, "--to", "hf", "--out", out, "--dtype", dtype, "--shards", shards)
+    assert (shards > 1) == (out / "model.safetensors.index.json").exists()
+    cfg, w = hr.read_hf_checkpoint(str(out))
+    assert cfg["model_type"] == ("diffllama" if kind == "diff_v1" else "llama")
+    toks = np.random.default_rng(3).integers(0, 96, (2, 12)).astype(np.int64)
+    l64 = hr.logits(cfg, w, toks)
+    l32 = hr.logits(cfg, w, toks, torch.float32)
+    hr.check_logits(diffattn.load_model(str(out)).forward(toks), l64, l32, f"{kind} {dtype}")
+    with torch.no_grad():
+        lp = tm.forward(pc, tm.params_from(pw), torch.as_tensor(toks)).numpy()
+    if dtype == "f32":
+        # the folded subln gains are one float32 rounding of a product away
+        hr.check_logits(lp, l64, l32, "project model vs its Hugging Face form")
+    else:
+        assert np.abs(lp - l64).max() < (2.0**-8 if dtype == "bf16" else 2.0**-11) * 8 * np.abs(l64).max()
 
 
 # ---------------------------------------------------------------- the real Llama 3 tokenizer
