@@ -357,3 +357,14 @@ def test_missing_required_config_key(tmp_path, key):
     _rewrite_config(d, lambda c: c.pop(key))
     msg = _load_error(d)
     assert "<dir>/config.json" in msg and key in msg, msg
+
+
+@pytest.mark.parametrize("dtype,bad", [("F32", np.nan), ("BF16", np.inf), ("F16", -np.inf)])
+def test_non_finite_weight(tmp_path, dtype, bad):
+    cfg = hr.make_config("diffllama", heads=4, kv_heads=2, vocab=96)
+    w = hr.random_tensors(cfg, 2)
+    name = "model.layers.1.mlp.up_proj.weight"
+    w[name][3, 5] = bad
+    hr.write_hf_checkpoint(str(tmp_path), cfg, w, dtype=dtype, shards=2)
+    msg = _load_error(tmp_path)
+    assert name in msg and "<dir>/model-0000" in msg and str(3 * 32 + 5) in msg, msg
