@@ -185,7 +185,24 @@ void bind_model(py::module_& m) {
           },
           py::arg("text"), py::arg("add_special_tokens") = false,
           "Token ids of a str; add_special_tokens applies the file's template (Llama 3: BOS).")
-      .def("decode", &HfTokenizer::decode, py::arg("ids"), py::arg("skip_special") = false)
+      .def(
+          "decode",
+          [](const HfTokenizer& self, const std::vector<int32_t>& ids, bool skip_special) {
+            // Bytes that do not form whole UTF-8 characters (a character cut between tokens)
+            // become U+FFFD, as the tokenizers library decodes; decode_bytes keeps them.
+            const std::string b = self.decode(ids, skip_special);
+            PyObject* o = PyUnicode_DecodeUTF8(b.data(), static_cast<Py_ssize_t>(b.size()), "replace");
+            if (!o) throw py::error_already_set();
+            return py::reinterpret_steal<py::str>(o);
+          },
+          py::arg("ids"), py::arg("skip_special") = false,
+          "The text of ids (bytes that form no whole UTF-8 character become U+FFFD).")
+      .def(
+          "decode_bytes",
+          [](const HfTokenizer& self, const std::vector<int32_t>& ids, bool skip_special) {
+            return py::bytes(self.decode(ids, skip_special));
+          },
+          py::arg("ids"), py::arg("skip_special") = false, "The exact bytes of ids.")
       .def_property_readonly("vocab_size", &HfTokenizer::vocab_size)
       .def("token", &HfTokenizer::token, py::arg("id"))
       .def("id_of", &HfTokenizer::id_of, py::arg("token"), "The id of a token string, -1 if none.")

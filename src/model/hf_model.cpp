@@ -397,7 +397,9 @@ class Loader {
     // the RoPE buffers older exports saved and an lm_head that tying replaces.
     for (const auto& [name, file] : shards_.names()) {
       if (used.count(name)) continue;
-      const bool rotary = name.size() >= 20 && name.compare(name.size() - 20, 20, "rotary_emb.inv_freq") == 0;
+      static const std::string kRotary = "rotary_emb.inv_freq";
+      const bool rotary = name.size() >= kRotary.size() &&
+                          name.compare(name.size() - kRotary.size(), kRotary.size(), kRotary) == 0;
       if (rotary || (cfg_.tie_embeddings && name == "lm_head.weight")) continue;
       throw IoError(dir_ + "/" + file + ": extra tensor " + quote_name(name) +
                     " is not part of a " + (L_.diff ? "DiffLlama" : "Llama") +

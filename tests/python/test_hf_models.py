@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 
 import numpy as np
 import pytest
@@ -29,23 +28,6 @@ TOKENIZER = os.path.join(os.environ.get("DIFFATTN_TOKENIZER_DATA",
                          "llama3")
 
 
-# ---------------------------------------------------------------- guard (remove when merging)
-# Skips the module only while diffattn.load_model cannot read a Hugging Face directory at all.
-def _hf_loader_missing():
-    with tempfile.TemporaryDirectory() as d:
-        cfg = hr.make_config("llama", layers=1)
-        hr.write_hf_checkpoint(d, cfg, hr.random_tensors(cfg, 0))
-        try:
-            diffattn.load_model(d)
-        except Exception as e:  # noqa: BLE001 (an older build: diffattn/1 directories only)
-            return f"{type(e).__name__}: {e}"
-    return None
-
-
-_MISSING = _hf_loader_missing()
-pytestmark = pytest.mark.skipif(_MISSING is not None,
-                                reason=f"Hugging Face loader not built ({_MISSING})")
-# ---------------------------------------------------------------- end of guard
 
 SCALING_SMALL = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                  "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
@@ -368,3 +350,23 @@ def test_non_finite_weight(tmp_path, dtype, bad):
     hr.write_hf_checkpoint(str(tmp_path), cfg, w, dtype=dtype, shards=2)
     msg = _load_error(tmp_path)
     assert name in msg and "<dir>/model-0000" in msg and str(3 * 32 + 5) in msg, msg
+
+
+def test_rotary_inv_freq_buffers_of_older_exports_are_skipped(tmp_path):
+    """Older conversions saved each layer's RoPE buffer (rotary_emb.inv_freq); transformers
+    ignores it, so does the loader; any other unknown tensor is an error naming it."""
+    cfg = hr.make_config("llama", layers=1)
+    t = hr.random_tensors(cfg, 3)
+    d = hr.head_dim_of(cfg)
+    extra = dict(t)
+    extra["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(d // 2, np.float32)
+    hr.write_hf_checkpoint(str(tmp_path / "a"), cfg, extra)
+    hr.write_hf_checkpoint(str(tmp_path / "b"), cfg, t)
+    tokens = np.arange(12, dtype=np.int64)[None] % cfg["vocab_size"]
+    assert np.array_equal(diffattn.load_model(str(tmp_path / "a")).forward(tokens),
+                          diffattn.load_model(str(tmp_path / "b")).forward(tokens))
+    bad = dict(t)
+    bad["model.layers.0.self_attn.rotary_emb.inv_freqs"] = np.ones(d // 2, np.float32)
+    hr.write_hf_checkpoint(str(tmp_path / "c"), cfg, bad)
+    with pytest.raises(OSError, match="extra tensor.*inv_freqs"):
+        diffattn.load_model(str(tmp_path / "c"))
