@@ -10,12 +10,18 @@
 #include "hwy/highway.h"
 #include "kernels/simd-inl.h"
 
+#include <alloca.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
+#include "diffattn/dtype.h"
 #include "diffattn/runtime.h"
+#include "hwy/cache_control.h"
 #include "kernels/fused.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -67,36 +73,134 @@ void AccumulateRows(const float* HWY_RESTRICT v, size_t n, const float* HWY_REST
   }
 }
 
+// float32 of one K/V element, and a row of them: the cache's storage types (float, bfloat16,
+// float16) widened on load; all arithmetic is float32.
+HWY_INLINE float ScalarF32(float x) { return x; }
+HWY_INLINE float ScalarF32(hwy::bfloat16_t x) {
+  uint16_t bits;
+  std::memcpy(&bits, &x, 2);
+  return bf16_to_f32(bits);
+}
+HWY_INLINE float ScalarF32(hwy::float16_t x) {
+  uint16_t bits;
+  std::memcpy(&bits, &x, 2);
+  return f16_to_f32(bits);
+}
+
+// dst[0, n) = float32 of src[0, n).
+template <typename E>
+HWY_INLINE void WidenRow(const E* HWY_RESTRICT src, float* HWY_RESTRICT dst, size_t n) {
+  const DF d;
+  const hn::Rebind<E, DF> de;
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    const VF a = hn::PromoteTo(d, hn::LoadU(de, src + i));
+    const VF b = hn::PromoteTo(d, hn::LoadU(de, src + i + N));
+    hn::StoreU(a, d, dst + i);
+    hn::StoreU(b, d, dst + i + N);
+  }
+  for (; i + N <= n; i += N) hn::StoreU(hn::PromoteTo(d, hn::LoadU(de, src + i)), d, dst + i);
+  for (; i < n; ++i) dst[i] = ScalarF32(src[i]);
+}
+
+// Asks for the cache lines of [p, p + bytes) ahead of their use: decode streams the cache
+// and needs many lines in flight per core to come near the read bandwidth.
+HWY_INLINE void PrefetchSpan(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) hwy::Prefetch(c + o);
+}
+
+// The cache of batch b as elements of type E (float: p.k/p.v; 16-bit: p.k16/p.v16).
+template <typename E>
+struct CacheRows {
+  const E* k;
+  const E* v;
+  int64_t k_rs, k_hs, v_rs, v_hs;
+  int64_t k_span, v_span;  // bytes from a row's first head to its last element
+  CacheRows(const AttnProblem& p, int64_t b) {
+    if constexpr (std::is_same_v<E, float>) {
+      k = p.k;
+      v = p.v;
+    } else {
+      k = reinterpret_cast<const E*>(p.k16);
+      v = reinterpret_cast<const E*>(p.v16);
+    }
+    k += b * p.k_batch_stride;
+    v += b * p.v_batch_stride;
+    k_rs = p.k_row_stride, k_hs = p.k_head_stride, v_rs = p.v_row_stride, v_hs = p.v_head_stride;
+    k_span = static_cast<int64_t>(sizeof(E)) * ((p.key_heads() - 1) * k_hs + p.D);
+    v_span = static_cast<int64_t>(sizeof(E)) * ((p.G - 1) * v_hs + p.Dv);
+  }
+};
+
 // One chunk of keys of batch b for every group: partial m (M), l (L) and O of each row.
-// s: (G * Rg, Bk) scores of one tile.
+// s: (G * Rg, Bk) scores of one tile; kv: for 16-bit caches, room for one tile of K and V
+// widened to float32 (Bk * (key_heads * D + G * Dv) floats).
+template <typename E>
 void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, int64_t ch,
-                 float* s, float* M, float* L, float* O) {
+                 float* s, float* M, float* L, float* O, float* kv) {
+  constexpr bool kWide = std::is_same_v<E, float>;
   const Rows r(p);
-  const int64_t Bk = DecodeTiles::kBk, Rg = f.Rg, R = p.G * Rg;
+  const CacheRows<E> c(p, b);
+  const int64_t Bk = DecodeTiles::kBk, Rg = f.Rg, R = p.G * Rg, KH = p.key_heads();
   const int64_t kend = p.causal ? std::clamp<int64_t>(p.last_key(p.Tq - 1) + 1, 0, p.Tk) : p.Tk;
   const int64_t j_begin = ch * f.chunk, j_end = std::min(kend, j_begin + f.chunk);
   std::fill(M, M + R, kNegInf);
   std::fill(L, L + R, 0.0f);
   std::fill(O, O + R * f.Dvp, 0.0f);
-  // Row rr of group g: its query and key head.
-  auto row_of = [&](int64_t g, int64_t rr, const float*& q, int64_t& kh) {
-    const int64_t t = rr % p.Tq, hm = rr / p.Tq;
+  // Row row = g * Rg + rr, rr = (hh * maps + m) * Tq + t (map m of pair g * gs + hh, query
+  // row t): its query and its key head, worked out once per chunk, not per key.
+  const float** const rq = reinterpret_cast<const float**>(alloca(sizeof(float*) * R));
+  int64_t* const rk = static_cast<int64_t*>(alloca(sizeof(int64_t) * R));
+  for (int64_t row = 0; row < R; ++row) {
+    const int64_t g = row / Rg, rr = row % Rg, t = rr % p.Tq, hm = rr / p.Tq;
     const int64_t h = g * f.gs + hm / p.maps;
     const int m = static_cast<int>(hm % p.maps);
-    q = r.q(b, t, r.q_head(h, m));
-    kh = r.key_head(h, m);
-  };
+    rq[row] = r.q(b, t, r.q_head(h, m));
+    rk[row] = r.key_head(h, m);
+  }
+  float* const kt_buf = kv;
+  float* const vt_buf = kv + Bk * KH * p.D;
   for (int64_t j0 = j_begin; j0 < j_end; j0 += Bk) {
     const int64_t nk = std::min(Bk, j_end - j0);
-    // Scores key by key, every head of the key row in turn: the cache streams front to back.
-    for (int64_t j = 0; j < nk; ++j) {
-      for (int64_t g = 0; g < p.G; ++g) {
-        for (int64_t rr = 0; rr < Rg; ++rr) {
-          const float* q;
-          int64_t kh;
-          row_of(g, rr, q, kh);
-          s[(g * Rg + rr) * Bk + j] = Dot(q, r.k(b, j0 + j, kh), static_cast<size_t>(p.D));
+    const bool more = j0 + Bk < j_end;  // a next tile to prefetch
+    // The tile's K and V as float32 rows: the cache itself, or (16-bit) widened into kv.
+    const float* kt;
+    const float* vt;
+    int64_t k_rs, k_hs, v_rs, v_hs;
+    if constexpr (kWide) {
+      kt = c.k + j0 * c.k_rs, vt = c.v + j0 * c.v_rs;
+      k_rs = c.k_rs, k_hs = c.k_hs, v_rs = c.v_rs, v_hs = c.v_hs;
+    } else {
+      kt = kt_buf, vt = vt_buf;
+      k_rs = KH * p.D, k_hs = p.D, v_rs = p.G * p.Dv, v_hs = p.Dv;
+      for (int64_t j = 0; j < nk; ++j) {
+        const E* kr = c.k + (j0 + j) * c.k_rs;
+        if (more && j0 + Bk + j < j_end) PrefetchSpan(kr + Bk * c.k_rs, c.k_span);
+        for (int64_t h = 0; h < KH; ++h) {
+          WidenRow(kr + h * c.k_hs, kt_buf + j * k_rs + h * p.D, static_cast<size_t>(p.D));
         }
+      }
+      for (int64_t j = 0; j < nk; ++j) {
+        const E* vr = c.v + (j0 + j) * c.v_rs;
+        if (more && j0 + Bk + j < j_end) PrefetchSpan(vr + Bk * c.v_rs, c.v_span);
+        for (int64_t g = 0; g < p.G; ++g) {
+          WidenRow(vr + g * c.v_hs, vt_buf + j * v_rs + g * p.Dv, static_cast<size_t>(p.Dv));
+        }
+      }
+    }
+    // Scores key by key, every head of the key row in turn: the cache streams front to back.
+    // A float32 cache is read in place; its value rows of this tile and its key rows of the
+    // next are asked for while the scores are computed.
+    for (int64_t j = 0; j < nk; ++j) {
+      if constexpr (kWide) {
+        PrefetchSpan(vt + j * v_rs, c.v_span);
+        if (more && j0 + Bk + j < j_end) PrefetchSpan(kt + (Bk + j) * k_rs, c.k_span);
+      }
+      const float* kr = kt + j * k_rs;
+      for (int64_t row = 0; row < R; ++row) {
+        s[row * Bk + j] = Dot(rq[row], kr + rk[row] * k_hs, static_cast<size_t>(p.D));
       }
     }
     for (int64_t row = 0; row < R; ++row) {
@@ -111,18 +215,17 @@ void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, in
       }
     }
     // O += P V, each value row read once for all the rows of its group. When a value row
-    // is a whole number of vectors, the tile is multiplied straight from the cache with the
-    // rows' accumulators held in registers across the tile's keys.
+    // is a whole number of vectors, the tile is multiplied straight from the cache (or the
+    // widened tile) with the rows' accumulators held in registers across the tile's keys.
     const bool direct = p.Dv % static_cast<int64_t>(hn::Lanes(DF())) == 0;
     for (int64_t g = 0; g < p.G && direct; ++g) {
       GemmAnyRows(static_cast<size_t>(Rg), static_cast<size_t>(p.Dv), static_cast<size_t>(nk),
-                  s + g * Rg * Bk, static_cast<size_t>(Bk), 1, r.v(b, j0, g),
-                  static_cast<size_t>(p.v_row_stride), O + g * Rg * f.Dvp,
-                  static_cast<size_t>(f.Dvp), true);
+                  s + g * Rg * Bk, static_cast<size_t>(Bk), 1, vt + g * v_hs,
+                  static_cast<size_t>(v_rs), O + g * Rg * f.Dvp, static_cast<size_t>(f.Dvp), true);
     }
     for (int64_t j = 0; j < nk && !direct; ++j) {
       for (int64_t g = 0; g < p.G; ++g) {
-        AccumulateRows(r.v(b, j0 + j, g), static_cast<size_t>(p.Dv), s + g * Rg * Bk + j,
+        AccumulateRows(vt + j * v_rs + g * v_hs, static_cast<size_t>(p.Dv), s + g * Rg * Bk + j,
                        static_cast<size_t>(Bk), static_cast<size_t>(Rg), O + g * Rg * f.Dvp,
                        static_cast<size_t>(f.Dvp));
       }
@@ -135,7 +238,7 @@ void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, in
 void FusedDecode(const AttnDecodeParams& p) {
   if (p.B == 0 || p.Tq == 0) return;
   const double bytes =
-      4.0 * static_cast<double>(p.B * p.Tk) * static_cast<double>(p.key_heads() * p.D + p.G * p.Dv);
+      static_cast<double>(dtype_size(p.kv_dtype)) * static_cast<double>(p.B * p.Tk) * static_cast<double>(p.key_heads() * p.D + p.G * p.Dv);
   const int threads =
       fused::Parallel::threads_for(bytes, fused::Parallel::kMinBytesPerThread, num_threads());
   const DecodeLayout f(p, threads);
@@ -148,10 +251,20 @@ void FusedDecode(const AttnDecodeParams& p) {
 #pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(threads, items)))
   {
     float* const s = fused::scratch(3, G * Rg * DecodeTiles::kBk);
+    float* const kv = p.kv_dtype == DType::F32
+                          ? nullptr
+                          : fused::scratch(7, DecodeTiles::kBk * (p.key_heads() * p.D + G * p.Dv));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
-      DecodeChunk(p, f, it / f.nch, it % f.nch, s, M + it * G * Rg, L + it * G * Rg,
-                  O + it * G * Rg * f.Dvp);
+      const int64_t b = it / f.nch, ch = it % f.nch;
+      float* const Mi = M + it * G * Rg;
+      float* const Li = L + it * G * Rg;
+      float* const Oi = O + it * G * Rg * f.Dvp;
+      switch (p.kv_dtype) {
+        case DType::F32: DecodeChunk<float>(p, f, b, ch, s, Mi, Li, Oi, kv); break;
+        case DType::BF16: DecodeChunk<hwy::bfloat16_t>(p, f, b, ch, s, Mi, Li, Oi, kv); break;
+        case DType::F16: DecodeChunk<hwy::float16_t>(p, f, b, ch, s, Mi, Li, Oi, kv); break;
+      }
     }
   }
   // Merge, chunk by chunk in order (deterministic): with Mx the max of the chunks' m,
