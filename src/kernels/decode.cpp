@@ -104,11 +104,12 @@ HWY_INLINE void WidenRow(const E* HWY_RESTRICT src, float* HWY_RESTRICT dst, siz
   for (; i < n; ++i) dst[i] = ScalarF32(src[i]);
 }
 
-// Asks for the cache lines of [p, p + bytes) ahead of their use: decode streams the cache
-// and needs many lines in flight per core to come near the read bandwidth.
+// Asks for the cache lines of [p, p + bytes) into L2 ahead of their use: decode streams the
+// cache and needs many lines in flight per core to come near the read bandwidth, also while
+// it computes on the tile it has.
 HWY_INLINE void PrefetchSpan(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
-  for (int64_t o = 0; o < bytes; o += 64) hwy::Prefetch(c + o);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 2);
 }
 
 // The cache of batch b as elements of type E (float: p.k/p.v; 16-bit: p.k16/p.v16).
@@ -177,26 +178,25 @@ void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, in
       k_rs = KH * p.D, k_hs = p.D, v_rs = p.G * p.Dv, v_hs = p.Dv;
       for (int64_t j = 0; j < nk; ++j) {
         const E* kr = c.k + (j0 + j) * c.k_rs;
-        if (more && j0 + Bk + j < j_end) PrefetchSpan(kr + Bk * c.k_rs, c.k_span);
         for (int64_t h = 0; h < KH; ++h) {
           WidenRow(kr + h * c.k_hs, kt_buf + j * k_rs + h * p.D, static_cast<size_t>(p.D));
         }
       }
       for (int64_t j = 0; j < nk; ++j) {
         const E* vr = c.v + (j0 + j) * c.v_rs;
-        if (more && j0 + Bk + j < j_end) PrefetchSpan(vr + Bk * c.v_rs, c.v_span);
         for (int64_t g = 0; g < p.G; ++g) {
           WidenRow(vr + g * c.v_hs, vt_buf + j * v_rs + g * p.Dv, static_cast<size_t>(p.Dv));
         }
       }
     }
     // Scores key by key, every head of the key row in turn: the cache streams front to back.
-    // A float32 cache is read in place; its value rows of this tile and its key rows of the
-    // next are asked for while the scores are computed.
+    // The next tile's key and value rows are asked for meanwhile, one of each per key (and,
+    // for the first tile of a float32 cache, read in place, this tile's value rows).
     for (int64_t j = 0; j < nk; ++j) {
-      if constexpr (kWide) {
-        PrefetchSpan(vt + j * v_rs, c.v_span);
-        if (more && j0 + Bk + j < j_end) PrefetchSpan(kt + (Bk + j) * k_rs, c.k_span);
+      if (kWide && j0 == j_begin) PrefetchSpan(c.v + (j0 + j) * c.v_rs, c.v_span);
+      if (more && j0 + Bk + j < j_end) {
+        PrefetchSpan(c.k + (j0 + Bk + j) * c.k_rs, c.k_span);
+        PrefetchSpan(c.v + (j0 + Bk + j) * c.v_rs, c.v_span);
       }
       const float* kr = kt + j * k_rs;
       for (int64_t row = 0; row < R; ++row) {
