@@ -16,6 +16,7 @@ namespace diffattn::data {
 struct GenerateOptions {
   int64_t max_new = 200;  // new tokens; fewer if the model's max_seq_len is reached
   SamplerOptions sampler;
+  DType kv_dtype = DType::F32;  // the KV cache's storage (F32, BF16 or F16)
 };
 
 // Prefills the prompt through the KV cache, then decodes one token at a time, passing each new

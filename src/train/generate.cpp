@@ -27,7 +27,7 @@ std::string generate(Model& m, const Tokenizer& tok, const std::string& prompt,
                           " (the prompt and at least one new token must fit)");
   }
   const int64_t n_new = std::min<int64_t>(o.max_new, cap - static_cast<int64_t>(ids.size()));
-  m.cache_reset(1, static_cast<int64_t>(ids.size()) + n_new);
+  m.cache_reset(1, static_cast<int64_t>(ids.size()) + n_new, o.kv_dtype);
   Sampler sampler(o.sampler);
   std::vector<float> logits(static_cast<size_t>(V));
   m.infer(ids.data(), 1, static_cast<int64_t>(ids.size()), logits.data());
