@@ -54,25 +54,6 @@ struct DecodeLayout {
   }
 };
 
-// O[r] += p[r] * v over rows r < rows: v (n floats, n % Lanes == 0 not required) is loaded
-// once per vector for every row.
-void AccumulateRows(const float* HWY_RESTRICT v, size_t n, const float* HWY_RESTRICT pcol,
-                    size_t p_stride, size_t rows, float* HWY_RESTRICT O, size_t ldo) {
-  const DF d;
-  const size_t N = hn::Lanes(d);
-  size_t i = 0;
-  for (; i + N <= n; i += N) {
-    const VF vv = hn::LoadU(d, v + i);
-    for (size_t r = 0; r < rows; ++r) {
-      float* o = O + r * ldo + i;
-      hn::StoreU(hn::MulAdd(hn::Set(d, pcol[r * p_stride]), vv, hn::LoadU(d, o)), d, o);
-    }
-  }
-  for (; i < n; ++i) {
-    for (size_t r = 0; r < rows; ++r) O[r * ldo + i] += pcol[r * p_stride] * v[i];
-  }
-}
-
 // float32 of one K/V element, and a row of them: the cache's storage types (float, bfloat16,
 // float16) widened on load; all arithmetic is float32.
 HWY_INLINE float ScalarF32(float x) { return x; }
@@ -87,21 +68,102 @@ HWY_INLINE float ScalarF32(hwy::float16_t x) {
   return f16_to_f32(bits);
 }
 
-// dst[0, n) = float32 of src[0, n).
+// N elements at p as a float32 vector.
 template <typename E>
-HWY_INLINE void WidenRow(const E* HWY_RESTRICT src, float* HWY_RESTRICT dst, size_t n) {
+HWY_INLINE VF LoadWide(DF d, const E* HWY_RESTRICT p) {
+  if constexpr (std::is_same_v<E, float>) {
+    return hn::LoadU(d, p);
+  } else {
+    return hn::PromoteTo(d, hn::LoadU(hn::Rebind<E, DF>(), p));
+  }
+}
+
+// sum_d q[d] k[d] over n elements (any n), k widened as it is loaded.
+template <typename E>
+HWY_INLINE float DotWide(const float* HWY_RESTRICT q, const E* HWY_RESTRICT k, size_t n) {
   const DF d;
-  const hn::Rebind<E, DF> de;
   const size_t N = hn::Lanes(d);
+  VF a0 = hn::Zero(d), a1 = hn::Zero(d);
   size_t i = 0;
   for (; i + 2 * N <= n; i += 2 * N) {
-    const VF a = hn::PromoteTo(d, hn::LoadU(de, src + i));
-    const VF b = hn::PromoteTo(d, hn::LoadU(de, src + i + N));
-    hn::StoreU(a, d, dst + i);
-    hn::StoreU(b, d, dst + i + N);
+    a0 = hn::MulAdd(hn::LoadU(d, q + i), LoadWide(d, k + i), a0);
+    a1 = hn::MulAdd(hn::LoadU(d, q + i + N), LoadWide(d, k + i + N), a1);
   }
-  for (; i + N <= n; i += N) hn::StoreU(hn::PromoteTo(d, hn::LoadU(de, src + i)), d, dst + i);
-  for (; i < n; ++i) dst[i] = ScalarF32(src[i]);
+  for (; i + N <= n; i += N) a0 = hn::MulAdd(hn::LoadU(d, q + i), LoadWide(d, k + i), a0);
+  float s = hn::GetLane(hn::SumOfLanes(d, hn::Add(a0, a1)));
+  for (; i < n; ++i) s += q[i] * ScalarF32(k[i]);
+  return s;
+}
+
+// O[r] += p[r] * v over rows r < rows: v (n elements, n % Lanes == 0 not required) is loaded
+// and widened once per vector for every row.
+template <typename E>
+void AccumulateRows(const E* HWY_RESTRICT v, size_t n, const float* HWY_RESTRICT pcol,
+                    size_t p_stride, size_t rows, float* HWY_RESTRICT O, size_t ldo) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const VF vv = LoadWide(d, v + i);
+    for (size_t r = 0; r < rows; ++r) {
+      float* o = O + r * ldo + i;
+      hn::StoreU(hn::MulAdd(hn::Set(d, pcol[r * p_stride]), vv, hn::LoadU(d, o)), d, o);
+    }
+  }
+  for (; i < n; ++i) {
+    const float x = ScalarF32(v[i]);
+    for (size_t r = 0; r < rows; ++r) O[r * ldo + i] += pcol[r * p_stride] * x;
+  }
+}
+
+// C (MR x NV vectors) += P (MR x kdim, row stride p_rs) V (kdim rows of ldv elements): the
+// rows' accumulators stay in registers across the keys, each V vector is loaded (and
+// widened) once for all MR rows.
+template <typename E, int MR, int NV>
+HWY_INLINE void PvKernel(DF d, size_t kdim, const float* HWY_RESTRICT pm, size_t p_rs,
+                         const E* HWY_RESTRICT v, size_t ldv, float* HWY_RESTRICT c, size_t ldc) {
+  const size_t N = hn::Lanes(d);
+  VF acc[MR][NV];
+  for (int r = 0; r < MR; ++r) {
+    for (int x = 0; x < NV; ++x) acc[r][x] = hn::Zero(d);
+  }
+  for (size_t kk = 0; kk < kdim; ++kk) {
+    VF bv[NV];
+    for (int x = 0; x < NV; ++x) bv[x] = LoadWide(d, v + kk * ldv + x * N);
+    for (int r = 0; r < MR; ++r) {
+      const VF av = hn::Set(d, pm[r * p_rs + kk]);
+      for (int x = 0; x < NV; ++x) acc[r][x] = hn::MulAdd(av, bv[x], acc[r][x]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int x = 0; x < NV; ++x) {
+      float* o = c + r * ldc + x * N;
+      hn::StoreU(hn::Add(hn::LoadU(d, o), acc[r][x]), d, o);
+    }
+  }
+}
+
+// O (rows x cols) += P (rows x kdim) V (kdim x cols), cols % Lanes == 0.
+template <typename E>
+void PvTile(size_t rows, size_t cols, size_t kdim, const float* pm, size_t p_rs, const E* v,
+            size_t ldv, float* c, size_t ldc) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  constexpr int NV = Micro::kNV;
+  const size_t nvec = cols / N;
+  auto block = [&]<int MR>(size_t r0) {
+    size_t x = 0;
+    for (; x + NV <= nvec; x += NV) {
+      PvKernel<E, MR, NV>(d, kdim, pm + r0 * p_rs, p_rs, v + x * N, ldv, c + r0 * ldc + x * N, ldc);
+    }
+    for (; x < nvec; ++x) {
+      PvKernel<E, MR, 1>(d, kdim, pm + r0 * p_rs, p_rs, v + x * N, ldv, c + r0 * ldc + x * N, ldc);
+    }
+  };
+  size_t r = 0;
+  for (; r + 4 <= rows; r += 4) block.template operator()<4>(r);
+  for (; r + 2 <= rows; r += 2) block.template operator()<2>(r);
+  for (; r < rows; ++r) block.template operator()<1>(r);
 }
 
 // Asks for the cache lines of [p, p + bytes) into L2 ahead of their use: decode streams the
@@ -136,15 +198,14 @@ struct CacheRows {
 };
 
 // One chunk of keys of batch b for every group: partial m (M), l (L) and O of each row.
-// s: (G * Rg, Bk) scores of one tile; kv: for 16-bit caches, room for one tile of K and V
-// widened to float32 (Bk * (key_heads * D + G * Dv) floats).
+// s: (G * Rg, Bk) scores of one tile. K and V are read in place as E (float, or a 16-bit
+// cache widened to float32 in registers as each vector is loaded).
 template <typename E>
 void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, int64_t ch,
-                 float* s, float* M, float* L, float* O, float* kv) {
-  constexpr bool kWide = std::is_same_v<E, float>;
+                 float* s, float* M, float* L, float* O) {
   const Rows r(p);
   const CacheRows<E> c(p, b);
-  const int64_t Bk = DecodeTiles::kBk, Rg = f.Rg, R = p.G * Rg, KH = p.key_heads();
+  const int64_t Bk = DecodeTiles::kBk, Rg = f.Rg, R = p.G * Rg;
   const int64_t kend = p.causal ? std::clamp<int64_t>(p.last_key(p.Tq - 1) + 1, 0, p.Tk) : p.Tk;
   const int64_t j_begin = ch * f.chunk, j_end = std::min(kend, j_begin + f.chunk);
   std::fill(M, M + R, kNegInf);
@@ -152,55 +213,32 @@ void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, in
   std::fill(O, O + R * f.Dvp, 0.0f);
   // Row row = g * Rg + rr, rr = (hh * maps + m) * Tq + t (map m of pair g * gs + hh, query
   // row t): its query and its key head, worked out once per chunk, not per key.
-  const float** const rq = reinterpret_cast<const float**>(alloca(sizeof(float*) * R));
+  const float** const rq = static_cast<const float**>(alloca(sizeof(float*) * R));
   int64_t* const rk = static_cast<int64_t*>(alloca(sizeof(int64_t) * R));
   for (int64_t row = 0; row < R; ++row) {
     const int64_t g = row / Rg, rr = row % Rg, t = rr % p.Tq, hm = rr / p.Tq;
     const int64_t h = g * f.gs + hm / p.maps;
     const int m = static_cast<int>(hm % p.maps);
     rq[row] = r.q(b, t, r.q_head(h, m));
-    rk[row] = r.key_head(h, m);
+    rk[row] = r.key_head(h, m) * c.k_hs;
   }
-  float* const kt_buf = kv;
-  float* const vt_buf = kv + Bk * KH * p.D;
+  const bool direct = p.Dv % static_cast<int64_t>(hn::Lanes(DF())) == 0;
+  constexpr int64_t kSub = 16;  // keys per P V product between two rounds of prefetches
   for (int64_t j0 = j_begin; j0 < j_end; j0 += Bk) {
     const int64_t nk = std::min(Bk, j_end - j0);
-    const bool more = j0 + Bk < j_end;  // a next tile to prefetch
-    // The tile's K and V as float32 rows: the cache itself, or (16-bit) widened into kv.
-    const float* kt;
-    const float* vt;
-    int64_t k_rs, k_hs, v_rs, v_hs;
-    if constexpr (kWide) {
-      kt = c.k + j0 * c.k_rs, vt = c.v + j0 * c.v_rs;
-      k_rs = c.k_rs, k_hs = c.k_hs, v_rs = c.v_rs, v_hs = c.v_hs;
-    } else {
-      kt = kt_buf, vt = vt_buf;
-      k_rs = KH * p.D, k_hs = p.D, v_rs = p.G * p.Dv, v_hs = p.Dv;
-      for (int64_t j = 0; j < nk; ++j) {
-        const E* kr = c.k + (j0 + j) * c.k_rs;
-        for (int64_t h = 0; h < KH; ++h) {
-          WidenRow(kr + h * c.k_hs, kt_buf + j * k_rs + h * p.D, static_cast<size_t>(p.D));
-        }
-      }
-      for (int64_t j = 0; j < nk; ++j) {
-        const E* vr = c.v + (j0 + j) * c.v_rs;
-        for (int64_t g = 0; g < p.G; ++g) {
-          WidenRow(vr + g * c.v_hs, vt_buf + j * v_rs + g * p.Dv, static_cast<size_t>(p.Dv));
-        }
-      }
-    }
+    const E* const kt = c.k + j0 * c.k_rs;
+    const E* const vt = c.v + j0 * c.v_rs;
     // Scores key by key, every head of the key row in turn: the cache streams front to back.
-    // The next tile's key and value rows are asked for meanwhile, one of each per key (and,
-    // for the first tile of a float32 cache, read in place, this tile's value rows).
+    // Meanwhile the next tile's key rows are asked for, one per key (and, in the first tile,
+    // this tile's value rows); the next tile's value rows are asked for during the P V
+    // product below. The requests are spread over all the tile's compute, so the memory
+    // system always has lines in flight.
     for (int64_t j = 0; j < nk; ++j) {
-      if (kWide && j0 == j_begin) PrefetchSpan(c.v + (j0 + j) * c.v_rs, c.v_span);
-      if (more && j0 + Bk + j < j_end) {
-        PrefetchSpan(c.k + (j0 + Bk + j) * c.k_rs, c.k_span);
-        PrefetchSpan(c.v + (j0 + Bk + j) * c.v_rs, c.v_span);
-      }
-      const float* kr = kt + j * k_rs;
+      if (j0 == j_begin) PrefetchSpan(vt + j * c.v_rs, c.v_span);
+      if (j0 + Bk + j < j_end) PrefetchSpan(kt + (Bk + j) * c.k_rs, c.k_span);
+      const E* kr = kt + j * c.k_rs;
       for (int64_t row = 0; row < R; ++row) {
-        s[row * Bk + j] = Dot(rq[row], kr + rk[row] * k_hs, static_cast<size_t>(p.D));
+        s[row * Bk + j] = DotWide(rq[row], kr + rk[row], static_cast<size_t>(p.D));
       }
     }
     for (int64_t row = 0; row < R; ++row) {
@@ -214,20 +252,28 @@ void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, in
         for (int64_t d = 0; d < p.Dv; ++d) o[d] *= alpha;
       }
     }
-    // O += P V, each value row read once for all the rows of its group. When a value row
-    // is a whole number of vectors, the tile is multiplied straight from the cache (or the
-    // widened tile) with the rows' accumulators held in registers across the tile's keys.
-    const bool direct = p.Dv % static_cast<int64_t>(hn::Lanes(DF())) == 0;
-    for (int64_t g = 0; g < p.G && direct; ++g) {
-      GemmAnyRows(static_cast<size_t>(Rg), static_cast<size_t>(p.Dv), static_cast<size_t>(nk),
-                  s + g * Rg * Bk, static_cast<size_t>(Bk), 1, vt + g * v_hs,
-                  static_cast<size_t>(v_rs), O + g * Rg * f.Dvp, static_cast<size_t>(f.Dvp), true);
-    }
-    for (int64_t j = 0; j < nk && !direct; ++j) {
+    // O += P V, each value row read once for all the rows of its group: when a value row is
+    // a whole number of vectors, with the rows' accumulators in registers across the keys.
+    for (int64_t js = 0; js < nk; js += kSub) {
+      const int64_t ns = std::min(kSub, nk - js);
+      for (int64_t j = js; j < js + ns && j0 + Bk + j < j_end; ++j) {
+        PrefetchSpan(vt + (Bk + j) * c.v_rs, c.v_span);
+      }
       for (int64_t g = 0; g < p.G; ++g) {
-        AccumulateRows(vt + j * v_rs + g * v_hs, static_cast<size_t>(p.Dv), s + g * Rg * Bk + j,
-                       static_cast<size_t>(Bk), static_cast<size_t>(Rg), O + g * Rg * f.Dvp,
-                       static_cast<size_t>(f.Dvp));
+        const float* pg = s + g * Rg * Bk + js;
+        float* og = O + g * Rg * f.Dvp;
+        const E* vg = vt + js * c.v_rs + g * c.v_hs;
+        if (direct) {
+          PvTile(static_cast<size_t>(Rg), static_cast<size_t>(p.Dv), static_cast<size_t>(ns), pg,
+                 static_cast<size_t>(Bk), vg, static_cast<size_t>(c.v_rs), og,
+                 static_cast<size_t>(f.Dvp));
+          continue;
+        }
+        for (int64_t j = 0; j < ns; ++j) {
+          AccumulateRows(vg + j * c.v_rs, static_cast<size_t>(p.Dv), pg + j,
+                         static_cast<size_t>(Bk), static_cast<size_t>(Rg), og,
+                         static_cast<size_t>(f.Dvp));
+        }
       }
     }
   }
@@ -251,9 +297,6 @@ void FusedDecode(const AttnDecodeParams& p) {
 #pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(threads, items)))
   {
     float* const s = fused::scratch(3, G * Rg * DecodeTiles::kBk);
-    float* const kv = p.kv_dtype == DType::F32
-                          ? nullptr
-                          : fused::scratch(7, DecodeTiles::kBk * (p.key_heads() * p.D + G * p.Dv));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
       const int64_t b = it / f.nch, ch = it % f.nch;
@@ -261,9 +304,9 @@ void FusedDecode(const AttnDecodeParams& p) {
       float* const Li = L + it * G * Rg;
       float* const Oi = O + it * G * Rg * f.Dvp;
       switch (p.kv_dtype) {
-        case DType::F32: DecodeChunk<float>(p, f, b, ch, s, Mi, Li, Oi, kv); break;
-        case DType::BF16: DecodeChunk<hwy::bfloat16_t>(p, f, b, ch, s, Mi, Li, Oi, kv); break;
-        case DType::F16: DecodeChunk<hwy::float16_t>(p, f, b, ch, s, Mi, Li, Oi, kv); break;
+        case DType::F32: DecodeChunk<float>(p, f, b, ch, s, Mi, Li, Oi); break;
+        case DType::BF16: DecodeChunk<hwy::bfloat16_t>(p, f, b, ch, s, Mi, Li, Oi); break;
+        case DType::F16: DecodeChunk<hwy::float16_t>(p, f, b, ch, s, Mi, Li, Oi); break;
       }
     }
   }
