@@ -153,6 +153,14 @@ void PvTile(size_t rows, size_t cols, size_t kdim, const float* pm, size_t p_rs,
   const size_t nvec = cols / N;
   auto block = [&]<int MR>(size_t r0) {
     size_t x = 0;
+    // One or two rows (V1's two maps of one pair, a standard head): twice the columns per
+    // pass, so each P entry is broadcast once per value row (V1's 128-wide rows in one pass).
+    if constexpr (MR <= 2) {
+      for (; x + 2 * NV <= nvec; x += 2 * NV) {
+        PvKernel<E, MR, 2 * NV>(d, kdim, pm + r0 * p_rs, p_rs, v + x * N, ldv,
+                                c + r0 * ldc + x * N, ldc);
+      }
+    }
     for (; x + NV <= nvec; x += NV) {
       PvKernel<E, MR, NV>(d, kdim, pm + r0 * p_rs, p_rs, v + x * N, ldv, c + r0 * ldc + x * N, ldc);
     }
