@@ -102,8 +102,10 @@ void attention_fwd(const AttnParams& p, Backend backend) {
   g_forward.fetch_add(1, std::memory_order_relaxed);
   if (resolve_backend(backend) == Backend::Reference) return attention_fwd_ref(p);
   check_params(p, op);
-  if (p.Tq <= fused::DecodeTiles::kMaxRows && p.Tk >= fused::DecodeTiles::kMinKeys &&
-      decode_capable(p)) {
+  // A 16-bit cache takes the decode path at any length: it reads 16 bits in place, where the
+  // tiled forward would need a float32 copy of the whole cache per call.
+  if (p.Tq <= fused::DecodeTiles::kMaxRows &&
+      (p.Tk >= fused::DecodeTiles::kMinKeys || p.kv_dtype != DType::F32) && decode_capable(p)) {
     if (p.causal && p.Tq > 1 && !values_finite(p)) return attention_fwd_ref(p);
     return attention_decode_fused(AttnDecodeParams(p));
   }

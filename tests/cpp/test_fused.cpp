@@ -253,6 +253,7 @@ TEST(FusedDecode, Cache16MatchesFloat64ReferenceAndTheFloat32Path) {
       Case{"standard_tq3", 1, 2, 3, 257, 2, 2, 8, 8, false, false, false},
       Case{"odd_dims", 2, 1, 3, 389, 2, 1, 5, 7, false, false, true},
       Case{"two_threads", 2, 1, 1, 12001, 2, 1, 16, 32, false, false, true},
+      Case{"short_cache", 2, 1, 3, 37, 2, 1, 8, 16, false, false, true},  // decode path below 256
       Case{"prefill_tiled", 2, 1, 40, 40, 2, 1, 8, 16, false, false, true},
   };
   for (const Case& c : cases) {
