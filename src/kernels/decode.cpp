@@ -95,6 +95,43 @@ HWY_INLINE float DotWide(const float* HWY_RESTRICT q, const E* HWY_RESTRICT k, s
   return s;
 }
 
+// Four dot products at once, out[i] = q[i] . k[i] over n elements (n % Lanes == 0, Lanes >=
+// 4): four query rows against their key heads of one key row. Instead of a horizontal sum
+// per product, the four accumulators are transposed and added within each 128-bit block (two
+// rounds of interleaves), leaving lane 4b + i with block b's share of product i; then the
+// blocks are added.
+template <typename E>
+HWY_INLINE void Dot4(const float* const* HWY_RESTRICT q, const E* const* HWY_RESTRICT k,
+                     size_t n, float* HWY_RESTRICT out) {
+#if HWY_TARGET == HWY_SCALAR  // one lane: no blocks to transpose (dot4 is off there)
+  for (int i = 0; i < 4; ++i) out[i] = DotWide(q[i], k[i], n);
+#else
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  VF a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+  for (size_t i = 0; i < n; i += N) {
+    a0 = hn::MulAdd(hn::LoadU(d, q[0] + i), LoadWide(d, k[0] + i), a0);
+    a1 = hn::MulAdd(hn::LoadU(d, q[1] + i), LoadWide(d, k[1] + i), a1);
+    a2 = hn::MulAdd(hn::LoadU(d, q[2] + i), LoadWide(d, k[2] + i), a2);
+    a3 = hn::MulAdd(hn::LoadU(d, q[3] + i), LoadWide(d, k[3] + i), a3);
+  }
+  // per block: (a0[0] + a0[2], a1[0] + a1[2], a0[1] + a0[3], a1[1] + a1[3]), same for 2, 3
+  const VF t01 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
+  const VF t23 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
+  const hn::Repartition<uint64_t, DF> d64;
+  const auto w01 = hn::BitCast(d64, t01), w23 = hn::BitCast(d64, t23);
+  const VF u = hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, w01, w23)),
+                       hn::BitCast(d, hn::InterleaveUpper(d64, w01, w23)));
+  HWY_ALIGN float buf[hn::MaxLanes(DF())];
+  hn::Store(u, d, buf);
+  for (size_t i = 0; i < 4; ++i) {
+    float sum = buf[i];
+    for (size_t b = 4; b < N; b += 4) sum += buf[b + i];
+    out[i] = sum;
+  }
+#endif
+}
+
 // O[r] += p[r] * v over rows r < rows: v (n elements, n % Lanes == 0 not required) is loaded
 // and widened once per vector for every row.
 template <typename E>
@@ -231,6 +268,8 @@ void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, in
     rk[row] = r.key_head(h, m) * c.k_hs;
   }
   const bool direct = p.Dv % static_cast<int64_t>(hn::Lanes(DF())) == 0;
+  // Four rows per score step when a key head is a whole number of vectors of >= 4 lanes.
+  const bool dot4 = hn::Lanes(DF()) >= 4 && p.D % static_cast<int64_t>(hn::Lanes(DF())) == 0;
   constexpr int64_t kSub = 16;  // keys per P V product between two rounds of prefetches
   for (int64_t j0 = j_begin; j0 < j_end; j0 += Bk) {
     const int64_t nk = std::min(Bk, j_end - j0);
@@ -245,7 +284,14 @@ void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, in
       if (j0 == j_begin) PrefetchSpan(vt + j * c.v_rs, c.v_span);
       if (j0 + Bk + j < j_end) PrefetchSpan(kt + (Bk + j) * c.k_rs, c.k_span);
       const E* kr = kt + j * c.k_rs;
-      for (int64_t row = 0; row < R; ++row) {
+      int64_t row = 0;
+      for (; dot4 && row + 4 <= R; row += 4) {  // the key row's heads in order
+        const E* k4[4] = {kr + rk[row], kr + rk[row + 1], kr + rk[row + 2], kr + rk[row + 3]};
+        float sc[4];
+        Dot4(rq + row, k4, static_cast<size_t>(p.D), sc);
+        for (int i = 0; i < 4; ++i) s[(row + i) * Bk + j] = sc[i];
+      }
+      for (; row < R; ++row) {
         s[row * Bk + j] = DotWide(rq[row], kr + rk[row], static_cast<size_t>(p.D));
       }
     }
