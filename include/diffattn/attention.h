@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "diffattn/dtype.h"
 #include "diffattn/error.h"
 
 namespace diffattn {
@@ -67,6 +68,14 @@ struct AttnProblem {
   const float* k = nullptr;    // (B, Tk, kv_key_heads(), D)
   const float* v = nullptr;    // (B, Tk, G, Dv)
   const float* lam = nullptr;  // (H) or (B, Tq, H); unused when maps == 1
+  // K and V stored in 16 bits (a BF16 or F16 KV cache; every computation stays float32):
+  // kv_dtype != F32 reads k16 and v16 instead of k and v (which stay null), with the same
+  // shapes and element strides. The forward and decode take it (the split-KV decode reads
+  // it directly, the tiled forward and the reference from a float32 copy); the backward and
+  // attention_probs refuse it.
+  DType kv_dtype = DType::F32;
+  const uint16_t* k16 = nullptr;  // (B, Tk, kv_key_heads(), D) when kv_dtype != F32
+  const uint16_t* v16 = nullptr;  // (B, Tk, G, Dv) when kv_dtype != F32
   int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
   int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
   int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;

@@ -76,12 +76,18 @@ struct AttnLayerActs {
   double e1 = 0, e2 = 0;        // V1: exp(lambda_q1 . lambda_k1), exp(lambda_q2 . lambda_k2)
 };
 
-// A key/value cache with spare capacity for one layer: rows [0, len) are filled.
+// A key/value cache with spare capacity for one layer: rows [0, len) are filled. Stored as
+// kv_dtype: F32 in k and v, BF16 or F16 in k16 and v16 (converted once, when a row is
+// appended; attention reads them with float32 arithmetic), the other pair left empty.
 struct KVCache {
   int64_t B = 0, capacity = 0, len = 0;
-  std::vector<float> k;  // (B, capacity, k_heads, D)
-  std::vector<float> v;  // (B, capacity, G, Dv)
-  void reset(const AttnLayerShape& s, int64_t B, int64_t capacity);
+  DType kv_dtype = DType::F32;
+  std::vector<float> k;        // (B, capacity, k_heads, D), kv_dtype F32
+  std::vector<float> v;        // (B, capacity, G, Dv), kv_dtype F32
+  std::vector<uint16_t> k16;   // (B, capacity, k_heads, D), kv_dtype BF16 or F16
+  std::vector<uint16_t> v16;   // (B, capacity, G, Dv), kv_dtype BF16 or F16
+  void reset(const AttnLayerShape& s, int64_t B, int64_t capacity,
+             DType kv_dtype = DType::F32);
 };
 
 // V1's lambda (Eq. 2): exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init; e1, e2 the exponentials.

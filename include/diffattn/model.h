@@ -145,7 +145,10 @@ class Model {
   int64_t last_len() const { return T_; }
 
   // ---- inference with a KV cache ----
-  void cache_reset(int64_t B, int64_t capacity);
+  // The caches of every layer for B sequences of up to `capacity` positions (at most
+  // max_seq_len), stored as kv_dtype (F32, or BF16/F16: half the bytes, rounded once when
+  // written, read with float32 arithmetic).
+  void cache_reset(int64_t B, int64_t capacity, DType kv_dtype = DType::F32);
   int64_t cache_len() const;
   // Appends tokens (B, Tn) at the cache's end and writes the logits of each sequence's last new
   // position into logits_last (B, V). Tn > 1 is a prefill, Tn == 1 a decode step.

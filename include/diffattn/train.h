@@ -17,6 +17,7 @@ struct GenerateOptions {
   int64_t max_new = 200;  // new tokens; fewer if the model's max_seq_len is reached
   SamplerOptions sampler;
   std::vector<int32_t> stop_ids;  // generation ends at any of these (not part of the output)
+  DType kv_dtype = DType::F32;  // the KV cache's storage (F32, BF16 or F16)
 };
 
 // Prefills prompt ids through the KV cache, then decodes one token at a time; on_token (if

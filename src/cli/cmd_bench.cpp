@@ -46,6 +46,20 @@ struct Variant {
   }
 };
 
+// A problem's K and V rounded to a 16-bit cache type (contiguous, as Tensors holds them).
+struct Cache16 {
+  std::vector<uint16_t> k, v;
+  AttnParams p;
+  Cache16(const Tensors& t, DType dt) : k(t.k.size()), v(t.v.size()), p(t.p) {
+    convert_from_f32(k.data(), t.k.data(), dt, static_cast<int64_t>(k.size()));
+    convert_from_f32(v.data(), t.v.data(), dt, static_cast<int64_t>(v.size()));
+    p.kv_dtype = dt;
+    p.k = p.v = nullptr;
+    p.k16 = k.data();
+    p.v16 = v.data();
+  }
+};
+
 double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -123,7 +137,8 @@ int run_bench(const std::vector<std::string>& argv) {
             "attention of equal parameters (2H heads of size D), the upstream two-call recipe,\n"
             "the reference (at --ref-T), and DIFF V2 of the same model size (2H output heads of\n"
             "4H query heads, 2G key/value heads of size D shared by both maps, lambda per token:\n"
-            "twice the standard FLOPs, the same cache bytes).");
+            "twice the standard FLOPs, the same cache bytes). The decode rows are repeated with the\n"
+            "K/V cache stored as BF16 and F16 (\"... BF16 kv\": half the bytes read).");
   args.option("--T", "N", "4096", "sequence length of the forward/backward rows")
       .option("--B", "N", "1", "batch")
       .option("--H", "N", "4", "differential pairs (the standard peer has 2H heads)")
@@ -157,6 +172,7 @@ int run_bench(const std::vector<std::string>& argv) {
 
   std::vector<std::unique_ptr<Tensors>> owned;
   std::vector<std::unique_ptr<bench::UpstreamRecipe>> recipes;
+  std::vector<std::unique_ptr<Cache16>> caches16;
   std::vector<Variant> rows;
   auto tensors = [&](ShapeSpec s) -> Tensors& {
     owned.push_back(std::make_unique<Tensors>(s));
@@ -220,6 +236,16 @@ int run_bench(const std::vector<std::string>& argv) {
     add("decode", "reference", d, 0, d.kv_bytes(), [&d] { attention_fwd(d.p, Backend::Reference); });
     Tensors& v2 = tensors(bench::v2_equivalent(s));
     add("decode", "diff V2 fused", v2, 0, v2.kv_bytes(), [&v2] { attention_fwd(v2.p); });
+    // The same caches stored as BF16 and F16 (half the bytes; float32 arithmetic).
+    for (const DType dt : {DType::BF16, DType::F16}) {
+      for (Tensors* t : {&d, &st, &v2}) {
+        caches16.push_back(std::make_unique<Cache16>(*t, dt));
+        Cache16& c = *caches16.back();
+        const std::string name = t == &d ? "diff fused" : t == &st ? "standard 2H heads" : "diff V2 fused";
+        add("decode", name + " " + dtype_name(dt) + " kv", *t, 0, t->kv_bytes() / 2,
+            [&c] { attention_fwd(c.p); });
+      }
+    }
   }
 
   // Interleaved rounds: the machine's limits and every variant, once each per round.

@@ -46,7 +46,7 @@ double prefill_flops(const Model& m, int64_t P) {
   return 2.0 * linear * Pd + 2.0 * static_cast<double>(c.d_model * c.vocab_size) + attn;
 }
 
-int bench_decode(Model& m, int64_t prompt_len, int64_t n, double load_s) {
+int bench_decode(Model& m, int64_t prompt_len, int64_t n, double load_s, DType kv_dtype) {
   const int64_t V = m.config().vocab_size;
   if (prompt_len + n > m.config().max_seq_len) {
     n = m.config().max_seq_len - prompt_len;
@@ -54,7 +54,7 @@ int bench_decode(Model& m, int64_t prompt_len, int64_t n, double load_s) {
   std::vector<int32_t> prompt(static_cast<size_t>(prompt_len));
   for (int64_t i = 0; i < prompt_len; ++i) prompt[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % V);
   std::vector<float> logits(static_cast<size_t>(V));
-  m.cache_reset(1, prompt_len + n);
+  m.cache_reset(1, prompt_len + n, kv_dtype);
   const auto t0 = std::chrono::steady_clock::now();
   m.infer(prompt.data(), 1, prompt_len, logits.data());
   const auto t1 = std::chrono::steady_clock::now();
@@ -76,16 +76,17 @@ int bench_decode(Model& m, int64_t prompt_len, int64_t n, double load_s) {
   bw_probe.measure(threads);
   const double bw = bw_probe.measure(threads);
   const nn::AttnLayerShape s = m.config().attn_shape(0);
-  // Decode's bytes a token: the weights plus the K/V cache read (float32), at the mean length.
+  // Decode's bytes a token: the weights plus the K/V cache read, at the mean length.
   const double kv = static_cast<double>(m.config().n_layers) *
-                    static_cast<double>(s.n_k() + s.n_v()) * 4.0 *
+                    static_cast<double>(s.n_k() + s.n_v()) * static_cast<double>(dtype_size(kv_dtype)) *
                     (static_cast<double>(prompt_len) + static_cast<double>(n) / 2.0);
   const double per_token = bytes_per_token(m) + kv;
   const double bound = bw * 1e9 / per_token;
   const double gflops = prefill_flops(m, prompt_len) / pre * 1e-9;
-  std::printf("bench generate: %s, %lld params (%s), threads %d, backend %s\n",
+  std::printf("bench generate: %s, %lld params (%s), threads %d, backend %s, KV cache %s\n",
               nn::attn_kind_name(m.config().attention), static_cast<long long>(m.num_params()),
-              m.storage().c_str(), threads, backend_name(resolve_backend(Backend::Auto)));
+              m.storage().c_str(), threads, backend_name(resolve_backend(Backend::Auto)),
+              dtype_name(kv_dtype));
   std::printf("  load %.2f s; peak RSS %.2f GB = %.2f x the weights' %.2f GB\n", load_s, rss * 1e-9,
               rss / bytes_per_token(m), bytes_per_token(m) * 1e-9);
   std::printf("  prefill %lld tokens in %.3f s: %.1f tokens/s, %.1f GFLOP/s = %.2f x sgemm (%.1f GFLOP/s)\n",
@@ -115,6 +116,9 @@ int run_generate(const std::vector<std::string>& argv) {
       .option("--top-k", "K", "0", "sample from the K most likely tokens (0: all)")
       .option("--top-p", "P", "1.0", "nucleus sampling: the smallest set with probability >= P")
       .option("--seed", "N", "0", "sampling seed")
+      .option("--kv-dtype", "T", "f32",
+              "the KV cache's storage: f32, bf16 or f16 (half the bytes, rounded once when "
+              "written; attention still computes in float32)")
       .option("--bench", "N", "0",
               "time a prefill of --bench-prompt tokens and N decode steps instead: load time, peak "
               "RSS against the weights, prefill GFLOP/s against the same-run sgemm rate, decode "
@@ -123,6 +127,7 @@ int run_generate(const std::vector<std::string>& argv) {
   if (!a.parse(argv)) return 0;
   if (!a.given("--model")) throw UsageError("--model DIR is required");
   const std::string dir = a.str("--model");
+  const DType kv_dtype = parse_dtype(a.str("--kv-dtype"), "--kv-dtype");
   const auto t_load = std::chrono::steady_clock::now();
   Model m = load_model(dir);
   const double load_s =
@@ -131,7 +136,7 @@ int run_generate(const std::vector<std::string>& argv) {
   const int64_t bench_prompt = a.integer("--bench-prompt", 1, int64_t{1} << 24);
   if (bench_steps > 0) {
     return bench_decode(m, std::max<int64_t>(1, std::min<int64_t>(bench_prompt, m.config().max_seq_len / 2)),
-                        bench_steps, load_s);
+                        bench_steps, load_s, kv_dtype);
   }
   const auto tok = data::tokenizer_for(dir);
   data::GenerateOptions o;
@@ -144,6 +149,7 @@ int run_generate(const std::vector<std::string>& argv) {
   }
   o.sampler.seed = static_cast<uint64_t>(a.integer("--seed", 0, INT64_MAX));
   o.stop_ids = data::stop_ids_for(dir, *tok);
+  o.kv_dtype = kv_dtype;
   const std::string prompt = a.str("--prompt");
   {
     const size_t n = tok->encode(prompt.empty() ? std::string("\n") : prompt).size();

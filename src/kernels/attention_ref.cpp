@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "diffattn/attention.h"
+#include "kernels/fused.h"
 #include "kernels/indexing.h"
 
 namespace diffattn {
@@ -46,6 +47,10 @@ int64_t visible(const AttnProblem& p, int64_t i) {
 
 void attention_fwd_ref(const AttnParams& p) {
   check_params(p, p.maps == 2 ? "diff_attention" : "attention");
+  if (p.kv_dtype != DType::F32) {  // 16-bit K/V: the same sums over their float32 values
+    std::vector<float> k, v;
+    return attention_fwd_ref(with_f32_kv(p, k, v));
+  }
   const Rows r(p);
   std::vector<double> p1, p2, w(static_cast<size_t>(p.Tk)), acc(static_cast<size_t>(p.Dv)),
       acc2(static_cast<size_t>(p.Dv));
@@ -186,6 +191,10 @@ void attention_bwd_ref(const AttnBwdParams& p) {
 
 void attention_probs(const AttnProblem& p, const float* lse_saved, int map, float* probs) {
   check_params(p, "attention_probs");
+  if (p.kv_dtype != DType::F32) {
+    throw InvalidArgument(std::string("attention_probs: k and v are ") + dtype_name(p.kv_dtype) +
+                          ", expected float32");
+  }
   if (map < 0 || map >= p.maps) {
     throw InvalidArgument("attention_probs: map must be 0" +
                           std::string(p.maps == 2 ? " or 1" : "") + ", got " +

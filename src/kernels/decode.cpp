@@ -10,12 +10,18 @@
 #include "hwy/highway.h"
 #include "kernels/simd-inl.h"
 
+#include <alloca.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
+#include "diffattn/dtype.h"
 #include "diffattn/runtime.h"
+#include "hwy/cache_control.h"
 #include "kernels/fused.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -48,55 +54,245 @@ struct DecodeLayout {
   }
 };
 
-// O[r] += p[r] * v over rows r < rows: v (n floats, n % Lanes == 0 not required) is loaded
-// once per vector for every row.
-void AccumulateRows(const float* HWY_RESTRICT v, size_t n, const float* HWY_RESTRICT pcol,
+// float32 of one K/V element, and a row of them: the cache's storage types (float, bfloat16,
+// float16) widened on load; all arithmetic is float32.
+HWY_INLINE float ScalarF32(float x) { return x; }
+HWY_INLINE float ScalarF32(hwy::bfloat16_t x) {
+  uint16_t bits;
+  std::memcpy(&bits, &x, 2);
+  return bf16_to_f32(bits);
+}
+HWY_INLINE float ScalarF32(hwy::float16_t x) {
+  uint16_t bits;
+  std::memcpy(&bits, &x, 2);
+  return f16_to_f32(bits);
+}
+
+// N elements at p as a float32 vector.
+template <typename E>
+HWY_INLINE VF LoadWide(DF d, const E* HWY_RESTRICT p) {
+  if constexpr (std::is_same_v<E, float>) {
+    return hn::LoadU(d, p);
+  } else {
+    return hn::PromoteTo(d, hn::LoadU(hn::Rebind<E, DF>(), p));
+  }
+}
+
+// sum_d q[d] k[d] over n elements (any n), k widened as it is loaded.
+template <typename E>
+HWY_INLINE float DotWide(const float* HWY_RESTRICT q, const E* HWY_RESTRICT k, size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  VF a0 = hn::Zero(d), a1 = hn::Zero(d);
+  size_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    a0 = hn::MulAdd(hn::LoadU(d, q + i), LoadWide(d, k + i), a0);
+    a1 = hn::MulAdd(hn::LoadU(d, q + i + N), LoadWide(d, k + i + N), a1);
+  }
+  for (; i + N <= n; i += N) a0 = hn::MulAdd(hn::LoadU(d, q + i), LoadWide(d, k + i), a0);
+  float s = hn::GetLane(hn::SumOfLanes(d, hn::Add(a0, a1)));
+  for (; i < n; ++i) s += q[i] * ScalarF32(k[i]);
+  return s;
+}
+
+// Four dot products at once, out[i] = q[i] . k[i] over n elements (n % Lanes == 0, Lanes >=
+// 4): four query rows against their key heads of one key row. Instead of a horizontal sum
+// per product, the four accumulators are transposed and added within each 128-bit block (two
+// rounds of interleaves), leaving lane 4b + i with block b's share of product i; then the
+// blocks are added.
+template <typename E>
+HWY_INLINE void Dot4(const float* const* HWY_RESTRICT q, const E* const* HWY_RESTRICT k,
+                     size_t n, float* HWY_RESTRICT out) {
+#if HWY_TARGET == HWY_SCALAR  // one lane: no blocks to transpose (dot4 is off there)
+  for (int i = 0; i < 4; ++i) out[i] = DotWide(q[i], k[i], n);
+#else
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  VF a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+  for (size_t i = 0; i < n; i += N) {
+    a0 = hn::MulAdd(hn::LoadU(d, q[0] + i), LoadWide(d, k[0] + i), a0);
+    a1 = hn::MulAdd(hn::LoadU(d, q[1] + i), LoadWide(d, k[1] + i), a1);
+    a2 = hn::MulAdd(hn::LoadU(d, q[2] + i), LoadWide(d, k[2] + i), a2);
+    a3 = hn::MulAdd(hn::LoadU(d, q[3] + i), LoadWide(d, k[3] + i), a3);
+  }
+  // per block: (a0[0] + a0[2], a1[0] + a1[2], a0[1] + a0[3], a1[1] + a1[3]), same for 2, 3
+  const VF t01 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
+  const VF t23 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
+  const hn::Repartition<uint64_t, DF> d64;
+  const auto w01 = hn::BitCast(d64, t01), w23 = hn::BitCast(d64, t23);
+  const VF u = hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, w01, w23)),
+                       hn::BitCast(d, hn::InterleaveUpper(d64, w01, w23)));
+  HWY_ALIGN float buf[hn::MaxLanes(DF())];
+  hn::Store(u, d, buf);
+  for (size_t i = 0; i < 4; ++i) {
+    float sum = buf[i];
+    for (size_t b = 4; b < N; b += 4) sum += buf[b + i];
+    out[i] = sum;
+  }
+#endif
+}
+
+// O[r] += p[r] * v over rows r < rows: v (n elements, n % Lanes == 0 not required) is loaded
+// and widened once per vector for every row.
+template <typename E>
+void AccumulateRows(const E* HWY_RESTRICT v, size_t n, const float* HWY_RESTRICT pcol,
                     size_t p_stride, size_t rows, float* HWY_RESTRICT O, size_t ldo) {
   const DF d;
   const size_t N = hn::Lanes(d);
   size_t i = 0;
   for (; i + N <= n; i += N) {
-    const VF vv = hn::LoadU(d, v + i);
+    const VF vv = LoadWide(d, v + i);
     for (size_t r = 0; r < rows; ++r) {
       float* o = O + r * ldo + i;
       hn::StoreU(hn::MulAdd(hn::Set(d, pcol[r * p_stride]), vv, hn::LoadU(d, o)), d, o);
     }
   }
   for (; i < n; ++i) {
-    for (size_t r = 0; r < rows; ++r) O[r * ldo + i] += pcol[r * p_stride] * v[i];
+    const float x = ScalarF32(v[i]);
+    for (size_t r = 0; r < rows; ++r) O[r * ldo + i] += pcol[r * p_stride] * x;
   }
 }
 
+// C (MR x NV vectors) += P (MR x kdim, row stride p_rs) V (kdim rows of ldv elements): the
+// rows' accumulators stay in registers across the keys, each V vector is loaded (and
+// widened) once for all MR rows.
+template <typename E, int MR, int NV>
+HWY_INLINE void PvKernel(DF d, size_t kdim, const float* HWY_RESTRICT pm, size_t p_rs,
+                         const E* HWY_RESTRICT v, size_t ldv, float* HWY_RESTRICT c, size_t ldc) {
+  const size_t N = hn::Lanes(d);
+  VF acc[MR][NV];
+  for (int r = 0; r < MR; ++r) {
+    for (int x = 0; x < NV; ++x) acc[r][x] = hn::Zero(d);
+  }
+  for (size_t kk = 0; kk < kdim; ++kk) {
+    VF bv[NV];
+    for (int x = 0; x < NV; ++x) bv[x] = LoadWide(d, v + kk * ldv + x * N);
+    for (int r = 0; r < MR; ++r) {
+      const VF av = hn::Set(d, pm[r * p_rs + kk]);
+      for (int x = 0; x < NV; ++x) acc[r][x] = hn::MulAdd(av, bv[x], acc[r][x]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int x = 0; x < NV; ++x) {
+      float* o = c + r * ldc + x * N;
+      hn::StoreU(hn::Add(hn::LoadU(d, o), acc[r][x]), d, o);
+    }
+  }
+}
+
+// O (rows x cols) += P (rows x kdim) V (kdim x cols), cols % Lanes == 0.
+template <typename E>
+void PvTile(size_t rows, size_t cols, size_t kdim, const float* pm, size_t p_rs, const E* v,
+            size_t ldv, float* c, size_t ldc) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  constexpr int NV = Micro::kNV;
+  const size_t nvec = cols / N;
+  auto block = [&]<int MR>(size_t r0) {
+    size_t x = 0;
+    // One or two rows (V1's two maps of one pair, a standard head): twice the columns per
+    // pass, so each P entry is broadcast once per value row (V1's 128-wide rows in one pass).
+    if constexpr (MR <= 2) {
+      for (; x + 2 * NV <= nvec; x += 2 * NV) {
+        PvKernel<E, MR, 2 * NV>(d, kdim, pm + r0 * p_rs, p_rs, v + x * N, ldv,
+                                c + r0 * ldc + x * N, ldc);
+      }
+    }
+    for (; x + NV <= nvec; x += NV) {
+      PvKernel<E, MR, NV>(d, kdim, pm + r0 * p_rs, p_rs, v + x * N, ldv, c + r0 * ldc + x * N, ldc);
+    }
+    for (; x < nvec; ++x) {
+      PvKernel<E, MR, 1>(d, kdim, pm + r0 * p_rs, p_rs, v + x * N, ldv, c + r0 * ldc + x * N, ldc);
+    }
+  };
+  size_t r = 0;
+  for (; r + 4 <= rows; r += 4) block.template operator()<4>(r);
+  for (; r + 2 <= rows; r += 2) block.template operator()<2>(r);
+  for (; r < rows; ++r) block.template operator()<1>(r);
+}
+
+// Asks for the cache lines of [p, p + bytes) into L2 ahead of their use: decode streams the
+// cache and needs many lines in flight per core to come near the read bandwidth, also while
+// it computes on the tile it has.
+HWY_INLINE void PrefetchSpan(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 2);
+}
+
+// The cache of batch b as elements of type E (float: p.k/p.v; 16-bit: p.k16/p.v16).
+template <typename E>
+struct CacheRows {
+  const E* k;
+  const E* v;
+  int64_t k_rs, k_hs, v_rs, v_hs;
+  int64_t k_span, v_span;  // bytes from a row's first head to its last element
+  CacheRows(const AttnProblem& p, int64_t b) {
+    if constexpr (std::is_same_v<E, float>) {
+      k = p.k;
+      v = p.v;
+    } else {
+      k = reinterpret_cast<const E*>(p.k16);
+      v = reinterpret_cast<const E*>(p.v16);
+    }
+    k += b * p.k_batch_stride;
+    v += b * p.v_batch_stride;
+    k_rs = p.k_row_stride, k_hs = p.k_head_stride, v_rs = p.v_row_stride, v_hs = p.v_head_stride;
+    k_span = static_cast<int64_t>(sizeof(E)) * ((p.key_heads() - 1) * k_hs + p.D);
+    v_span = static_cast<int64_t>(sizeof(E)) * ((p.G - 1) * v_hs + p.Dv);
+  }
+};
+
 // One chunk of keys of batch b for every group: partial m (M), l (L) and O of each row.
-// s: (G * Rg, Bk) scores of one tile.
+// s: (G * Rg, Bk) scores of one tile. K and V are read in place as E (float, or a 16-bit
+// cache widened to float32 in registers as each vector is loaded).
+template <typename E>
 void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, int64_t ch,
                  float* s, float* M, float* L, float* O) {
   const Rows r(p);
+  const CacheRows<E> c(p, b);
   const int64_t Bk = DecodeTiles::kBk, Rg = f.Rg, R = p.G * Rg;
   const int64_t kend = p.causal ? std::clamp<int64_t>(p.last_key(p.Tq - 1) + 1, 0, p.Tk) : p.Tk;
   const int64_t j_begin = ch * f.chunk, j_end = std::min(kend, j_begin + f.chunk);
   std::fill(M, M + R, kNegInf);
   std::fill(L, L + R, 0.0f);
   std::fill(O, O + R * f.Dvp, 0.0f);
-  // Row rr of group g: its query and key head.
-  auto row_of = [&](int64_t g, int64_t rr, const float*& q, int64_t& kh) {
-    const int64_t t = rr % p.Tq, hm = rr / p.Tq;
+  // Row row = g * Rg + rr, rr = (hh * maps + m) * Tq + t (map m of pair g * gs + hh, query
+  // row t): its query and its key head, worked out once per chunk, not per key.
+  const float** const rq = static_cast<const float**>(alloca(sizeof(float*) * R));
+  int64_t* const rk = static_cast<int64_t*>(alloca(sizeof(int64_t) * R));
+  for (int64_t row = 0; row < R; ++row) {
+    const int64_t g = row / Rg, rr = row % Rg, t = rr % p.Tq, hm = rr / p.Tq;
     const int64_t h = g * f.gs + hm / p.maps;
     const int m = static_cast<int>(hm % p.maps);
-    q = r.q(b, t, r.q_head(h, m));
-    kh = r.key_head(h, m);
-  };
+    rq[row] = r.q(b, t, r.q_head(h, m));
+    rk[row] = r.key_head(h, m) * c.k_hs;
+  }
+  const bool direct = p.Dv % static_cast<int64_t>(hn::Lanes(DF())) == 0;
+  // Four rows per score step when a key head is a whole number of vectors of >= 4 lanes.
+  const bool dot4 = hn::Lanes(DF()) >= 4 && p.D % static_cast<int64_t>(hn::Lanes(DF())) == 0;
+  constexpr int64_t kSub = 16;  // keys per P V product between two rounds of prefetches
   for (int64_t j0 = j_begin; j0 < j_end; j0 += Bk) {
     const int64_t nk = std::min(Bk, j_end - j0);
+    const E* const kt = c.k + j0 * c.k_rs;
+    const E* const vt = c.v + j0 * c.v_rs;
     // Scores key by key, every head of the key row in turn: the cache streams front to back.
+    // Meanwhile the next tile's key rows are asked for, one per key (and, in the first tile,
+    // this tile's value rows); the next tile's value rows are asked for during the P V
+    // product below. The requests are spread over all the tile's compute, so the memory
+    // system always has lines in flight.
     for (int64_t j = 0; j < nk; ++j) {
-      for (int64_t g = 0; g < p.G; ++g) {
-        for (int64_t rr = 0; rr < Rg; ++rr) {
-          const float* q;
-          int64_t kh;
-          row_of(g, rr, q, kh);
-          s[(g * Rg + rr) * Bk + j] = Dot(q, r.k(b, j0 + j, kh), static_cast<size_t>(p.D));
-        }
+      if (j0 == j_begin) PrefetchSpan(vt + j * c.v_rs, c.v_span);
+      if (j0 + Bk + j < j_end) PrefetchSpan(kt + (Bk + j) * c.k_rs, c.k_span);
+      const E* kr = kt + j * c.k_rs;
+      int64_t row = 0;
+      for (; dot4 && row + 4 <= R; row += 4) {  // the key row's heads in order
+        const E* k4[4] = {kr + rk[row], kr + rk[row + 1], kr + rk[row + 2], kr + rk[row + 3]};
+        float sc[4];
+        Dot4(rq + row, k4, static_cast<size_t>(p.D), sc);
+        for (int i = 0; i < 4; ++i) s[(row + i) * Bk + j] = sc[i];
+      }
+      for (; row < R; ++row) {
+        s[row * Bk + j] = DotWide(rq[row], kr + rk[row], static_cast<size_t>(p.D));
       }
     }
     for (int64_t row = 0; row < R; ++row) {
@@ -110,21 +306,28 @@ void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, in
         for (int64_t d = 0; d < p.Dv; ++d) o[d] *= alpha;
       }
     }
-    // O += P V, each value row read once for all the rows of its group. When a value row
-    // is a whole number of vectors, the tile is multiplied straight from the cache with the
-    // rows' accumulators held in registers across the tile's keys.
-    const bool direct = p.Dv % static_cast<int64_t>(hn::Lanes(DF())) == 0;
-    for (int64_t g = 0; g < p.G && direct; ++g) {
-      GemmAnyRows(static_cast<size_t>(Rg), static_cast<size_t>(p.Dv), static_cast<size_t>(nk),
-                  s + g * Rg * Bk, static_cast<size_t>(Bk), 1, r.v(b, j0, g),
-                  static_cast<size_t>(p.v_row_stride), O + g * Rg * f.Dvp,
-                  static_cast<size_t>(f.Dvp), true);
-    }
-    for (int64_t j = 0; j < nk && !direct; ++j) {
+    // O += P V, each value row read once for all the rows of its group: when a value row is
+    // a whole number of vectors, with the rows' accumulators in registers across the keys.
+    for (int64_t js = 0; js < nk; js += kSub) {
+      const int64_t ns = std::min(kSub, nk - js);
+      for (int64_t j = js; j < js + ns && j0 + Bk + j < j_end; ++j) {
+        PrefetchSpan(vt + (Bk + j) * c.v_rs, c.v_span);
+      }
       for (int64_t g = 0; g < p.G; ++g) {
-        AccumulateRows(r.v(b, j0 + j, g), static_cast<size_t>(p.Dv), s + g * Rg * Bk + j,
-                       static_cast<size_t>(Bk), static_cast<size_t>(Rg), O + g * Rg * f.Dvp,
-                       static_cast<size_t>(f.Dvp));
+        const float* pg = s + g * Rg * Bk + js;
+        float* og = O + g * Rg * f.Dvp;
+        const E* vg = vt + js * c.v_rs + g * c.v_hs;
+        if (direct) {
+          PvTile(static_cast<size_t>(Rg), static_cast<size_t>(p.Dv), static_cast<size_t>(ns), pg,
+                 static_cast<size_t>(Bk), vg, static_cast<size_t>(c.v_rs), og,
+                 static_cast<size_t>(f.Dvp));
+          continue;
+        }
+        for (int64_t j = 0; j < ns; ++j) {
+          AccumulateRows(vg + j * c.v_rs, static_cast<size_t>(p.Dv), pg + j,
+                         static_cast<size_t>(Bk), static_cast<size_t>(Rg), og,
+                         static_cast<size_t>(f.Dvp));
+        }
       }
     }
   }
@@ -135,7 +338,7 @@ void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, in
 void FusedDecode(const AttnDecodeParams& p) {
   if (p.B == 0 || p.Tq == 0) return;
   const double bytes =
-      4.0 * static_cast<double>(p.B * p.Tk) * static_cast<double>(p.key_heads() * p.D + p.G * p.Dv);
+      static_cast<double>(dtype_size(p.kv_dtype)) * static_cast<double>(p.B * p.Tk) * static_cast<double>(p.key_heads() * p.D + p.G * p.Dv);
   const int threads =
       fused::Parallel::threads_for(bytes, fused::Parallel::kMinBytesPerThread, num_threads());
   const DecodeLayout f(p, threads);
@@ -150,8 +353,15 @@ void FusedDecode(const AttnDecodeParams& p) {
     float* const s = fused::scratch(3, G * Rg * DecodeTiles::kBk);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
-      DecodeChunk(p, f, it / f.nch, it % f.nch, s, M + it * G * Rg, L + it * G * Rg,
-                  O + it * G * Rg * f.Dvp);
+      const int64_t b = it / f.nch, ch = it % f.nch;
+      float* const Mi = M + it * G * Rg;
+      float* const Li = L + it * G * Rg;
+      float* const Oi = O + it * G * Rg * f.Dvp;
+      switch (p.kv_dtype) {
+        case DType::F32: DecodeChunk<float>(p, f, b, ch, s, Mi, Li, Oi); break;
+        case DType::BF16: DecodeChunk<hwy::bfloat16_t>(p, f, b, ch, s, Mi, Li, Oi); break;
+        case DType::F16: DecodeChunk<hwy::float16_t>(p, f, b, ch, s, Mi, Li, Oi); break;
+      }
     }
   }
   // Merge, chunk by chunk in order (deterministic): with Mx the max of the chunks' m,

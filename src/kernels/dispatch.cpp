@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "diffattn/attention.h"
 #include "kernels/fused.h"
@@ -72,10 +73,19 @@ bool decode_capable(const AttnParams& p) { return p.maps == 1 || p.mode == DiffM
 // and k need none either: they propagate through the scores.
 bool values_finite(const AttnProblem& p) {
   const Rows r(p);
-    for (int64_t b = 0; b < p.B; ++b) {
+  std::vector<float> row(p.kv_dtype == DType::F32 ? 0 : static_cast<size_t>(p.Dv));
+  for (int64_t b = 0; b < p.B; ++b) {
     for (int64_t t = 0; t < p.Tk; ++t) {
       for (int64_t g = 0; g < p.G; ++g) {
-        const float* x = r.v(b, t, g);
+        const float* x;
+        if (p.kv_dtype == DType::F32) {
+          x = r.v(b, t, g);
+        } else {
+          convert_to_f32(row.data(),
+                         p.v16 + b * p.v_batch_stride + t * p.v_row_stride + g * p.v_head_stride,
+                         p.kv_dtype, p.Dv);
+          x = row.data();
+        }
         float z = 0.0f;  // x * 0 is NaN exactly when x is NaN or Inf
         for (int64_t d = 0; d < p.Dv; ++d) z += x[d] * 0.0f;
         if (z != 0.0f) return false;
@@ -92,10 +102,18 @@ void attention_fwd(const AttnParams& p, Backend backend) {
   g_forward.fetch_add(1, std::memory_order_relaxed);
   if (resolve_backend(backend) == Backend::Reference) return attention_fwd_ref(p);
   check_params(p, op);
-  if (p.Tq <= fused::DecodeTiles::kMaxRows && p.Tk >= fused::DecodeTiles::kMinKeys &&
-      decode_capable(p)) {
+  // A 16-bit cache takes the decode path at any length: it reads 16 bits in place, where the
+  // tiled forward would need a float32 copy of the whole cache per call.
+  if (p.Tq <= fused::DecodeTiles::kMaxRows &&
+      (p.Tk >= fused::DecodeTiles::kMinKeys || p.kv_dtype != DType::F32) && decode_capable(p)) {
     if (p.causal && p.Tq > 1 && !values_finite(p)) return attention_fwd_ref(p);
     return attention_decode_fused(AttnDecodeParams(p));
+  }
+  if (p.kv_dtype != DType::F32) {  // 16-bit K/V: the tiled forward reads a float32 copy
+    std::vector<float> k, v;
+    const AttnParams f = with_f32_kv(p, k, v);
+    if (!attention_fwd_fused(f)) attention_fwd_ref(f);
+    return;
   }
   if (!attention_fwd_fused(p)) attention_fwd_ref(p);  // a non-finite v under a causal mask
 }
@@ -110,7 +128,9 @@ void attention_decode(const AttnDecodeParams& p, Backend backend) {
                           std::to_string(p.key_chunk));
   }
   if (!decode_capable(p)) {
-    if (!attention_fwd_fused(p)) attention_fwd_ref(p);
+    std::vector<float> k, v;
+    const AttnParams f = p.kv_dtype == DType::F32 ? AttnParams(p) : with_f32_kv(p, k, v);
+    if (!attention_fwd_fused(f)) attention_fwd_ref(f);
     return;
   }
   if (p.causal && p.Tq > 1 && !values_finite(p)) return attention_fwd_ref(p);

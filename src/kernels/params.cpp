@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "diffattn/attention.h"
+#include "kernels/fused.h"
 
 namespace diffattn {
 
@@ -294,8 +295,19 @@ void check_problem(const AttnProblem& p, const char* op) {
   check_layout(op, "out", true, p.B, p.Tq, p.H, p.Dv, p.o_batch_stride, p.o_row_stride,
                p.o_head_stride);
   need_data(op, "q", p.q, p.numel(p.q_shape()));
-  need_data(op, "k", p.k, p.numel(p.k_shape()));
-  need_data(op, "v", p.v, p.numel(p.v_shape()));
+  if (p.kv_dtype == DType::F32) {
+    need_data(op, "k", p.k, p.numel(p.k_shape()));
+    need_data(op, "v", p.v, p.numel(p.v_shape()));
+  } else if (p.kv_dtype == DType::BF16 || p.kv_dtype == DType::F16) {
+    if (p.k != nullptr || p.v != nullptr) {
+      fail(op, std::string("kv_dtype is ") + dtype_name(p.kv_dtype) +
+                   ": k and v must be null (the 16-bit K/V are k16 and v16)");
+    }
+    need_data(op, "k16", p.k16, p.numel(p.k_shape()));
+    need_data(op, "v16", p.v16, p.numel(p.v_shape()));
+  } else {
+    fail(op, "kv_dtype is not F32, BF16 or F16");
+  }
   if (p.maps == 2) need_data(op, "lam", p.lam, p.numel(p.lam_shape()));
 }
 
@@ -324,6 +336,10 @@ void check_lambda(const AttnProblem& p, const char* op) {
 
 void check_params(const AttnBwdParams& p, const char* op) {
   check_problem(p, op);
+  if (p.kv_dtype != DType::F32) {
+    fail(op, std::string("k and v are ") + dtype_name(p.kv_dtype) +
+                 " (a low-precision KV cache): the backward needs float32 k and v");
+  }
   need_data(op, "out (saved by the forward)", p.out, p.numel(p.out_shape()));
   if (p.maps == 2 && p.mode != DiffMode::Signed) {
     fail(op, "the backward is defined for signed differential attention and standard "
@@ -346,6 +362,38 @@ void check_params(const AttnBwdParams& p, const char* op) {
     need_data(op, "o2 (saved by the forward)", p.o2, nq);
     need_data(op, "dlam", p.dlam, p.numel(p.lam_shape()));
   }
+}
+
+AttnParams with_f32_kv(const AttnParams& p, std::vector<float>& k, std::vector<float>& v) {
+  AttnParams f = p;
+  const int64_t KH = p.key_heads();
+  k.resize(static_cast<size_t>(p.B * p.Tk * KH * p.D));
+  v.resize(static_cast<size_t>(p.B * p.Tk * p.G * p.Dv));
+  for (int64_t b = 0; b < p.B; ++b) {
+    for (int64_t t = 0; t < p.Tk; ++t) {
+      for (int64_t h = 0; h < KH; ++h) {
+        convert_to_f32(&k[static_cast<size_t>(((b * p.Tk + t) * KH + h) * p.D)],
+                       p.k16 + b * p.k_batch_stride + t * p.k_row_stride + h * p.k_head_stride,
+                       p.kv_dtype, p.D);
+      }
+      for (int64_t g = 0; g < p.G; ++g) {
+        convert_to_f32(&v[static_cast<size_t>(((b * p.Tk + t) * p.G + g) * p.Dv)],
+                       p.v16 + b * p.v_batch_stride + t * p.v_row_stride + g * p.v_head_stride,
+                       p.kv_dtype, p.Dv);
+      }
+    }
+  }
+  f.kv_dtype = DType::F32;
+  f.k = k.data();
+  f.v = v.data();
+  f.k16 = f.v16 = nullptr;
+  f.k_head_stride = p.D;
+  f.k_row_stride = KH * p.D;
+  f.k_batch_stride = p.Tk * KH * p.D;
+  f.v_head_stride = p.Dv;
+  f.v_row_stride = p.G * p.Dv;
+  f.v_batch_stride = p.Tk * p.G * p.Dv;
+  return f;
 }
 
 double visible_pairs(const AttnProblem& p) {

@@ -367,11 +367,11 @@ Model::LayerAttention Model::layer_attention(int64_t layer) const {
   return a;
 }
 
-void Model::cache_reset(int64_t B, int64_t capacity) {
+void Model::cache_reset(int64_t B, int64_t capacity, DType kv_dtype) {
   if (capacity > cfg_.max_seq_len) capacity = cfg_.max_seq_len;
   caches_.resize(static_cast<size_t>(cfg_.n_layers));
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
-    caches_[static_cast<size_t>(l)].reset(cfg_.attn_shape(l), B, capacity);
+    caches_[static_cast<size_t>(l)].reset(cfg_.attn_shape(l), B, capacity, kv_dtype);
   }
 
 }

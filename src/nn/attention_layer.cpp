@@ -21,12 +21,16 @@ const char* attn_kind_name(AttnKind k) {
   return "?";
 }
 
-void KVCache::reset(const AttnLayerShape& s, int64_t batch, int64_t cap) {
+void KVCache::reset(const AttnLayerShape& s, int64_t batch, int64_t cap, DType dtype) {
   B = batch;
   capacity = cap;
   len = 0;
-  k.assign(static_cast<size_t>(B * cap * s.n_k()), 0.0f);
-  v.assign(static_cast<size_t>(B * cap * s.n_v()), 0.0f);
+  kv_dtype = dtype;
+  const bool f32 = dtype == DType::F32;
+  k.assign(f32 ? static_cast<size_t>(B * cap * s.n_k()) : 0, 0.0f);
+  v.assign(f32 ? static_cast<size_t>(B * cap * s.n_v()) : 0, 0.0f);
+  k16.assign(f32 ? 0 : static_cast<size_t>(B * cap * s.n_k()), 0);
+  v16.assign(f32 ? 0 : static_cast<size_t>(B * cap * s.n_v()), 0);
 }
 
 double v1_lambda(const AttnLayerWeights& w, const AttnLayerShape& s, double* e1, double* e2) {
@@ -51,8 +55,14 @@ AttnParams make_params(const AttnLayerShape& s, int64_t B, int64_t Tq, const flo
   const int64_t np = s.n_proj();
   const int64_t Tk = cache ? cache->len : Tq;
   const float* q = proj;
-  const float* k = cache ? cache->k.data() : proj + s.n_q();
-  const float* v = cache ? cache->v.data() : proj + s.n_q() + s.n_k();
+  const bool c16 = cache && cache->kv_dtype != DType::F32;
+  // A 16-bit cache: the views carry its address for the builders' checks only; k16/v16 below.
+  const float* k = !cache ? proj + s.n_q()
+                   : c16  ? reinterpret_cast<const float*>(cache->k16.data())
+                          : cache->k.data();
+  const float* v = !cache ? proj + s.n_q() + s.n_k()
+                   : c16  ? reinterpret_cast<const float*>(cache->v16.data())
+                          : cache->v.data();
   AttnOptions opts;
   opts.causal = true;
   // q is a column block of the (B, T, n_proj) projection; k and v are too, or rows of the
@@ -68,6 +78,12 @@ AttnParams make_params(const AttnLayerShape& s, int64_t B, int64_t Tq, const flo
   } else {
     const Shape lam_shape = s.kind == AttnKind::DiffV1 ? Shape{s.H} : Shape{B, Tq, s.H};
     p = diff_attn_params(qv, kv, vv, {lam, lam_shape}, opts);
+  }
+  if (c16) {
+    p.kv_dtype = cache->kv_dtype;
+    p.k16 = cache->k16.data();
+    p.v16 = cache->v16.data();
+    p.k = p.v = nullptr;
   }
   return p;
 }
@@ -105,10 +121,17 @@ void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
       for (int64_t t = 0; t < T; ++t) {
         const float* row = proj + (b * T + t) * np;
         const int64_t at = b * cache->capacity + cache->len + t;
-        std::memcpy(&cache->k[static_cast<size_t>(at * s.n_k())], row + s.n_q(),
-                    sizeof(float) * static_cast<size_t>(s.n_k()));
-        std::memcpy(&cache->v[static_cast<size_t>(at * s.n_v())], row + s.n_q() + s.n_k(),
-                    sizeof(float) * static_cast<size_t>(s.n_v()));
+        if (cache->kv_dtype == DType::F32) {
+          std::memcpy(&cache->k[static_cast<size_t>(at * s.n_k())], row + s.n_q(),
+                      sizeof(float) * static_cast<size_t>(s.n_k()));
+          std::memcpy(&cache->v[static_cast<size_t>(at * s.n_v())], row + s.n_q() + s.n_k(),
+                      sizeof(float) * static_cast<size_t>(s.n_v()));
+        } else {  // rounded to the cache's 16-bit type once, here
+          convert_from_f32(&cache->k16[static_cast<size_t>(at * s.n_k())], row + s.n_q(),
+                           cache->kv_dtype, s.n_k());
+          convert_from_f32(&cache->v16[static_cast<size_t>(at * s.n_v())],
+                           row + s.n_q() + s.n_k(), cache->kv_dtype, s.n_v());
+        }
       }
     }
     cache->len += T;

@@ -29,7 +29,7 @@ std::vector<int32_t> generate_ids(Model& m, const std::vector<int32_t>& ids,
   const int64_t n_new = std::min<int64_t>(o.max_new, cap - static_cast<int64_t>(ids.size()));
   std::vector<int32_t> out;
   if (n_new == 0) return out;
-  m.cache_reset(1, static_cast<int64_t>(ids.size()) + n_new);
+  m.cache_reset(1, static_cast<int64_t>(ids.size()) + n_new, o.kv_dtype);
   Sampler sampler(o.sampler);
   std::vector<float> logits(static_cast<size_t>(V));
   m.infer(ids.data(), 1, static_cast<int64_t>(ids.size()), logits.data());

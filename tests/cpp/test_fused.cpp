@@ -191,6 +191,137 @@ TEST(FusedDecode, ExplicitEntryWithManySplitsMatchesReference) {
   }
 }
 
+// ---- 16-bit K/V (a BF16 or F16 KV cache) ----
+
+// pr's K/V rounded to dt and stored as 16 bits; params() reads them (k16/v16).
+struct Kv16 {
+  std::vector<uint16_t> k, v;
+  std::vector<float> k_rounded, v_rounded;  // the same values as float32
+  Kv16(const Problem& pr, DType dt) : k(pr.k.size()), v(pr.v.size()), k_rounded(pr.k.size()),
+                                      v_rounded(pr.v.size()) {
+    convert_from_f32(k.data(), pr.k.data(), dt, static_cast<int64_t>(k.size()));
+    convert_from_f32(v.data(), pr.v.data(), dt, static_cast<int64_t>(v.size()));
+    convert_to_f32(k_rounded.data(), k.data(), dt, static_cast<int64_t>(k.size()));
+    convert_to_f32(v_rounded.data(), v.data(), dt, static_cast<int64_t>(v.size()));
+  }
+  AttnParams params(const Problem& pr, DType dt, testing::FwdResult& res) const {
+    AttnParams p = pr.params();
+    p.kv_dtype = dt;
+    p.k = p.v = nullptr;
+    p.k16 = k.data();
+    p.v16 = v.data();
+    res.out.assign(static_cast<size_t>(p.numel(p.out_shape())), NAN);
+    res.lse.assign(static_cast<size_t>(p.numel(p.lse_shape())), NAN);
+    p.out = res.out.data();
+    p.lse = res.lse.data();
+    if (p.maps == 2) {
+      res.o2.assign(res.out.size(), NAN);
+      p.o2 = res.o2.data();
+    }
+    return p;
+  }
+};
+
+double max_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double e = 0;
+  for (size_t i = 0; i < a.size(); ++i) e = std::max(e, std::abs(static_cast<double>(a[i]) - b[i]));
+  return e;
+}
+
+// The tolerance rule of low-precision tests (FlashAttention's): against the float64 reference
+// on the unrounded inputs, the result may be at most 2x as wrong as a plain computation in
+// that dtype (K/V rounded to it, naive float32 arithmetic), plus float32 rounding of the size
+// of the values.
+void expect_within_dtype_error(const char* name, const std::vector<float>& got,
+                               const std::vector<float>& truth64, const std::vector<float>& plain) {
+  ASSERT_EQ(got.size(), truth64.size()) << name;
+  const double plain_err = max_err(plain, truth64), err = max_err(got, truth64);
+  const double bound = 2.0 * plain_err + 32.0 * kEps32 * std::max(1e-30, max_abs(truth64));
+  EXPECT_LE(err, bound) << name << ": max error vs float64 " << err << " > bound " << bound
+                        << " (plain computation in the dtype: " << plain_err << ")";
+  EXPECT_GT(plain_err, 0.0) << name << ": rounding K/V changed nothing (a vacuous test)";
+}
+
+TEST(FusedDecode, Cache16MatchesFloat64ReferenceAndTheFloat32Path) {
+  // name, maps, B, Tq, Tk, H, G, D, Dv, shared keys (V2), lambda per token, causal
+  const Case cases[] = {
+      Case{"v1", 2, 2, 1, 777, 2, 1, 16, 32, false, false, true},
+      Case{"v1_tq3_gqa", 2, 1, 3, 301, 4, 2, 16, 32, false, false, true},
+      Case{"v2_tq3", 2, 1, 3, 613, 4, 2, 8, 8, true, true, true},
+      Case{"v2_not_causal", 2, 2, 1, 515, 2, 2, 16, 16, true, true, false},
+      Case{"standard_gqa", 1, 1, 1, 999, 4, 1, 16, 16, false, false, true},
+      Case{"standard_tq3", 1, 2, 3, 257, 2, 2, 8, 8, false, false, false},
+      Case{"odd_dims", 2, 1, 3, 389, 2, 1, 5, 7, false, false, true},
+      Case{"two_threads", 2, 1, 1, 12001, 2, 1, 16, 32, false, false, true},
+      Case{"short_cache", 2, 1, 3, 37, 2, 1, 8, 16, false, false, true},  // decode path below 256
+      Case{"prefill_tiled", 2, 1, 40, 40, 2, 1, 8, 16, false, false, true},
+  };
+  for (const Case& c : cases) {
+    for (const DType dt : {DType::BF16, DType::F16}) {
+      SCOPED_TRACE(std::string(c.name) + " " + dtype_name(dt));
+      const Problem pr = problem_of(c, 61);
+      const Kv16 kv(pr, dt);
+      Problem rounded = pr;  // the float32 path on the rounded values
+      rounded.k = kv.k_rounded;
+      rounded.v = kv.v_rounded;
+      const testing::FwdResult truth64 = testing::run_fwd(pr, Backend::Reference);
+      const std::vector<float> plain = testing::naive_fwd(rounded.params());
+      const testing::FwdResult truth_r = testing::run_fwd(rounded, Backend::Reference);
+      const testing::FwdResult f32_r = testing::run_fwd(rounded, Backend::Fused);
+      const std::vector<float> naive_r = plain;
+      for (int route = 0; route < 3; ++route) {
+        SCOPED_TRACE(route == 0 ? "auto" : route == 1 ? "attention_decode, 5 splits" : "reference");
+        testing::FwdResult got;
+        AttnParams p = kv.params(pr, dt, got);
+        if (route == 0) {
+          attention_fwd(p);
+        } else if (route == 1) {
+          AttnDecodeParams dp(p);
+          dp.key_chunk = (c.Tk + 4) / 5;
+          attention_decode(dp);
+        } else {
+          attention_fwd(p, Backend::Reference);
+        }
+        expect_within_dtype_error("out", got.out, truth64.out, plain);
+        // Against the float32 path on the same (rounded) values: float32 rounding only.
+        expect_close("out vs reference on rounded K/V", got.out, truth_r.out, naive_r);
+        expect_close("out vs float32 fused on rounded K/V", got.out, f32_r.out, naive_r);
+        expect_lse_close(got.lse, truth_r.lse);
+        if (c.maps == 2) expect_close("o2", got.o2, truth_r.o2, naive_r);
+      }
+    }
+  }
+}
+
+TEST(FusedDecode, Cache16RefusedWhereFloat32IsNeeded) {
+  const Problem pr = problem_of(Case{"", 2, 1, 1, 300, 2, 1, 8, 16, false, false, true}, 62);
+  const Kv16 kv(pr, DType::BF16);
+  testing::FwdResult res;
+  AttnParams p = kv.params(pr, DType::BF16, res);
+  AttnBwdParams bp(p);
+  std::vector<float> dout(res.out.size(), 1.0f), dq(pr.q.size()), dk(pr.k.size()), dv(pr.v.size()),
+      dlam(pr.lam.size());
+  bp.dout = dout.data(), bp.dq = dq.data(), bp.dk = dk.data(), bp.dv = dv.data(),
+  bp.dlam = dlam.data();
+  for (Backend be : {Backend::Fused, Backend::Reference}) {
+    try {
+      attention_bwd(bp, be);
+      ADD_FAILURE() << "the backward took a BF16 k/v";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("BF16"), std::string::npos) << e.what();
+    }
+  }
+  std::vector<float> probs(static_cast<size_t>(p.B * p.H * p.Tq * p.Tk));
+  attention_fwd(p);
+  EXPECT_THROW(attention_probs(p, 0, probs.data()), InvalidArgument);
+  AttnParams both = p;  // 16-bit type with float pointers too: ambiguous, refused
+  both.k = pr.k.data();
+  EXPECT_THROW(attention_fwd(both), InvalidArgument);
+  AttnParams missing = p;
+  missing.v16 = nullptr;
+  EXPECT_THROW(attention_fwd(missing), InvalidArgument);
+}
+
 // ---- strided views: a fused QKV buffer and a KV cache with spare capacity ----
 
 TEST(FusedStrides, StridedViewsGiveTheContiguousResult) {

@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <random>
 
@@ -149,6 +151,73 @@ TEST_P(ModelKinds, KvCacheDecodeMatchesFullForward) {
   }
   EXPECT_EQ(m.cache_len(), T);
   EXPECT_THROW(m.infer(tok.data(), 1, 1, last.data()), InvalidArgument);  // cache full
+}
+
+// A BF16 or F16 KV cache (prefill through the tiled forward on a float32 copy, then the
+// split-KV decode reading 16 bits) against the float32 cache, fed the float32 cache's greedy
+// tokens. The operator's accuracy is tested against float64 in test_fused; here the logits
+// of every step must stay within the dtype's unit roundoff u (2^-8 BF16, 2^-11 F16) times
+// the logits' size times the growth through the layers (measured about 12 for both dtypes on
+// these seeded models; the bound allows 32), the F16 cache closer than the BF16 one. Free-
+// running greedy generation with each cache is compared too and its first divergence printed
+// (a divergence is legitimate where the float32 top-two margin is within the error).
+TEST_P(ModelKinds, Kv16CacheGreedyDecodeMatchesFloat32Cache) {
+  ModelConfig c = tiny(GetParam());
+  c.max_seq_len = 384;  // long enough for the split-KV decode path (>= 256 keys)
+  Model m(c);
+  scale_weights(m, 8);
+  const int64_t prompt = 300, steps = 60, V = c.vocab_size;
+  const auto tok = random_tokens(prompt, V, 12);
+  auto argmax = [&](const std::vector<float>& l) {
+    return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+  };
+  auto greedy = [&](DType dt, const std::vector<int32_t>* forced,
+                    std::vector<std::vector<float>>* logits) {
+    m.cache_reset(1, prompt + steps, dt);
+    std::vector<float> last(static_cast<size_t>(V));
+    m.infer(tok.data(), 1, prompt, last.data());
+    std::vector<int32_t> out;
+    for (int64_t i = 0; i < steps; ++i) {
+      if (logits) logits->push_back(last);
+      const int32_t next = forced ? (*forced)[static_cast<size_t>(i)] : argmax(last);
+      out.push_back(argmax(last));
+      m.infer(&next, 1, 1, last.data());
+    }
+    return out;
+  };
+  std::vector<std::vector<float>> ref;
+  const std::vector<int32_t> want = greedy(DType::F32, nullptr, &ref);
+  double bf16_worst = 0;
+  for (const DType dt : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const double u = dt == DType::BF16 ? 1.0 / 256 : 1.0 / 2048;
+    std::vector<std::vector<float>> got;
+    greedy(dt, &want, &got);
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < steps; ++i) {
+      const auto& a = got[static_cast<size_t>(i)];
+      const auto& b = ref[static_cast<size_t>(i)];
+      double err = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        err = std::max(err, std::abs(static_cast<double>(a[v]) - b[v]));
+        scale = std::max(scale, std::abs(static_cast<double>(b[v])));
+      }
+      worst = std::max(worst, err);
+    }
+    EXPECT_LE(worst, 32 * u * scale) << "logits of the " << dtype_name(dt) << " cache";
+    if (dt == DType::F16) EXPECT_LT(worst, bf16_worst) << "F16 (11-bit mantissa) vs BF16 (8)";
+    bf16_worst = worst;
+    EXPECT_GT(worst, 0.0) << "the 16-bit cache changed no logit (is it stored in 16 bits?)";
+    const std::vector<int32_t> free_run = greedy(dt, nullptr, nullptr);
+    const auto diverge = std::mismatch(want.begin(), want.end(), free_run.begin()).first;
+    std::cout << "[ info     ] " << nn::attn_kind_name(GetParam()) << " " << dtype_name(dt)
+              << " cache: max logit difference " << worst << " (logits up to " << scale
+              << "); greedy over " << steps << " tokens "
+              << (diverge == want.end()
+                      ? std::string("unchanged")
+                      : "first diverges at token " + std::to_string(diverge - want.begin()))
+              << "\n";
+  }
 }
 
 TEST_P(ModelKinds, SaveThenLoadReproducesLogitsBitForBit) {
