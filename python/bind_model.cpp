@@ -143,19 +143,22 @@ void bind_model(py::module_& m) {
       .def(
           "generate",
           [](Model& self, const std::vector<int32_t>& prompt, int64_t max_new, double temperature,
-             uint64_t seed, const std::vector<int32_t>& stop_ids) {
+             uint64_t seed, const std::vector<int32_t>& stop_ids, const std::string& kv_dtype) {
             data::GenerateOptions o;
             o.max_new = max_new;
             o.sampler.temperature = temperature;
             o.sampler.seed = seed;
             o.stop_ids = stop_ids;
+            o.kv_dtype = parse_dtype(kv_dtype, "kv_dtype");
             py::gil_scoped_release nogil;
             return data::generate_ids(self, prompt, o);
           },
           py::arg("prompt_ids"), py::arg("max_new"), py::arg("temperature") = 0.0,
           py::arg("seed") = 0, py::arg("stop_ids") = std::vector<int32_t>{},
-          "new token ids continuing prompt_ids through the KV cache (temperature 0: greedy); "
-          "stops at max_new, at max_seq_len or before an id in stop_ids")
+          py::arg("kv_dtype") = "f32",
+          "new token ids continuing prompt_ids through the KV cache (temperature 0: greedy; "
+          "kv_dtype 'f32', 'bf16' or 'f16' stores the cache in that type); stops at max_new, "
+          "at max_seq_len or before an id in stop_ids")
       .def_property_readonly("trainable", &Model::trainable,
                              "False for a model over weights kept as loaded (Hugging Face BF16/F16)")
       .def_property_readonly("storage", &Model::storage, "where the weights live")
