@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "diffattn/attention_layer.h"
+#include "diffattn/dtype.h"
 #include "diffattn/error.h"
 #include "diffattn/files.h"
 #include "diffattn/rng.h"
@@ -182,7 +183,7 @@ class Model {
 };
 
 // ---- safetensors ----
-enum class DType { F32, BF16, F16 };
+// DType: include/diffattn/dtype.h.
 
 struct SafeTensor {
   DType dtype = DType::F32;

@@ -1,8 +1,8 @@
 // The safetensors format: an 8-byte little-endian header length, a JSON header mapping each
 // tensor name to {dtype, shape, data_offsets} (offsets relative to the data after the header)
 // plus an optional "__metadata__" string map, then the raw little-endian data.
-// We write F32; we read F32, BF16 and F16 (converted to float32). Every check names the file
-// and the tensor. Files are written atomically.
+// We write F32; we read F32, BF16 and F16 (converted to float32 by dtype.h's convert_to_f32).
+// Every check names the file and the tensor. Files are written atomically.
 #include <algorithm>
 #include <cstdint>
 #include <cctype>
@@ -18,35 +18,6 @@
 namespace diffattn {
 
 using json = nlohmann::json;
-
-namespace {
-
-float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-  float f;
-  if (exp == 0) {
-    f = std::ldexp(static_cast<float>(man), -24);  // zero or subnormal
-  } else if (exp == 31) {
-    f = man ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
-  } else {
-    f = std::ldexp(static_cast<float>(man | 0x400), static_cast<int>(exp) - 25);
-  }
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  bits |= sign;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-float bf16_to_float(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-}  // namespace
 
 void write_safetensors(const std::string& path, const std::vector<SafeTensorRef>& tensors,
                        const std::map<std::string, std::string>& metadata) {
@@ -204,11 +175,7 @@ void decode_into(const SafeTensorEntry& e, const char* src, float* dst) {
     std::memcpy(dst, src, static_cast<size_t>(e.numel) * 4);
     return;
   }
-  for (int64_t i = 0; i < e.numel; ++i) {
-    uint16_t h;
-    std::memcpy(&h, src + 2 * i, 2);
-    dst[i] = e.dtype == DType::BF16 ? bf16_to_float(h) : half_to_float(h);
-  }
+  convert_to_f32(dst, src, e.dtype, e.numel);  // src need not be 2-byte aligned
 }
 
 // The memory the decoded tensors take (float32), checked before any of them is allocated.
