@@ -81,6 +81,30 @@ HWY_NOINLINE void GemvTile(float* HWY_RESTRICT out, int64_t ldo, const float* HW
   }
 }
 
+// out[r] = W[r, :] . x for one input row (decode): rows in order, so the weight is read as one
+// sequential stream; four accumulators hide the FMA latency.
+template <DType T>
+HWY_NOINLINE void GemvOneRow(float* HWY_RESTRICT out, const float* HWY_RESTRICT x,
+                             const uint16_t* HWY_RESTRICT W, int64_t C, int64_t r0, int64_t r1) {
+  const DF df;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint16_t* w = W + r * C;
+    VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0;
+    int64_t c = 0;
+    for (; c + 4 * L <= C; c += 4 * L) {
+      a0 = hn::MulAdd(LoadWeights<T>(df, w + c), hn::LoadU(df, x + c), a0);
+      a1 = hn::MulAdd(LoadWeights<T>(df, w + c + L), hn::LoadU(df, x + c + L), a1);
+      a2 = hn::MulAdd(LoadWeights<T>(df, w + c + 2 * L), hn::LoadU(df, x + c + 2 * L), a2);
+      a3 = hn::MulAdd(LoadWeights<T>(df, w + c + 3 * L), hn::LoadU(df, x + c + 3 * L), a3);
+    }
+    for (; c + L <= C; c += L) a0 = hn::MulAdd(LoadWeights<T>(df, w + c), hn::LoadU(df, x + c), a0);
+    float s = hn::GetLane(hn::SumOfLanes(df, hn::Add(hn::Add(a0, a1), hn::Add(a2, a3))));
+    for (; c < C; ++c) s += WidenOne<T>(w + c) * x[c];
+    out[r] = s;
+  }
+}
+
 // Rows [r0, r1) of the weight against all N input rows, in tiles of kR weight rows: the tile's
 // weight rows (R * C * 2 bytes) come from memory once and from cache for the later groups of kM
 // input rows.
@@ -88,6 +112,7 @@ template <DType T>
 void GemvRows(float* out, int64_t ldo, const float* x, const uint16_t* W, int64_t N, int64_t C,
               int64_t r0, int64_t r1) {
   constexpr int kR = GemvTiles::kR, kM = GemvTiles::kM;
+  if (N == 1) return GemvOneRow<T>(out, x, W, C, r0, r1);
   auto tile = [&](auto r_const, int64_t r) {
     constexpr int R = decltype(r_const)::value;
     const uint16_t* w = W + r * C;
