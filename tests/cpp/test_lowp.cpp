@@ -278,6 +278,7 @@ TEST(LinearLowp, MatchesFloat64Reference) {
   }
   // Wider shapes where the SIMD loop dominates, and panel boundaries (128-row panels).
   for (int64_t N : {1, 3, 8, 9}) cases.push_back({N, 2048, 4097});
+  cases.push_back({1, 5000, 33});  // several column blocks of the one-row kernel, and a tail
   cases.push_back({64, 2048, 300});
   cases.push_back({513, 1000, 300});
   cases.push_back({513, 2048, 257});
@@ -293,7 +294,7 @@ TEST(LinearLowp, EveryTarget) {
     uint32_t seed = 500;
     for (DType t : {DType::BF16, DType::F16}) {
       for (LinearCase k : {LinearCase{1, 37, 31}, LinearCase{3, 1000, 9}, LinearCase{8, 70, 130},
-                           LinearCase{9, 37, 200}}) {
+                           LinearCase{9, 37, 200}, LinearCase{1, 4100, 7}}) {
         check_linear(t, k, seed += 7);
       }
     }
