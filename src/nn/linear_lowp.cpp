@@ -191,6 +191,7 @@ void linear_fwd(float* out, const float* inp, TypedPtr weight, int64_t N, int64_
     for (int64_t n = 0; n < N; ++n) std::fill(out + n * ldo, out + n * ldo + OC, 0.0f);
     return;
   }
+  if (weight.data == nullptr) throw InvalidArgument("linear_fwd: the weight's data is null");
   const auto* W = static_cast<const uint16_t*>(weight.data);
   const double work = static_cast<double>(OC) * static_cast<double>(C);
   if (N <= kLowpGemvMaxN) {
@@ -233,6 +234,9 @@ void embedding_fwd(float* out, const int32_t* tokens, TypedPtr table, int64_t N,
     return;
   }
   check_lowp(table.dtype, "embedding_fwd");
+  if (table.data == nullptr && N > 0 && C > 0) {
+    throw InvalidArgument("embedding_fwd: the table's data is null");
+  }
   const size_t row_bytes = dtype_size(table.dtype) * static_cast<size_t>(C);
   for (int64_t i = 0; i < N; ++i) {
     if (tokens[i] < 0 || tokens[i] >= V) {

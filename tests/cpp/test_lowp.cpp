@@ -334,6 +334,8 @@ TEST(LinearLowp, RejectsBadStride) {
   const uint16_t w[4] = {};
   float out[4];
   EXPECT_THROW(nn::linear_fwd(out, x, TypedPtr{w, DType::BF16}, 1, 2, 2, 1), InvalidArgument);
+  EXPECT_THROW(nn::linear_fwd(out, x, TypedPtr{nullptr, DType::F16}, 1, 2, 2), InvalidArgument);
+  EXPECT_THROW(nn::linear_fwd(out, x, TypedPtr{w, static_cast<DType>(7)}, 1, 2, 2), InvalidArgument);
 }
 
 TEST(EmbeddingLowp, GathersWidenedRows) {
