@@ -221,6 +221,8 @@ class Model {
 };
 
 // ---- safetensors ----
+// DType: include/diffattn/dtype.h.
+
 struct SafeTensor {
   DType dtype = DType::F32;
   Shape shape;

@@ -25,6 +25,14 @@ inline constexpr int64_t kParallelMin = 1 << 15;
 // ldo: out's row stride (>= OC), so the output may be a column block of a wider buffer.
 void linear_fwd(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
                 int64_t OC, int64_t ldo = 0);
+// The same product with weight (OC, C) row-major in weight.dtype, accumulated in float32
+// (src/nn/linear_lowp.cpp). F32 goes to the overload above (bit-identical). BF16/F16: for
+// N <= kLowpGemvMaxN a matrix-vector kernel that reads each weight once per call for all N
+// rows (decode is memory-bound); above it, panels of the weight widened to float32 in
+// per-thread scratch and multiplied by sgemm (prefill is compute-bound).
+inline constexpr int64_t kLowpGemvMaxN = 8;
+void linear_fwd(float* out, const float* inp, TypedPtr weight, int64_t N, int64_t C, int64_t OC,
+                int64_t ldo = 0);
 // dinp (N, C) += dout @ weight; dweight (OC, C) += dout^T @ inp. dinp may be null (skipped).
 // ldd: dout's row stride. dinp_overwrite: dinp = dout @ weight instead (a fresh buffer needs no
 // zeroing first).
@@ -32,10 +40,6 @@ void linear_bwd(float* dinp, float* dweight, const float* dout, const float* inp
                 const float* weight, int64_t N, int64_t C, int64_t OC, int64_t ldd = 0,
                 bool dinp_overwrite = false);
 
-// The same with the weight in its stored type (F32, BF16, F16; F32 accumulation): weights kept
-// as loaded from a checkpoint.
-void linear_fwd(float* out, const float* inp, TypedPtr weight, int64_t N, int64_t C, int64_t OC,
-                int64_t ldo = 0);
 // out (N, OC) [row stride ldo, 0: OC] += bias (OC) on every row.
 void bias_add(float* out, const float* bias, int64_t N, int64_t OC, int64_t ldo = 0);
 
@@ -43,6 +47,7 @@ void bias_add(float* out, const float* bias, int64_t N, int64_t OC, int64_t ldo 
 // out (N, C) = table[tokens]; tokens checked against V.
 void embedding_fwd(float* out, const int32_t* tokens, const float* table, int64_t N, int64_t C,
                    int64_t V);
+// The same gather from a table (V, C) in table.dtype, rows widened to float32.
 void embedding_fwd(float* out, const int32_t* tokens, TypedPtr table, int64_t N, int64_t C,
                    int64_t V);
 // dtable (V, C) += scatter of dout (N, C) (serial over rows: tokens repeat).

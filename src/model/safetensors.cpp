@@ -1,8 +1,8 @@
 // The safetensors format: an 8-byte little-endian header length, a JSON header mapping each
 // tensor name to {dtype, shape, data_offsets} (offsets relative to the data after the header)
 // plus an optional "__metadata__" string map, then the raw little-endian data.
-// We write F32; we read F32, BF16 and F16 (converted to float32). Every check names the file
-// and the tensor. Files are written atomically.
+// We write F32; we read F32, BF16 and F16 (converted to float32 by dtype.h's convert_to_f32).
+// Every check names the file and the tensor. Files are written atomically.
 #include <algorithm>
 #include <cstdint>
 #include <cctype>
@@ -178,11 +178,7 @@ void decode_into(const SafeTensorEntry& e, const char* src, float* dst) {
     std::memcpy(dst, src, static_cast<size_t>(e.numel) * 4);
     return;
   }
-  for (int64_t i = 0; i < e.numel; ++i) {
-    uint16_t h;
-    std::memcpy(&h, src + 2 * i, 2);
-    dst[i] = e.dtype == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
-  }
+  convert_to_f32(dst, src, e.dtype, e.numel);  // src need not be 2-byte aligned
 }
 
 // The memory the decoded tensors take (float32), checked before any of them is allocated.

@@ -1,0 +1,363 @@
+// Element types (dtype.h) and the BF16/F16 weight kernels (nn::linear_fwd / embedding_fwd with a
+// TypedPtr): conversions against exact expectations over every 16-bit pattern, RNE ties and the
+// special values; the typed product against a float64 reference with a tolerance relative to
+// what a plain float32 product of the same rounded weights gets wrong.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "diffattn/dtype.h"
+#include "hwy/targets.h"
+#include "diffattn/error.h"
+#include "diffattn/nn.h"
+#include "diffattn/runtime.h"
+#include "testing.h"
+
+namespace diffattn {
+namespace {
+
+uint32_t bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+float from_bits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+// f16 pattern h by its definition, in double: (-1)^s 2^(e-15) (1 + m/1024), subnormals
+// 2^-14 (m/1024); exp 31 is inf or NaN.
+double f16_value(uint16_t h) {
+  const int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+  const double mag = e == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, e - 25);
+  return s ? -mag : mag;
+}
+
+// Runs f once per SIMD target compiled in and supported by this CPU (AVX-512, AVX2, the
+// portable fallback), by restricting Highway's runtime dispatch to that target.
+template <class F>
+void for_each_target(F&& f) {
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    SCOPED_TRACE(hwy::TargetName(target));
+    f();
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+}
+
+TEST(DType, NamesAndSizes) {
+  EXPECT_STREQ(dtype_name(DType::F32), "F32");
+  EXPECT_STREQ(dtype_name(DType::BF16), "BF16");
+  EXPECT_STREQ(dtype_name(DType::F16), "F16");
+  EXPECT_EQ(dtype_size(DType::F32), 4u);
+  EXPECT_EQ(dtype_size(DType::BF16), 2u);
+  EXPECT_EQ(dtype_size(DType::F16), 2u);
+}
+
+TEST(DType, EveryBf16PatternRoundTrips) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = bf16_to_f32(static_cast<uint16_t>(h));
+    ASSERT_EQ(bits(f), h << 16) << h;
+    const bool nan = (h & 0x7fff) > 0x7f80;
+    // A NaN comes back NaN with its sign and payload, quieted.
+    ASSERT_EQ(f32_to_bf16(f), nan ? (h | 0x40) : h) << h;
+  }
+}
+
+TEST(DType, EveryF16PatternWidensExactlyAndRoundTrips) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = f16_to_f32(static_cast<uint16_t>(h));
+    const int e = (h >> 10) & 31, m = h & 1023;
+    if (e == 31) {
+      if (m == 0) {
+        ASSERT_TRUE(std::isinf(f)) << h;
+        ASSERT_EQ(std::signbit(f), (h >> 15) != 0) << h;
+        ASSERT_EQ(f32_to_f16(f), h) << h;
+      } else {
+        // NaN: sign and payload kept, quiet bit set, both ways.
+        ASSERT_EQ(bits(f), ((h & 0x8000u) << 16) | 0x7f800000u | (static_cast<uint32_t>(m) << 13) | 0x400000u) << h;
+        ASSERT_EQ(f32_to_f16(f), h | 0x200) << h;
+      }
+      continue;
+    }
+    ASSERT_EQ(static_cast<double>(f), f16_value(static_cast<uint16_t>(h))) << h;
+    ASSERT_EQ(std::signbit(f), (h >> 15) != 0) << h;  // -0 stays -0
+    ASSERT_EQ(f32_to_f16(f), h) << h;
+  }
+}
+
+// Between consecutive finite values a < b (patterns h, h + 1 of one sign): the midpoint goes to
+// the even pattern, anything above it to b, below it to a. Midpoints are exact in float32 (the
+// formats have 8 and 11 significant bits).
+TEST(DType, RoundsToNearestTiesToEven) {
+  for (uint32_t h = 0; h < 0x7f7f; ++h) {  // bf16, positive finite pairs
+    for (uint32_t sign : {0u, 0x8000u}) {
+      const float a = bf16_to_f32(static_cast<uint16_t>(h | sign)), b = bf16_to_f32(static_cast<uint16_t>((h + 1) | sign));
+      const float mid = static_cast<float>((static_cast<double>(a) + b) / 2);
+      ASSERT_EQ(static_cast<double>(mid), (static_cast<double>(a) + b) / 2) << h;
+      const uint16_t even = static_cast<uint16_t>(((h & 1) ? h + 1 : h) | sign);
+      ASSERT_EQ(f32_to_bf16(mid), even) << h;
+      ASSERT_EQ(f32_to_bf16(std::nextafter(mid, b)), (h + 1) | sign) << h;
+      ASSERT_EQ(f32_to_bf16(std::nextafter(mid, a)), h | sign) << h;
+    }
+  }
+  for (uint32_t h = 0; h < 0x7bff; ++h) {  // f16, positive finite pairs incl. subnormals
+    for (uint32_t sign : {0u, 0x8000u}) {
+      const double a = f16_value(static_cast<uint16_t>(h | sign)), b = f16_value(static_cast<uint16_t>((h + 1) | sign));
+      const float mid = static_cast<float>((a + b) / 2);
+      ASSERT_EQ(static_cast<double>(mid), (a + b) / 2) << h;
+      const uint16_t even = static_cast<uint16_t>(((h & 1) ? h + 1 : h) | sign);
+      ASSERT_EQ(f32_to_f16(mid), even) << h;
+      ASSERT_EQ(f32_to_f16(std::nextafter(mid, static_cast<float>(b))), (h + 1) | sign) << h;
+      ASSERT_EQ(f32_to_f16(std::nextafter(mid, static_cast<float>(a))), h | sign) << h;
+    }
+  }
+}
+
+TEST(DType, OverflowUnderflowAndNaN) {
+  const float inf = INFINITY;
+  // bf16: the largest finite is 0x7f7f; the tie between it (odd) and 2^128 goes to inf.
+  EXPECT_EQ(f32_to_bf16(from_bits(0x7f7f7fffu)), 0x7f7f);
+  EXPECT_EQ(f32_to_bf16(from_bits(0x7f7f8000u)), 0x7f80);
+  EXPECT_EQ(f32_to_bf16(FLT_MAX), 0x7f80);
+  EXPECT_EQ(f32_to_bf16(-inf), 0xff80);
+  EXPECT_EQ(f32_to_bf16(from_bits(0x00000001u)), 0x0000);  // float32 subnormals round in bf16 too
+  EXPECT_EQ(f32_to_bf16(from_bits(0x00018000u)), 0x0002);  // a tie, to even
+  // NaN whose payload lives only in the low half: still NaN (quiet), never inf.
+  EXPECT_EQ(f32_to_bf16(from_bits(0x7f800001u)), 0x7fc0);
+  EXPECT_EQ(f32_to_bf16(from_bits(0xffffffffu)), 0xffff);
+  // f16: 65504 largest finite, 65520 the tie with 2^16 (goes to inf), just below it stays.
+  EXPECT_EQ(f32_to_f16(65504.0f), 0x7bff);
+  EXPECT_EQ(f32_to_f16(std::nextafter(65520.0f, 0.0f)), 0x7bff);
+  EXPECT_EQ(f32_to_f16(65520.0f), 0x7c00);
+  EXPECT_EQ(f32_to_f16(-1e6f), 0xfc00);
+  EXPECT_EQ(f32_to_f16(inf), 0x7c00);
+  // Below the smallest subnormal 2^-24: 2^-25 is a tie with 0 (even), above it rounds to 2^-24.
+  EXPECT_EQ(f32_to_f16(0x1p-25f), 0x0000);
+  EXPECT_EQ(f32_to_f16(-0x1p-25f), 0x8000);
+  EXPECT_EQ(f32_to_f16(std::nextafter(0x1p-25f, 1.0f)), 0x0001);
+  EXPECT_EQ(f32_to_f16(0x1.8p-24f), 0x0002);  // tie between 1 and 2 units: even
+  EXPECT_EQ(f32_to_f16(FLT_MIN), 0x0000);
+  // The largest subnormal rounds up into the smallest normal.
+  EXPECT_EQ(f32_to_f16(std::nextafter(0x1p-14f, 0.0f)), 0x0400);
+  EXPECT_EQ(f32_to_f16(from_bits(0x7f800001u)), 0x7e00);
+  EXPECT_TRUE(std::isnan(f16_to_f32(0x7c01)));
+  EXPECT_TRUE(std::isnan(bf16_to_f32(0x7f81)));
+}
+
+#if defined(__FLT16_MAX__)
+// The compiler's own float -> _Float16 conversion (IEEE, round to nearest even) on random float32
+// patterns of every range: a second, independent oracle for f32_to_f16.
+TEST(DType, F16MatchesCompilerConversion) {
+  std::mt19937 rng(7);
+  for (int i = 0; i < 2000000; ++i) {
+    uint32_t b = rng();
+    // Bias half the samples to the f16 range's exponents (2^-26 .. 2^17).
+    if (i & 1) b = (b & 0x807fffffu) | ((101u + rng() % 44u) << 23);
+    const float f = from_bits(b);
+    if (std::isnan(f)) continue;
+    const _Float16 h = static_cast<_Float16>(f);
+    uint16_t hb;
+    std::memcpy(&hb, &h, 2);
+    ASSERT_EQ(f32_to_f16(f), hb) << std::hexfloat << f;
+  }
+}
+#endif
+
+// convert_to_f32 / convert_from_f32 (SIMD on this machine's target) against the scalar
+// definitions, bit for bit incl. NaN payloads, from a source at an odd byte address and with
+// lengths that leave a tail.
+void bulk_conversions_match_scalar();
+
+TEST(DType, BulkConversionsMatchScalar) {
+  for_each_target([] { bulk_conversions_match_scalar(); });
+}
+
+void bulk_conversions_match_scalar() {
+  for (DType t : {DType::BF16, DType::F16}) {
+    std::vector<unsigned char> raw(2 * 65536 + 1);
+    for (uint32_t h = 0; h < 65536; ++h) {
+      const uint16_t v = static_cast<uint16_t>(h * 40503u);  // every pattern, shuffled
+      std::memcpy(raw.data() + 1 + 2 * h, &v, 2);
+    }
+    for (int64_t n : {int64_t{65536}, int64_t{65535}, int64_t{7}, int64_t{1}}) {
+      std::vector<float> got(static_cast<size_t>(n));
+      convert_to_f32(got.data(), raw.data() + 1, t, n);
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t v;
+        std::memcpy(&v, raw.data() + 1 + 2 * i, 2);
+        const float want = t == DType::BF16 ? bf16_to_f32(v) : f16_to_f32(v);
+        ASSERT_EQ(bits(got[i]), bits(want)) << dtype_name(t) << " pattern " << v;
+      }
+    }
+    const std::vector<float> x = testing::randn(1001, 3, 1000.0f);
+    std::vector<unsigned char> back(2 * x.size() + 1);
+    convert_from_f32(back.data() + 1, x.data(), t, static_cast<int64_t>(x.size()));
+    for (size_t i = 0; i < x.size(); ++i) {
+      uint16_t v;
+      std::memcpy(&v, back.data() + 1 + 2 * i, 2);
+      ASSERT_EQ(v, t == DType::BF16 ? f32_to_bf16(x[i]) : f32_to_f16(x[i])) << i;
+    }
+  }
+}
+
+TEST(DType, TypedPtr) {
+  const float x[2] = {1, 2};
+  EXPECT_EQ(typed(x).f32(), x);
+  const uint16_t h[2] = {0, 0};
+  const TypedPtr p{h, DType::BF16};
+  EXPECT_THROW(p.f32(), InvalidArgument);
+}
+
+// ---- typed linear_fwd ----
+
+struct LinearCase {
+  int64_t N, C, OC;
+};
+
+// out (N, OC) at stride ldo; checks every element and that the padding columns are untouched.
+void check_linear(DType t, const LinearCase& k, uint32_t seed) {
+  const int64_t N = k.N, C = k.C, OC = k.OC, ldo = OC + 3;
+  const std::vector<float> x = testing::randn(N * C, seed);
+  const std::vector<float> w0 = testing::randn(OC * C, seed + 1, 0.05f);
+  std::vector<uint16_t> wq(w0.size());
+  convert_from_f32(wq.data(), w0.data(), t, OC * C);
+  std::vector<float> w(w0.size());  // the rounded weights, as float32
+  convert_to_f32(w.data(), wq.data(), t, OC * C);
+  // A zero weight row: its output must be exactly 0 (the absolute floor covers only this).
+  if (OC > 2) {
+    std::fill(w.begin() + C, w.begin() + 2 * C, 0.0f);
+    std::fill(wq.begin() + C, wq.begin() + 2 * C, uint16_t{0});
+  }
+
+  const float kPad = 12345.0f;
+  std::vector<float> out(static_cast<size_t>(N * ldo), kPad);
+  nn::linear_fwd(out.data(), x.data(), TypedPtr{wq.data(), t}, N, C, OC, ldo);
+
+  double err = 0, err32 = 0, scale = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t o = 0; o < OC; ++o) {
+      double ref = 0, mag = 0;
+      float naive = 0;  // plain float32, in order
+      for (int64_t c = 0; c < C; ++c) {
+        const double p = static_cast<double>(x[n * C + c]) * w[o * C + c];
+        ref += p;
+        mag += std::fabs(p);
+        naive += x[n * C + c] * w[o * C + c];
+      }
+      err = std::max(err, std::fabs(out[n * ldo + o] - ref));
+      err32 = std::max(err32, std::fabs(naive - ref));
+      scale = std::max(scale, mag);
+    }
+    for (int64_t o = OC; o < ldo; ++o) ASSERT_EQ(out[n * ldo + o], kPad) << "padding written";
+    if (OC > 2) {
+      ASSERT_EQ(out[n * ldo + 1], 0.0f) << "zero weight row";
+    }
+  }
+  // One float32 rounding of the largest sum of |terms| is the floor: a single-element output
+  // can be summed exactly by the naive loop by chance.
+  const double tol = 2 * err32 + scale * 0x1p-24;
+  EXPECT_LE(err, tol) << dtype_name(t) << " N=" << N << " C=" << C << " OC=" << OC
+                      << " naive float32 error " << err32;
+}
+
+TEST(LinearLowp, MatchesFloat64Reference) {
+  std::vector<LinearCase> cases;
+  for (int64_t N : {1, 2, 3, 7, 8, 9, 64, 513}) {
+    for (int64_t C : {37, 1000}) {
+      for (int64_t OC : {1, 31, 130}) cases.push_back({N, C, OC});
+    }
+  }
+  // Wider shapes where the SIMD loop dominates, and panel boundaries (128-row panels).
+  for (int64_t N : {1, 3, 8, 9}) cases.push_back({N, 2048, 4097});
+  cases.push_back({1, 5000, 33});  // several column blocks of the one-row kernel, and a tail
+  cases.push_back({64, 2048, 300});
+  cases.push_back({513, 1000, 300});
+  cases.push_back({513, 2048, 257});
+  uint32_t seed = 100;
+  for (DType t : {DType::BF16, DType::F16}) {
+    for (const LinearCase& k : cases) check_linear(t, k, seed += 7);
+  }
+}
+
+// Every compiled target's matrix-vector kernel and widening, on shapes with vector tails.
+TEST(LinearLowp, EveryTarget) {
+  for_each_target([] {
+    uint32_t seed = 500;
+    for (DType t : {DType::BF16, DType::F16}) {
+      for (LinearCase k : {LinearCase{1, 37, 31}, LinearCase{3, 1000, 9}, LinearCase{8, 70, 130},
+                           LinearCase{9, 37, 200}, LinearCase{1, 4100, 7}}) {
+        check_linear(t, k, seed += 7);
+      }
+    }
+  });
+}
+
+TEST(LinearLowp, SameResultOnOneAndTwoThreads) {
+  const int saved = num_threads();
+  for (int64_t N : {int64_t{1}, int64_t{8}, int64_t{200}}) {
+    const int64_t C = 300, OC = 1000;
+    const std::vector<float> x = testing::randn(N * C, 5), w0 = testing::randn(OC * C, 6);
+    std::vector<uint16_t> wq(w0.size());
+    convert_from_f32(wq.data(), w0.data(), DType::BF16, OC * C);
+    std::vector<float> a(static_cast<size_t>(N * OC)), b(a.size());
+    set_num_threads(1);
+    nn::linear_fwd(a.data(), x.data(), TypedPtr{wq.data(), DType::BF16}, N, C, OC);
+    set_num_threads(2);
+    nn::linear_fwd(b.data(), x.data(), TypedPtr{wq.data(), DType::BF16}, N, C, OC);
+    EXPECT_EQ(a, b) << "N=" << N;
+  }
+  set_num_threads(saved);
+}
+
+TEST(LinearLowp, F32IsTheFloatPathBitForBit) {
+  for (int64_t N : {int64_t{1}, int64_t{9}, int64_t{64}}) {
+    const int64_t C = 37, OC = 31, ldo = 40;
+    const std::vector<float> x = testing::randn(N * C, 11), w = testing::randn(OC * C, 12);
+    std::vector<float> a(static_cast<size_t>(N * ldo), 0.0f), b(a.size(), 0.0f);
+    nn::linear_fwd(a.data(), x.data(), w.data(), N, C, OC, ldo);
+    nn::linear_fwd(b.data(), x.data(), typed(w.data()), N, C, OC, ldo);
+    ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "N=" << N;
+  }
+}
+
+TEST(LinearLowp, RejectsBadStride) {
+  const float x[4] = {};
+  const uint16_t w[4] = {};
+  float out[4];
+  EXPECT_THROW(nn::linear_fwd(out, x, TypedPtr{w, DType::BF16}, 1, 2, 2, 1), InvalidArgument);
+  EXPECT_THROW(nn::linear_fwd(out, x, TypedPtr{nullptr, DType::F16}, 1, 2, 2), InvalidArgument);
+  EXPECT_THROW(nn::linear_fwd(out, x, TypedPtr{w, static_cast<DType>(7)}, 1, 2, 2), InvalidArgument);
+}
+
+TEST(EmbeddingLowp, GathersWidenedRows) {
+  const int64_t V = 50, C = 37;
+  for (DType t : {DType::BF16, DType::F16, DType::F32}) {
+    const std::vector<float> table0 = testing::randn(V * C, 21);
+    std::vector<unsigned char> table(dtype_size(t) * V * C);
+    convert_from_f32(table.data(), table0.data(), t, V * C);
+    std::vector<float> want(table0.size());
+    convert_to_f32(want.data(), table.data(), t, V * C);
+    const std::vector<int32_t> tokens = {3, 0, 49, 3};
+    std::vector<float> out(tokens.size() * C);
+    nn::embedding_fwd(out.data(), tokens.data(), TypedPtr{table.data(), t}, 4, C, V);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      for (int64_t c = 0; c < C; ++c) ASSERT_EQ(out[i * C + c], want[tokens[i] * C + c]);
+    }
+    const int32_t bad[2] = {1, 50};
+    EXPECT_THROW(nn::embedding_fwd(out.data(), bad, TypedPtr{table.data(), t}, 2, C, V), InvalidArgument);
+    const int32_t neg[1] = {-1};
+    EXPECT_THROW(nn::embedding_fwd(out.data(), neg, TypedPtr{table.data(), t}, 1, C, V), InvalidArgument);
+  }
+}
+
+}  // namespace
+}  // namespace diffattn
