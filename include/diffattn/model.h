@@ -150,6 +150,9 @@ class Model {
   // Appends tokens (B, Tn) at the cache's end and writes the logits of each sequence's last new
   // position into logits_last (B, V). Tn > 1 is a prefill, Tn == 1 a decode step.
   void infer(const int32_t* tokens, int64_t B, int64_t Tn, float* logits_last);
+  // Exchanges the model's per-layer caches with `caches` (O(1)): a server keeps one set per
+  // sequence and swaps it in around that sequence's infer() calls (src/serve/engine.cpp).
+  void cache_swap(std::vector<nn::KVCache>& caches) { caches_.swap(caches); }
 
   std::vector<float> params;  // flat, laid out by tensors()
   std::vector<float> grads;   // same layout
