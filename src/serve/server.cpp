@@ -409,7 +409,6 @@ class Server {
     st->started.assign(st->seqs.size(), false);
     st->closed.assign(st->seqs.size(), false);
     ++in_flight_;
-    res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
     const ApiRequest req = r;
     auto chunk = [this, id, created, chat](const json& choices, const json* u) {
@@ -420,7 +419,30 @@ class Server {
     };
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, st, req, P, arrived, chunk, chat](size_t, httplib::DataSink& sink) {
+        [this, st, req, P, arrived, chunk, chat](size_t offset, httplib::DataSink& sink) {
+          // Nothing may escape into httplib (it would close the connection without a word).
+          try {
+            return provide(*st, req, P, arrived, chunk, chat, sink);
+          } catch (const std::exception& e) {
+            for (auto& s : st->seqs) s->cancel();
+            const std::string out = "data: " + error_json(std::string("internal error: ") + e.what(), "server_error") +
+                                    "\n\ndata: [DONE]\n\n";
+            if (sink.write(out.data(), out.size())) sink.done();
+            return true;
+          }
+          (void)offset;
+        },
+        [this, st](bool) {
+          for (auto& s : st->seqs) s->cancel();  // whatever way the stream ended
+          --in_flight_;
+        });
+    return 200;
+  }
+
+  template <class State, class Chunk>
+  bool provide(State& state, const ApiRequest& req, int64_t P, Clock::time_point arrived, const Chunk& chunk,
+               bool chat, httplib::DataSink& sink) {
+          State* st = &state;
           if (st->done) return false;
           std::string out;
           bool all = true;
@@ -442,7 +464,7 @@ class Server {
             if (c.finish == Finish::kCancelled && !c.stopped) failure = "the server is shutting down";
             if (c.finish == Finish::kError) failure = "generation failed: " + st->seqs[i]->error();
             const size_t end = c.sendable(req.stop);
-            json delta;
+            json delta = json::object();
             bool any = false;
             if (chat && !st->started[i]) {
               delta["role"] = "assistant";
@@ -496,13 +518,6 @@ class Server {
             return false;
           }
           return true;
-        },
-        [this, st](bool) {
-          for (auto& s : st->seqs) s->cancel();  // whatever way the stream ended
-          --in_flight_;
-        });
-    (void)chat;
-    return 200;
   }
 
   ServerOptions o_;
