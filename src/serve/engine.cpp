@@ -249,8 +249,37 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
     }
     stats_.waiting = static_cast<int64_t>(waiting_.size());
   }
-  // 3. Advance each running sequence by a decode step or a prompt chunk.
+  // 3. Advance each running sequence by a decode step or a prompt chunk: the decode steps of
+  // all sequences past their prompt together (one infer_rows: the FFN and the output head over
+  // the batch), the prompt chunks one sequence at a time.
   int64_t budget = o_.prefill_chunk, advanced = 0, prompt_done = 0;
+  std::vector<Running*> decoding;
+  for (auto& r : running) {
+    if (r->prefilled == static_cast<int64_t>(r->req.prompt.size()) && !r->blocks.empty()) {
+      decoding.push_back(r.get());
+    }
+  }
+  if (!decoding.empty()) {
+    const int64_t n = static_cast<int64_t>(decoding.size()), V = m_.config().vocab_size;
+    std::vector<int32_t> toks(static_cast<size_t>(n));
+    std::vector<std::vector<nn::KVCache>*> caches(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      toks[static_cast<size_t>(i)] = decoding[static_cast<size_t>(i)]->last;
+      caches[static_cast<size_t>(i)] = &decoding[static_cast<size_t>(i)]->cache;
+    }
+    batch_logits_.resize(static_cast<size_t>(n * V));
+    try {
+      m_.infer_rows(toks.data(), n, caches.data(), batch_logits_.data());
+      for (int64_t i = 0; i < n; ++i) {
+        take(*decoding[static_cast<size_t>(i)], &batch_logits_[static_cast<size_t>(i * V)]);
+      }
+    } catch (const std::exception& e) {
+      for (Running* r : decoding) {
+        if (!r->blocks.empty()) finish(*r, Finish::kError, e.what());
+      }
+    }
+    advanced += n;
+  }
   for (auto& r : running) {
     const int64_t P = static_cast<int64_t>(r->req.prompt.size());
     try {
@@ -271,12 +300,6 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
         prompt_done += n;
         ++advanced;
         if (r->prefilled == P) take(*r, logits.data());
-      } else {
-        m_.cache_swap(r->cache);
-        m_.infer(&r->last, 1, 1, logits.data());
-        m_.cache_swap(r->cache);
-        ++advanced;
-        take(*r, logits.data());
       }
     } catch (const std::exception& e) {
       finish(*r, Finish::kError, e.what());

@@ -13,11 +13,13 @@
 // Requests join and leave between steps. Submitting beyond max_waiting waiting sequences throws
 // QueueFull (the server answers 503).
 //
-// What is not batched yet: each sequence keeps its own contiguous per-layer KV cache, swapped
-// into the model around its own infer() call, so a step is one forward per sequence, not one
-// batched forward over the batch, and the block tables account for the memory rather than
-// address it (the decode kernel reads a contiguous cache). The interface (submit / tokens /
-// cancel) does not change when the step becomes one batched forward over paged blocks.
+// The decode steps of a step run as one Model::infer_rows call: embeddings, norms, the FFN and the
+// output head are matrix products over the batch (their weights read once per step); the
+// attention layer (its q/k/v/out projections and the decode attention) still runs per sequence,
+// because each sequence keeps its own contiguous per-layer KV cache. The block tables account for
+// that memory rather than address it (the decode kernel reads a contiguous cache). Prompt chunks
+// run through Model::infer with the sequence's cache swapped in. The interface (submit / tokens /
+// cancel) does not change when the attention becomes one batched paged call.
 #pragma once
 
 #include <chrono>
@@ -154,6 +156,7 @@ class Engine {
   std::deque<std::pair<std::shared_ptr<Sequence>, SeqRequest>> waiting_;
   bool stop_ = false;
   EngineStats stats_;
+  std::vector<float> batch_logits_;  // (batch, V) of a decode step
   std::thread thread_;
 };
 

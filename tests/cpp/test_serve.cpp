@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -93,6 +95,51 @@ TEST(BlockAllocator, AllocatesReleasesAndRefusesWhatItDoesNotHave) {
 }
 
 class EngineKinds : public ::testing::TestWithParam<nn::AttnKind> {};
+
+// One decode step of sequences of different lengths through infer_rows (the batched FFN and head)
+// against infer() on each sequence alone with a copy of its caches: the same logits up to the
+// order of the sums in the batched products (bounded by a few float32 roundings of the longest
+// dot product), the same caches after.
+TEST_P(EngineKinds, InferRowsEqualsInferAlone) {
+  Model m = tiny_model(GetParam(), 11);
+  const int64_t V = m.config().vocab_size, C = m.config().d_model, F = m.config().ffn_dim;
+  const int B = 5;
+  std::vector<std::vector<nn::KVCache>> caches(B);
+  std::vector<int32_t> next(B);
+  std::vector<float> logits(static_cast<size_t>(V));
+  for (int b = 0; b < B; ++b) {
+    const std::vector<int32_t> p = prompt_of(1 + 4 * b, b, V);
+    m.cache_reset(1, 40);
+    m.infer(p.data(), 1, static_cast<int64_t>(p.size()), logits.data());
+    m.cache_swap(caches[static_cast<size_t>(b)]);
+    next[static_cast<size_t>(b)] = static_cast<int32_t>((b * 5 + 2) % V);
+  }
+  std::vector<std::vector<nn::KVCache>> alone = caches;  // copies
+  std::vector<std::vector<nn::KVCache>*> ptrs;
+  for (auto& c : caches) ptrs.push_back(&c);
+  std::vector<float> rows(static_cast<size_t>(B * V));
+  m.infer_rows(next.data(), B, ptrs.data(), rows.data());
+  for (int b = 0; b < B; ++b) {
+    m.cache_swap(alone[static_cast<size_t>(b)]);
+    m.infer(&next[static_cast<size_t>(b)], 1, 1, logits.data());
+    m.cache_swap(alone[static_cast<size_t>(b)]);
+    float scale = 0;
+    for (float x : logits) scale = std::max(scale, std::fabs(x));
+    const float tol = 8.0f * std::numeric_limits<float>::epsilon() *
+                      std::sqrt(static_cast<float>(std::max(C, F))) * scale;
+    for (int64_t v = 0; v < V; ++v) {
+      ASSERT_NEAR(rows[static_cast<size_t>(b * V + v)], logits[static_cast<size_t>(v)], tol)
+          << "sequence " << b << " logit " << v;
+    }
+    for (size_t l = 0; l < caches[static_cast<size_t>(b)].size(); ++l) {
+      EXPECT_EQ(caches[static_cast<size_t>(b)][l].len, alone[static_cast<size_t>(b)][l].len);
+    }
+  }
+  // A sequence without caches of its own is refused, naming it.
+  std::vector<nn::KVCache> none;
+  ptrs[2] = &none;
+  EXPECT_THROW(m.infer_rows(next.data(), B, ptrs.data(), rows.data()), InvalidArgument);
+}
 
 // Sequences of different prompt lengths, joining while others run, each give the ids that
 // generate_ids gives for it alone (greedy), and sampled ones the same ids for the same seed.
