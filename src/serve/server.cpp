@@ -445,14 +445,17 @@ class Server {
           State* st = &state;
           if (st->done) return false;
           std::string out;
-          bool all = true;
+          bool all = true, waited = false;
           std::string failure;
           for (size_t i = 0; i < st->seqs.size(); ++i) {
             ChoiceText& c = st->choices[i];
             if (st->closed[i]) continue;
             std::vector<int32_t> got;
             if (c.finish == Finish::kNone) {
-              c.finish = st->seqs[i]->wait(c.ids.size(), got, std::chrono::milliseconds(i == 0 ? 100 : 0));
+              // The first choice still running waits for news (up to 100 ms); the others are
+              // only looked at, so a call neither spins nor sleeps once per choice.
+              c.finish = st->seqs[i]->wait(c.ids.size(), got, std::chrono::milliseconds(waited ? 0 : 100));
+              waited = true;
               c.ids.insert(c.ids.end(), got.begin(), got.end());
               if (!got.empty() || c.finish != Finish::kNone) c.update(*tok_, req.stop);
               if (c.stopped && c.finish == Finish::kNone) {

@@ -43,13 +43,15 @@ def tensor_shapes(c):
     return out
 
 
-def write_ascii_model(path, kind="diff_v1", seed=0, max_seq_len=256, d_model=48, n_layers=2, ffn_dim=96):
+def write_ascii_model(path, kind="diff_v1", seed=0, max_seq_len=256, d_model=48, n_layers=2, ffn_dim=96,
+                      n_heads=None, n_kv_heads=None, head_dim=12):
     """Random weights over the byte tokenizer; lm_head rows of bytes outside printable ASCII are
     zero, so their logit is 0 while the largest of the 95 random printable logits is positive:
     greedy decoding writes printable ASCII only."""
     cfg = {"format": "diffattn/1", "attention": kind, "vocab_size": 256, "d_model": d_model,
-           "n_layers": n_layers, "n_heads": 4 if kind == "standard" else 2,
-           "n_kv_heads": 2 if kind == "standard" else 1, "head_dim": 12, "ffn_dim": ffn_dim,
+           "n_layers": n_layers, "n_heads": n_heads or (4 if kind == "standard" else 2),
+           "n_kv_heads": n_kv_heads or (2 if kind == "standard" else 1), "head_dim": head_dim,
+           "ffn_dim": ffn_dim,
            "max_seq_len": max_seq_len, "rope_theta": 10000.0, "norm_eps": 1e-5,
            "tie_embeddings": False}
     rng = np.random.default_rng(seed)
