@@ -301,3 +301,58 @@ def test_host_and_port_refusals(model, server):
     assert p.returncode != 0 and "already in use" in p.stderr
     p = mh.run_cli("serve", "--model", "/nonexistent/dir", check=False)
     assert p.returncode != 0 and "/nonexistent/dir" in p.stderr
+
+
+def test_hugging_face_directory_with_the_llama3_tokenizer(tmp_path):
+    """A DiffLlama directory (BF16) with Llama 3's tokenizer.json and tokenizer_config.json:
+    completions equal `diffattn generate`, the chat prompt is the template rendered and encoded
+    with its special tokens (no second <|begin_of_text|>), streamed text equals the whole answer."""
+    tok = os.path.join(TOKENIZER_DATA, "llama3")
+    if not os.path.exists(os.path.join(tok, "tokenizer.json")):
+        pytest.skip(f"no Llama-3 tokenizer at {tok} (set DIFFATTN_TOKENIZER_DATA)")
+    import numpy as np
+    import torch_model as tm
+    cfg = {"format": "diffattn/1", "attention": "diff_v1", "vocab_size": 128256, "d_model": 32,
+           "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "head_dim": 8, "ffn_dim": 48,
+           "max_seq_len": 512, "rope_theta": 500000.0, "norm_eps": 1e-5, "tie_embeddings": False}
+    rng = np.random.default_rng(0)
+    src = tmp_path / "src"
+    os.makedirs(src)
+    tm.write_safetensors(str(src / "model.safetensors"),
+                         {n: (1.0 + 0.1 * rng.standard_normal(s)) if n.endswith("norm.weight") or "subln" in n
+                          else 0.1 * rng.standard_normal(s) for n, s in sh.tensor_shapes(cfg).items()})
+    with open(src / "config.json", "w") as f:
+        json.dump(cfg, f)
+    hf = tmp_path / "hf"
+    mh.run_cli("convert", "--model", src, "--to", "hf", "--out", hf, "--dtype", "bf16")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(tok, name), hf / name)
+    prompt = "The capital of France is"
+    want = mh.run_cli("--threads", 1, "generate", "--model", hf, "--prompt", prompt, "--max-new", 6,
+                      "--temperature", 0).stdout
+    s = sh.Server(hf)
+    try:
+        got, body = post(s.port, "/v1/completions", {"prompt": prompt, "max_tokens": 6, "temperature": 0})
+        r = json.loads(body)
+        assert prompt + r["choices"][0]["text"] + "\n" == want
+        assert r["usage"]["prompt_tokens"] == 6  # <|begin_of_text|> and 5 words
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hello there! "}]
+        rendered = ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+                    "<|start_header_id|>user<|end_header_id|>\n\nHello there!<|eot_id|>"
+                    "<|start_header_id|>assistant<|end_header_id|>\n\n")
+        ids = mh.run_cli("tokenize", "--tokenizer", hf, "--text", rendered).stdout.split()
+        assert ids[0] == "128000" and ids.count("128000") == 1
+        got, body = post(s.port, "/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "temperature": 0})
+        assert got == 200, body
+        r = json.loads(body)
+        assert r["usage"]["prompt_tokens"] == len(ids)
+        c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        c.request("POST", "/v1/chat/completions",
+                  json.dumps({"messages": msgs, "max_tokens": 8, "temperature": 0, "stream": True}).encode())
+        events = [l[6:] for l in c.getresponse().read().decode().split("\n") if l.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        text = "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1]
+                       if json.loads(e)["choices"])
+        assert text == r["choices"][0]["message"]["content"]
+    finally:
+        s.stop()
