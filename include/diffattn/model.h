@@ -155,9 +155,10 @@ class Model {
   void cache_swap(std::vector<nn::KVCache>& caches) { caches_.swap(caches); }
   // One decode step for B sequences of different lengths, each with its own per-layer caches
   // (caches[b]: n_layers KVCaches of batch 1, as cache_reset(1, .) + cache_swap make them):
-  // tokens (B) are appended at each sequence's own position and logits (B, V) written. The
-  // norms, the FFN and the output head run once over the B rows (each weight read once per step);
-  // the attention layer (projections, RoPE at the sequence's position, the cache) per sequence.
+  // tokens (B) are appended at each sequence's own position and logits (B, V) written. Every
+  // matrix product (attention projections, FFN, output head) runs once over the B rows, so each
+  // weight is read once per step; RoPE at each sequence's position, the cache append and the
+  // decode attention run per sequence (nn::attn_layer_decode_rows).
   // Each row's logits equal infer() on that sequence alone up to the order of the sums in the
   // batched products.
   void infer_rows(const int32_t* tokens, int64_t B, std::vector<nn::KVCache>* const* caches,

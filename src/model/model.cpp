@@ -453,8 +453,10 @@ void Model::infer_rows(const int32_t* tokens, int64_t B, std::vector<nn::KVCache
   s.x.resize(nx);
   nn::embedding_fwd(s.x.data(), tokens, wt(embed_), B, C, V);
   LayerActs& a = s.layer;
+  std::vector<nn::KVCache*> row_caches;
   for (int64_t l = 0; l < L; ++l) {
-    // x_mid = x + attn(rmsnorm(x)): the norm over the B rows, the attention layer per sequence
+    // x_mid = x + attn(rmsnorm(x)): the norm and the projections over the B rows, RoPE, the
+    // cache and the decode attention per sequence
     a.an.resize(nx);
     a.an_rstd.resize(static_cast<size_t>(B));
     nn::rmsnorm_fwd(a.an.data(), a.an_rstd.data(), s.x.data(), wf(lt_[static_cast<size_t>(l)].attn_norm),
@@ -462,12 +464,10 @@ void Model::infer_rows(const int32_t* tokens, int64_t B, std::vector<nn::KVCache
     a.attn_out.resize(nx);
     const nn::AttnLayerWeights w = attn_weights(l);
     const nn::AttnLayerShape shape = cfg_.attn_shape(l);
-    for (int64_t b = 0; b < B; ++b) {
-      nn::attn_layer_fwd(&a.attn_out[static_cast<size_t>(b * C)], s.row_attn,
-                         &a.an[static_cast<size_t>(b * C)], w, shape, 1, 1,
-                         &s.cos[static_cast<size_t>(b) * half], &s.sin[static_cast<size_t>(b) * half],
-                         &(*caches[b])[static_cast<size_t>(l)], false);
-    }
+    row_caches.resize(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) row_caches[static_cast<size_t>(b)] = &(*caches[b])[static_cast<size_t>(l)];
+    nn::attn_layer_decode_rows(a.attn_out.data(), s.row_attn, a.an.data(), w, shape, B, s.cos.data(),
+                               s.sin.data(), row_caches.data());
     a.x_mid.resize(nx);
     add3(a.x_mid.data(), s.x.data(), a.attn_out.data(), B * C);
     ffn_fwd(l, a, s.x.data(), B);  // the FFN over the B rows

@@ -13,12 +13,12 @@
 // Requests join and leave between steps. Submitting beyond max_waiting waiting sequences throws
 // QueueFull (the server answers 503).
 //
-// The decode steps of a step run as one Model::infer_rows call: embeddings, norms, the FFN and the
-// output head are matrix products over the batch (their weights read once per step); the
-// attention layer (its q/k/v/out projections and the decode attention) still runs per sequence,
-// because each sequence keeps its own contiguous per-layer KV cache. The block tables account for
-// that memory rather than address it (the decode kernel reads a contiguous cache). Prompt chunks
-// run through Model::infer with the sequence's cache swapped in. The interface (submit / tokens /
+// The decode steps of a step run as one Model::infer_rows call: every matrix product (attention
+// projections, FFN, output head) is over the batch, so each weight is read once per step. What is
+// not batched yet: the decode attention itself runs once per sequence, each over its own
+// contiguous per-layer KV cache; the block tables account for that memory rather than address it
+// (the decode kernel reads a contiguous cache, not paged blocks). Prompt chunks run through
+// Model::infer with the sequence's cache swapped in. The interface (submit / tokens /
 // cancel) does not change when the attention becomes one batched paged call.
 #pragma once
 
