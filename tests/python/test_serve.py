@@ -356,3 +356,23 @@ def test_hugging_face_directory_with_the_llama3_tokenizer(tmp_path):
         assert text == r["choices"][0]["message"]["content"]
     finally:
         s.stop()
+
+
+def test_a_request_past_its_timeout_gets_504(slow_model):
+    s = sh.Server(slow_model, "--timeout", 1)
+    try:
+        t0 = time.time()
+        got, reply = post(s.port, "/v1/completions", {"prompt": "a", "max_tokens": 1000})
+        assert got == 504, reply
+        err = json.loads(reply)["error"]
+        assert err["code"] == "timeout" and "1 s" in err["message"]
+        assert time.time() - t0 < 10
+        ev = sse(s.port, {"prompt": "a", "max_tokens": 1000, "stream": True})
+        assert ev[-1] == "[DONE]" and "timeout" in ev[-2]
+        total = metric(s.port, "diffattn_kv_blocks_total")
+        deadline = time.time() + 10
+        while metric(s.port, "diffattn_kv_blocks_free") < total and time.time() < deadline:
+            time.sleep(0.02)
+        assert metric(s.port, "diffattn_kv_blocks_free") == total
+    finally:
+        s.stop()
