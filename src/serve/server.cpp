@@ -427,6 +427,7 @@ class Server {
             for (auto& s : st->seqs) s->cancel();
             const std::string out = "data: " + error_json(std::string("internal error: ") + e.what(), "server_error") +
                                     "\n\ndata: [DONE]\n\n";
+            st->done = true;
             if (sink.write(out.data(), out.size())) sink.done();
             return true;
           }
@@ -442,85 +443,85 @@ class Server {
   template <class State, class Chunk>
   bool provide(State& state, const ApiRequest& req, int64_t P, Clock::time_point arrived, const Chunk& chunk,
                bool chat, httplib::DataSink& sink) {
-          State* st = &state;
-          if (st->done) return false;
-          std::string out;
-          bool all = true, waited = false;
-          std::string failure;
-          for (size_t i = 0; i < st->seqs.size(); ++i) {
-            ChoiceText& c = st->choices[i];
-            if (st->closed[i]) continue;
-            std::vector<int32_t> got;
-            if (c.finish == Finish::kNone) {
-              // The first choice still running waits for news (up to 100 ms); the others are
-              // only looked at, so a call neither spins nor sleeps once per choice.
-              c.finish = st->seqs[i]->wait(c.ids.size(), got, std::chrono::milliseconds(waited ? 0 : 100));
-              waited = true;
-              c.ids.insert(c.ids.end(), got.begin(), got.end());
-              if (!got.empty() || c.finish != Finish::kNone) c.update(*tok_, req.stop);
-              if (c.stopped && c.finish == Finish::kNone) {
-                st->seqs[i]->cancel();
-                c.finish = Finish::kStop;
-              }
-            }
-            if (c.finish == Finish::kTimeout) failure = "the request ran past its timeout of " + std::to_string(o_.timeout_seconds) + " s";
-            if (c.finish == Finish::kCancelled && !c.stopped) failure = "the server is shutting down";
-            if (c.finish == Finish::kError) failure = "generation failed: " + st->seqs[i]->error();
-            const size_t end = c.sendable(req.stop);
-            json delta = json::object();
-            bool any = false;
-            if (chat && !st->started[i]) {
-              delta["role"] = "assistant";
-              delta["content"] = "";
-              st->started[i] = any = true;
-            }
-            if (end > c.sent) {
-              const std::string piece = c.text.substr(c.sent, end - c.sent);
-              c.sent = end;
-              if (chat) delta["content"] = delta.value("content", "") + piece;
-              any = true;
-              if (!chat) {
-                out += chunk(json::array({{{"index", i}, {"text", piece}, {"logprobs", nullptr}, {"finish_reason", nullptr}}}), nullptr);
-                any = false;
-              }
-            }
-            if (any) out += chunk(json::array({{{"index", i}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}}}), nullptr);
-            if (c.finish != Finish::kNone && failure.empty()) {
-              st->closed[i] = true;
-              const json fin = chat ? json{{"index", i}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", reason(c)}}
-                                    : json{{"index", i}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", reason(c)}};
-              out += chunk(json::array({fin}), nullptr);
-            }
-            all = all && c.finish != Finish::kNone;
-          }
-          if (!failure.empty()) {
-            for (auto& s : st->seqs) s->cancel();
-            out += "data: " + error_json(failure, "server_error") + "\n\ndata: [DONE]\n\n";
-            st->done = true;
-          } else if (all) {
-            record(st->seqs, arrived);
-            if (req.include_usage) {
-              int64_t completion = 0;
-              for (const ChoiceText& c : st->choices) completion += static_cast<int64_t>(c.ids.size());
-              const json u = usage(P, completion);
-              out += chunk(json::array(), &u);
-            }
-            out += "data: [DONE]\n\n";
-            st->done = true;
-          }
-          if (!out.empty() && !sink.write(out.data(), out.size())) {
-            for (auto& s : st->seqs) s->cancel();
-            return false;
-          }
-          if (st->done) {
-            sink.done();
-            return true;
-          }
-          if (out.empty() && http::client_gone()) {
-            for (auto& s : st->seqs) s->cancel();
-            return false;
-          }
-          return true;
+    State* st = &state;
+    if (st->done) return false;
+    std::string out;
+    bool all = true, waited = false;
+    std::string failure;
+    for (size_t i = 0; i < st->seqs.size(); ++i) {
+      ChoiceText& c = st->choices[i];
+      if (st->closed[i]) continue;
+      std::vector<int32_t> got;
+      if (c.finish == Finish::kNone) {
+        // The first choice still running waits for news (up to 100 ms); the others are
+        // only looked at, so a call neither spins nor sleeps once per choice.
+        c.finish = st->seqs[i]->wait(c.ids.size(), got, std::chrono::milliseconds(waited ? 0 : 100));
+        waited = true;
+        c.ids.insert(c.ids.end(), got.begin(), got.end());
+        if (!got.empty() || c.finish != Finish::kNone) c.update(*tok_, req.stop);
+        if (c.stopped && c.finish == Finish::kNone) {
+          st->seqs[i]->cancel();
+          c.finish = Finish::kStop;
+        }
+      }
+      if (c.finish == Finish::kTimeout) failure = "the request ran past its timeout of " + std::to_string(o_.timeout_seconds) + " s";
+      if (c.finish == Finish::kCancelled && !c.stopped) failure = "the server is shutting down";
+      if (c.finish == Finish::kError) failure = "generation failed: " + st->seqs[i]->error();
+      const size_t end = c.sendable(req.stop);
+      json delta = json::object();
+      bool any = false;
+      if (chat && !st->started[i]) {
+        delta["role"] = "assistant";
+        delta["content"] = "";
+        st->started[i] = any = true;
+      }
+      if (end > c.sent) {
+        const std::string piece = c.text.substr(c.sent, end - c.sent);
+        c.sent = end;
+        if (chat) delta["content"] = delta.value("content", "") + piece;
+        any = true;
+        if (!chat) {
+          out += chunk(json::array({{{"index", i}, {"text", piece}, {"logprobs", nullptr}, {"finish_reason", nullptr}}}), nullptr);
+          any = false;
+        }
+      }
+      if (any) out += chunk(json::array({{{"index", i}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}}}), nullptr);
+      if (c.finish != Finish::kNone && failure.empty()) {
+        st->closed[i] = true;
+        const json fin = chat ? json{{"index", i}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", reason(c)}}
+                              : json{{"index", i}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", reason(c)}};
+        out += chunk(json::array({fin}), nullptr);
+      }
+      all = all && c.finish != Finish::kNone;
+    }
+    if (!failure.empty()) {
+      for (auto& s : st->seqs) s->cancel();
+      out += "data: " + error_json(failure, "server_error") + "\n\ndata: [DONE]\n\n";
+      st->done = true;
+    } else if (all) {
+      record(st->seqs, arrived);
+      if (req.include_usage) {
+        int64_t completion = 0;
+        for (const ChoiceText& c : st->choices) completion += static_cast<int64_t>(c.ids.size());
+        const json u = usage(P, completion);
+        out += chunk(json::array(), &u);
+      }
+      out += "data: [DONE]\n\n";
+      st->done = true;
+    }
+    if (!out.empty() && !sink.write(out.data(), out.size())) {
+      for (auto& s : st->seqs) s->cancel();
+      return false;
+    }
+    if (st->done) {
+      sink.done();
+      return true;
+    }
+    if (out.empty() && http::client_gone()) {
+      for (auto& s : st->seqs) s->cancel();
+      return false;
+    }
+    return true;
   }
 
   ServerOptions o_;
