@@ -25,7 +25,7 @@ int run_serve(const std::vector<std::string>& argv) {
   args.option("--model", "DIR", "", "the model directory (this project's format or Hugging Face)")
       .option("--name", "NAME", "", "the model's id in the API (default: the directory's name)")
       .option("--host", "ADDR", "127.0.0.1", "address to listen on (loopback unless --allow-remote)")
-      .flag("--allow-remote", "allow a --host that is not a loopback address")
+      .flag("--allow-remote", "allow a --host that is not a loopback address (there is no authentication:\n      whoever reaches the port can use the model)")
       .option("--port", "N", "8000", "port; 0 picks a free one (printed)")
       .option("--timeout", "S", "600", "a request's whole life in seconds (queue and generation): else 504")
       .option("--max-tokens", "N", "4096", "the largest max_tokens a request may ask for")
