@@ -17,7 +17,19 @@ for p in "${wanted[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
   [[ "$status" == "install ok installed" ]] || missing+=("$p")
 done
+# The tests' npm packages (tests/node/package.json: the official OpenAI Node client that
+# tests/python/test_serve.py drives against `diffattn serve`), into the project-local, git-ignored
+# tests/node/node_modules. npm comes with Debian's nodejs here or as the npm package.
+node_packages() {
+  [[ "${1:-}" == test ]] || return 0
+  [[ -d "$here/../tests/node/node_modules/openai" ]] && return 0
+  command -v npm >/dev/null || { echo "diffattn setup: npm is missing (apt-get install npm)" >&2; return 1; }
+  echo "diffattn setup: npm install --prefix tests/node (the OpenAI Node client)"
+  npm install --prefix "$here/../tests/node" --no-audit --no-fund --loglevel=error
+}
+
 if [[ ${#missing[@]} -eq 0 ]]; then
+  node_packages "${1:-}"
   exit 0
 fi
 
@@ -31,3 +43,4 @@ export DEBIAN_FRONTEND=noninteractive
 # A fresh machine has no package lists; a failed update is retried once (mirrors flake).
 apt-get update -q || { sleep 5; apt-get update -q; }
 apt-get install -y -q --no-install-recommends "${missing[@]}"
+node_packages "${1:-}"

@@ -103,6 +103,15 @@ void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
                     const AttnLayerWeights& w, const AttnLayerShape& s, int64_t B, int64_t T,
                     const float* cos_t, const float* sin_t, KVCache* cache, bool save_stats);
 
+// One decode step of B sequences of different lengths, each with a cache of its own (caches[b]:
+// batch 1): inp (B, C) (already normalised) -> out (B, C). The projections are one product over
+// the B rows (q/k/v/lambda and out_proj weights read once); RoPE at each sequence's own position
+// (cos_rows/sin_rows (B, D/2)), the cache append and the decode attention per sequence. Row b
+// equals attn_layer_fwd(B = 1, T = 1) on sequence b up to the order of the sums in the products.
+void attn_layer_decode_rows(float* out, AttnLayerActs& acts, const float* inp,
+                            const AttnLayerWeights& w, const AttnLayerShape& s, int64_t B,
+                            const float* cos_rows, const float* sin_rows, KVCache* const* caches);
+
 // The operator call a forward with save_stats made, rebuilt from its saved acts for looking
 // inside (no cache): q and k after RoPE and v as strided views of acts.proj, lam, out = acts.att
 // and lse = acts.lse, all read only (a saved forward: the type the backward reads).

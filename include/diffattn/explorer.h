@@ -1,4 +1,4 @@
-// The explorer behind `diffattn serve`: a JSON API over the library and a page (plain HTML, JS
+// The explorer behind `diffattn explore`: a JSON API over the library and a page (plain HTML, JS
 // and CSS compiled into the binary) that draws the four views of a head, a lambda slider and
 // the distribution of a clicked row. The API is a pure function of (method, path, body), so it
 // is tested without a network; the server only moves bytes.
@@ -18,7 +18,7 @@ inline constexpr size_t kMaxPromptBytes = 2048;  // a model's prompt, in bytes
 inline constexpr int64_t kMaxPromptTokens = 96;  // ... and in tokens (T x T maps go back as JSON)
 inline constexpr double kMaxAbsLambda = 4.0;
 
-// The HTTP server's limits (server.cpp; `diffattn serve --help` lists them). A connection is
+// The HTTP server's limits (server.cpp; `diffattn explore --help` lists them). A connection is
 // served by one of kServerWorkers threads; up to kServerQueue more wait for one; a connection
 // beyond that is answered 503 at once and closed. Deadlines are for whole requests, not single
 // reads, so a client trickling bytes cannot hold a worker.

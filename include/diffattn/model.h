@@ -153,6 +153,19 @@ class Model {
   // Appends tokens (B, Tn) at the cache's end and writes the logits of each sequence's last new
   // position into logits_last (B, V). Tn > 1 is a prefill, Tn == 1 a decode step.
   void infer(const int32_t* tokens, int64_t B, int64_t Tn, float* logits_last);
+  // Exchanges the model's per-layer caches with `caches` (O(1)): a server keeps one set per
+  // sequence and swaps it in around that sequence's infer() calls (src/serve/engine.cpp).
+  void cache_swap(std::vector<nn::KVCache>& caches) { caches_.swap(caches); }
+  // One decode step for B sequences of different lengths, each with its own per-layer caches
+  // (caches[b]: n_layers KVCaches of batch 1, as cache_reset(1, .) + cache_swap make them):
+  // tokens (B) are appended at each sequence's own position and logits (B, V) written. Every
+  // matrix product (attention projections, FFN, output head) runs once over the B rows, so each
+  // weight is read once per step; RoPE at each sequence's position, the cache append and the
+  // decode attention run per sequence (nn::attn_layer_decode_rows).
+  // Each row's logits equal infer() on that sequence alone up to the order of the sums in the
+  // batched products.
+  void infer_rows(const int32_t* tokens, int64_t B, std::vector<nn::KVCache>* const* caches,
+                  float* logits);
 
   std::vector<float> params;  // flat, laid out by tensors()
   std::vector<float> grads;   // same layout
@@ -177,6 +190,8 @@ class Model {
   // reads. x_out may be x_in (inference updates the stream in place).
   void layer_fwd(int64_t l, LayerActs& a, const float* x_in, float* x_out, int64_t B, int64_t T,
                  const float* cos_t, const float* sin_t, nn::KVCache* cache, bool save);
+  // The FFN half of layer_fwd over BT rows: from a.x_mid to x_out.
+  void ffn_fwd(int64_t l, LayerActs& a, float* x_out, int64_t BT);
   nn::AttnLayerWeights attn_weights(int64_t l) const;
   nn::AttnLayerGrads attn_grads(int64_t l);
   void rope_for(int64_t pos0, int64_t T);
@@ -217,6 +232,7 @@ class Model {
   struct InferScratch {
     LayerActs layer;
     std::vector<float> x, cos, sin, last, normed, rstd;
+    nn::AttnLayerActs row_attn;  // infer_rows: one sequence's attention layer
   } infer_;
 };
 

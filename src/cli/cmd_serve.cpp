@@ -1,68 +1,68 @@
-// `diffattn serve`: the interactive explorer on a loopback address (src/explorer/).
+// `diffattn serve --model DIR`: the OpenAI-compatible HTTP server (src/serve/).
 #include <iostream>
 
 #include "cli/args.h"
-#include "diffattn/explorer.h"
+#include "serve/server.h"
 
 namespace diffattn::cli {
 
 namespace {
 
-void announce(const std::string& host, int port) {
-  const std::string h = host.find(':') != std::string::npos ? "[" + host + "]" : host;
-  std::cout << "diffattn serve: listening on http://" << h << ":" << port
-            << "/  (Ctrl-C stops it)" << std::endl;
-}
-
 int run_serve(const std::vector<std::string>& argv) {
   Args args("serve",
-            "Start the differential attention explorer, a web page on this machine: pick the\n"
-            "textbook example or a seeded random head, drag lambda, switch signed/clamp mode and\n"
-            "the causal mask, click a row to see its distribution in map 1, map 2, the\n"
-            "differential map and standard attention (numbers on hover and in a table). Every\n"
-            "number comes from the library; the page loads nothing from elsewhere.\n"
-            "--model DIR[,DIR...] adds trained models as a source: type a prompt (at most 96\n"
-            "tokens), pick the layer and the head (or the head mean); its maps are recomputed from\n"
-            "the saved lse of the fused forward. The slider replaces the learned lambda (V1: the\n"
-            "layer's, V2: sigmoid(lambda_proj x) per token) until \"learned lambda\" is pressed.\n"
-            "A DIFF model's \"standard\" view is its pair's full-width map softmax([q1;q2].[k1;k2] /\n"
-            "sqrt(2D)); a standard model shows only its own softmax map.\n"
-            "Limits of the server: " + std::to_string(explorer::kServerWorkers) +
-            " connections served at once and " + std::to_string(explorer::kServerQueue) +
-            " waiting (more: 503 at once);\na request must arrive within " +
-            std::to_string(explorer::kRequestSeconds) +
-            " s of its first byte (else 408), its request line and\nheaders within " +
-            std::to_string(explorer::kMaxHeadBytes / 1024) + " KiB (431) and its body within " +
-            std::to_string(explorer::kMaxBodyBytes / 1024) +
-            " KiB (413; no compressed or chunked body:\n415, 411); a response must be taken within " +
-            std::to_string(explorer::kResponseSeconds) + " s; an idle connection is closed\nafter " +
-            std::to_string(explorer::kIdleSeconds) + " s, any connection after " +
-            std::to_string(explorer::kKeepAliveRequests) +
-            " requests.\nThe port is bound exclusively: a port in use is an error, never shared.");
-  args.option("--model", "DIR", "", "trained model directories to offer, comma-separated (DIR,DIR,...)")
-      .option("--host", "ADDR", "127.0.0.1", "loopback address to listen on")
-      .option("--port", "N", "8765", "port; 0 picks a free one (printed)");
+            "Serve a model over the OpenAI HTTP API: POST /v1/completions, POST\n"
+            "/v1/chat/completions (the model's Llama-3 chat template from tokenizer_config.json),\n"
+            "GET /v1/models, GET /health and GET /metrics (Prometheus text). Parameters: max_tokens,\n"
+            "temperature, top_p, top_k, seed, stop, n, stream (server-sent events ending in\n"
+            "data: [DONE]; stream_options.include_usage adds a usage chunk). Requests join and leave\n"
+            "the running batch between decode steps (continuous batching); long prompts are\n"
+            "prefilled in chunks between the running streams' tokens; each admitted sequence\n"
+            "reserves KV blocks for its prompt plus max_tokens from one pool, and waits in a\n"
+            "bounded queue while the pool is full (beyond it: 503). A client that disconnects\n"
+            "cancels its sequences. SIGINT / SIGTERM end in-flight streams with an error event and\n"
+            "exit 0. Listens on 127.0.0.1 unless --allow-remote is given; the port is bound\n"
+            "exclusively (a port in use is an error).");
+  args.option("--model", "DIR", "", "the model directory (this project's format or Hugging Face)")
+      .option("--name", "NAME", "", "the model's id in the API (default: the directory's name)")
+      .option("--host", "ADDR", "127.0.0.1", "address to listen on (loopback unless --allow-remote)")
+      .flag("--allow-remote", "allow a --host that is not a loopback address (there is no authentication:\n      whoever reaches the port can use the model)")
+      .option("--port", "N", "8000", "port; 0 picks a free one (printed)")
+      .option("--timeout", "S", "600", "a request's whole life in seconds (queue and generation): else 504")
+      .option("--max-tokens", "N", "4096", "the largest max_tokens a request may ask for")
+      .option("--max-body", "BYTES", "1048576", "the largest request body (else 413)")
+      .option("--max-batch", "N", "64", "sequences in the running batch")
+      .option("--max-waiting", "N", "256", "sequences waiting for the batch or KV blocks (more: 503)")
+      .option("--kv-blocks", "N", "4096", "blocks in the KV pool")
+      .option("--block-size", "N", "16", "KV positions per block")
+      .option("--prefill-chunk", "N", "512", "prompt tokens prefilled per step, over all sequences")
+      .option("--workers", "N", "128", "connections served at once (each stream holds one)");
   if (!args.parse(argv)) return 0;
-  if (args.given("--model")) {
-    std::string dirs = args.str("--model");
-    size_t at = 0;
-    while (at <= dirs.size()) {
-      const size_t comma = dirs.find(',', at);
-      const std::string d = dirs.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-      if (!d.empty()) {
-        explorer::add_model(d);
-        std::cout << "diffattn serve: model " << d << std::endl;
-      }
-      if (comma == std::string::npos) break;
-      at = comma + 1;
-    }
-  }
-  explorer::serve(args.str("--host"), static_cast<int>(args.integer("--port")), announce);
+  if (!args.given("--model")) throw UsageError("--model DIR is required");
+  serve::ServerOptions o;
+  o.model_dir = args.str("--model");
+  o.model_name = args.str("--name");
+  o.host = args.str("--host");
+  o.allow_remote = args.on("--allow-remote");
+  o.port = static_cast<int>(args.integer("--port", 0, 65535));
+  o.timeout_seconds = static_cast<int>(args.integer("--timeout", 1, 86400));
+  o.api.max_tokens = args.integer("--max-tokens", 1, 1 << 20);
+  o.max_body_bytes = static_cast<size_t>(args.integer("--max-body", 1024, int64_t{1} << 30));
+  o.engine.max_batch = args.integer("--max-batch", 1, 4096);
+  o.engine.max_waiting = args.integer("--max-waiting", 0, 1 << 20);
+  o.engine.n_blocks = args.integer("--kv-blocks", 1, int64_t{1} << 30);
+  o.engine.block_size = args.integer("--block-size", 1, 4096);
+  o.engine.prefill_chunk = args.integer("--prefill-chunk", 1, 1 << 20);
+  o.workers = static_cast<int>(args.integer("--workers", 1, 4096));
+  serve::run_server(o, [](const std::string& host, int port) {
+    const std::string h = host.find(':') != std::string::npos ? "[" + host + "]" : host;
+    std::cout << "diffattn serve: listening on http://" << h << ":" << port
+              << "/v1  (Ctrl-C stops it)" << std::endl;
+  });
+  std::cout << "diffattn serve: stopped" << std::endl;
   return 0;
 }
 
-const CommandRegistration reg({"serve", "the interactive explorer in a browser (loopback only)", 50,
-                               run_serve});
+const CommandRegistration reg({"serve", "an OpenAI-compatible HTTP server for a model", 49, run_serve});
 
 }  // namespace
 

@@ -49,7 +49,7 @@ void demo_retrieval(std::ostream& os, int section, const std::string& out_dir) {
      << "  diffattn maps --model " << out_dir << "/models/diff_v1 --prompt '" << sample.text().substr(0, 40)
      << "' --layer 1 --head 0\n"
      << "  diffattn analyze --model " << out_dir << "/models/diff_v2\n"
-     << "  diffattn serve --model " << out_dir << "/models/diff_v1," << out_dir << "/models/diff_v2," << out_dir
+     << "  diffattn explore --model " << out_dir << "/models/diff_v1," << out_dir << "/models/diff_v2," << out_dir
      << "/models/standard\n"
      << "Scale it up with `diffattn experiment retrieval --steps 6000 --context 128 --lengths 64,128,192`.\n";
 }

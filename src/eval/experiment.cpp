@@ -388,7 +388,7 @@ std::vector<std::string> write_retrieval_report(RetrievalExperimentResult& r, co
   md << "Models: " ;
   for (const RetrievalModelResult& m : r.models) md << (m.dir.empty() ? "(not saved)" : "`" + m.dir + "`") << " ";
   md << "\n\nLook inside them with `diffattn maps --model DIR --prompt TEXT`, `diffattn analyze --model DIR` and "
-        "`diffattn serve --model DIR`.\n";
+        "`diffattn explore --model DIR`.\n";
   viz::write_file_atomic(dir + "/report.md", md.str());
   files.insert(files.begin(), dir + "/report.md");
   r.files = files;

@@ -130,7 +130,7 @@ int64_t int_field(const json& j, const char* key, int64_t def, int64_t lo, int64
   return v;
 }
 
-// A model offered by `serve --model DIR`.
+// A model offered by `explore --model DIR`.
 // The prompt a model's controls start with: for a model of `experiment retrieval` (its
 // DIR/retrieval.json), a held-out sample of its task that fits the prompt bound; else a sentence.
 std::string example_prompt(const std::string& dir, int64_t max_tokens) {

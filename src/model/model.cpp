@@ -195,7 +195,7 @@ void Model::zero_grads() { std::fill(grads.begin(), grads.end(), 0.0f); }
 void Model::layer_fwd(int64_t l, LayerActs& a, const float* x_in, float* x_out, int64_t B,
                       int64_t T, const float* cos_t, const float* sin_t, nn::KVCache* cache,
                       bool save) {
-  const int64_t C = cfg_.d_model, F = cfg_.ffn_dim, BT = B * T;
+  const int64_t C = cfg_.d_model, BT = B * T;
   const size_t nx = static_cast<size_t>(BT * C);
   const LayerTensors& o = lt_[static_cast<size_t>(l)];
   // x_mid = x_in + attn(rmsnorm(x_in, attn_norm))
@@ -207,8 +207,16 @@ void Model::layer_fwd(int64_t l, LayerActs& a, const float* x_in, float* x_out, 
                      B, T, cos_t, sin_t, cache, save);
   a.x_mid.resize(nx);
   add3(a.x_mid.data(), x_in, a.attn_out.data(), BT * C);
+  ffn_fwd(l, a, x_out, BT);
+}
+
+void Model::ffn_fwd(int64_t l, LayerActs& a, float* x_out, int64_t BT) {
+  const int64_t C = cfg_.d_model, F = cfg_.ffn_dim;
+  const size_t nx = static_cast<size_t>(BT * C);
+  const LayerTensors& o = lt_[static_cast<size_t>(l)];
   // x_out = x_mid + down(silu(gate f) * up f), f = rmsnorm(x_mid, ffn_norm)
   a.fn.resize(nx);
+  a.attn_out.resize(nx);
   a.fn_rstd.resize(static_cast<size_t>(BT));
   nn::rmsnorm_fwd(a.fn.data(), a.fn_rstd.data(), a.x_mid.data(), wf(o.ffn_norm), BT, C,
                   cfg_.norm_eps);
@@ -415,6 +423,59 @@ void Model::infer(const int32_t* tokens, int64_t B, int64_t Tn, float* logits_la
   }
   nn::rmsnorm_fwd(s.normed.data(), s.rstd.data(), s.last.data(), wf(norm_), B, C, cfg_.norm_eps);
   nn::linear_fwd(logits_last, s.normed.data(), wt(head_), B, C, V);
+}
+
+void Model::infer_rows(const int32_t* tokens, int64_t B, std::vector<nn::KVCache>* const* caches,
+                       float* logits) {
+  if (B < 1) throw InvalidArgument("infer_rows: B must be >= 1, got " + std::to_string(B));
+  const int64_t C = cfg_.d_model, V = cfg_.vocab_size, L = cfg_.n_layers;
+  const size_t half = static_cast<size_t>(cfg_.head_dim / 2);
+  InferScratch& s = infer_;
+  // Each sequence's RoPE angles at its own next position: cos/sin (B, D/2).
+  s.cos.resize(static_cast<size_t>(B) * half);
+  s.sin.resize(s.cos.size());
+  for (int64_t b = 0; b < B; ++b) {
+    const std::vector<nn::KVCache>* c = caches[b];
+    if (c == nullptr || static_cast<int64_t>(c->size()) != L || (*c)[0].B != 1) {
+      throw InvalidArgument("infer_rows: sequence " + std::to_string(b) +
+                            " needs its own caches of batch 1 for each of the " +
+                            std::to_string(L) + " layers");
+    }
+    const int64_t pos = (*c)[0].len;
+    if (pos + 1 > (*c)[0].capacity) {
+      throw InvalidArgument("infer_rows: sequence " + std::to_string(b) + "'s cache is full (" +
+                            std::to_string((*c)[0].capacity) + " positions)");
+    }
+    nn::rope_table(&s.cos[static_cast<size_t>(b) * half], &s.sin[static_cast<size_t>(b) * half],
+                   pos, 1, cfg_.head_dim, inv_freq_);
+  }
+  const size_t nx = static_cast<size_t>(B * C);
+  s.x.resize(nx);
+  nn::embedding_fwd(s.x.data(), tokens, wt(embed_), B, C, V);
+  LayerActs& a = s.layer;
+  std::vector<nn::KVCache*> row_caches;
+  for (int64_t l = 0; l < L; ++l) {
+    // x_mid = x + attn(rmsnorm(x)): the norm and the projections over the B rows, RoPE, the
+    // cache and the decode attention per sequence
+    a.an.resize(nx);
+    a.an_rstd.resize(static_cast<size_t>(B));
+    nn::rmsnorm_fwd(a.an.data(), a.an_rstd.data(), s.x.data(), wf(lt_[static_cast<size_t>(l)].attn_norm),
+                    B, C, cfg_.norm_eps);
+    a.attn_out.resize(nx);
+    const nn::AttnLayerWeights w = attn_weights(l);
+    const nn::AttnLayerShape shape = cfg_.attn_shape(l);
+    row_caches.resize(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) row_caches[static_cast<size_t>(b)] = &(*caches[b])[static_cast<size_t>(l)];
+    nn::attn_layer_decode_rows(a.attn_out.data(), s.row_attn, a.an.data(), w, shape, B, s.cos.data(),
+                               s.sin.data(), row_caches.data());
+    a.x_mid.resize(nx);
+    add3(a.x_mid.data(), s.x.data(), a.attn_out.data(), B * C);
+    ffn_fwd(l, a, s.x.data(), B);  // the FFN over the B rows
+  }
+  s.normed.resize(nx);
+  s.rstd.resize(static_cast<size_t>(B));
+  nn::rmsnorm_fwd(s.normed.data(), s.rstd.data(), s.x.data(), wf(norm_), B, C, cfg_.norm_eps);
+  nn::linear_fwd(logits, s.normed.data(), wt(head_), B, C, V);
 }
 
 }  // namespace diffattn

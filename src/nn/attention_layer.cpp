@@ -90,6 +90,25 @@ AttnParams make_params(const AttnLayerShape& s, int64_t B, int64_t Tq, const flo
 
 }  // namespace
 
+namespace {
+
+// Position `at` (batch * capacity + t) of the cache gets the k and v columns of a projection
+// row, rounded once to the cache's type when it is 16-bit.
+void append_kv(KVCache& c, const AttnLayerShape& s, int64_t at, const float* row) {
+  if (c.kv_dtype == DType::F32) {
+    std::memcpy(&c.k[static_cast<size_t>(at * s.n_k())], row + s.n_q(),
+                sizeof(float) * static_cast<size_t>(s.n_k()));
+    std::memcpy(&c.v[static_cast<size_t>(at * s.n_v())], row + s.n_q() + s.n_k(),
+                sizeof(float) * static_cast<size_t>(s.n_v()));
+  } else {
+    convert_from_f32(&c.k16[static_cast<size_t>(at * s.n_k())], row + s.n_q(), c.kv_dtype, s.n_k());
+    convert_from_f32(&c.v16[static_cast<size_t>(at * s.n_v())], row + s.n_q() + s.n_k(), c.kv_dtype,
+                     s.n_v());
+  }
+}
+
+}  // namespace
+
 void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
                     const AttnLayerWeights& w, const AttnLayerShape& s, int64_t B, int64_t T,
                     const float* cos_t, const float* sin_t, KVCache* cache, bool save_stats) {
@@ -121,17 +140,7 @@ void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
       for (int64_t t = 0; t < T; ++t) {
         const float* row = proj + (b * T + t) * np;
         const int64_t at = b * cache->capacity + cache->len + t;
-        if (cache->kv_dtype == DType::F32) {
-          std::memcpy(&cache->k[static_cast<size_t>(at * s.n_k())], row + s.n_q(),
-                      sizeof(float) * static_cast<size_t>(s.n_k()));
-          std::memcpy(&cache->v[static_cast<size_t>(at * s.n_v())], row + s.n_q() + s.n_k(),
-                      sizeof(float) * static_cast<size_t>(s.n_v()));
-        } else {  // rounded to the cache's 16-bit type once, here
-          convert_from_f32(&cache->k16[static_cast<size_t>(at * s.n_k())], row + s.n_q(),
-                           cache->kv_dtype, s.n_k());
-          convert_from_f32(&cache->v16[static_cast<size_t>(at * s.n_v())],
-                           row + s.n_q() + s.n_k(), cache->kv_dtype, s.n_v());
-        }
+        append_kv(*cache, s, at, row);
       }
     }
     cache->len += T;
@@ -163,6 +172,53 @@ void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
   }
   linear_fwd(out, src, w.out_proj, BT, s.n_out(), s.C);
   if (w.out_bias) bias_add(out, w.out_bias, BT, s.C);
+}
+
+void attn_layer_decode_rows(float* out, AttnLayerActs& acts, const float* inp,
+                            const AttnLayerWeights& w, const AttnLayerShape& s, int64_t B,
+                            const float* cos_rows, const float* sin_rows, KVCache* const* caches) {
+  const int64_t np = s.n_proj(), Dv = s.Dv(), half = s.D / 2;
+  acts.proj.resize(static_cast<size_t>(B * np));
+  float* proj = acts.proj.data();
+  linear_fwd(proj, inp, w.proj, B, s.C, np);
+  if (w.proj_bias) bias_add(proj, w.proj_bias, B, s.n_q() + s.n_k() + s.n_v(), np);
+  if (s.kind == AttnKind::DiffV1) {
+    acts.lambda = v1_lambda(w, s, &acts.e1, &acts.e2);
+    acts.lam.assign(static_cast<size_t>(s.H), static_cast<float>(acts.lambda));
+  } else if (s.kind == AttnKind::DiffV2) {
+    acts.lam.resize(static_cast<size_t>(B * s.H));
+    sigmoid_fwd(acts.lam.data(), proj + s.n_q() + s.n_k() + s.n_v(), B, s.H, np);
+  }
+  acts.att.resize(static_cast<size_t>(B * s.n_out()));
+  for (int64_t b = 0; b < B; ++b) {
+    float* row = proj + b * np;
+    KVCache* cache = caches[b];
+    if (cache == nullptr || cache->B != 1 || cache->len + 1 > cache->capacity) {
+      throw InvalidArgument("attention layer: sequence " + std::to_string(b) +
+                            " has no cache of batch 1 with room for one more position");
+    }
+    rope_apply(row, cos_rows + b * half, sin_rows + b * half, 1, 1, s.q_heads(), s.D, np, np, false);
+    rope_apply(row + s.n_q(), cos_rows + b * half, sin_rows + b * half, 1, 1, s.k_heads(), s.D, np,
+               np, false);
+    append_kv(*cache, s, cache->len, row);
+    cache->len += 1;
+    const float* lam = s.kind == AttnKind::DiffV2 ? acts.lam.data() + b * s.H : acts.lam.data();
+    AttnParams p = make_params(s, 1, 1, row, lam, cache);
+    p.out = acts.att.data() + b * s.n_out();
+    attention_fwd(p);
+  }
+  const float* src = acts.att.data();
+  if (s.kind == AttnKind::DiffV1) {
+    acts.normed.resize(acts.att.size());
+    acts.sub_rstd.resize(static_cast<size_t>(B * s.H));
+    rmsnorm_fwd(acts.normed.data(), acts.sub_rstd.data(), acts.att.data(), w.subln, B * s.H, Dv,
+                s.eps);
+    const float mult = 1.0f - s.lambda_init;
+    for (float& x : acts.normed) x *= mult;
+    src = acts.normed.data();
+  }
+  linear_fwd(out, src, w.out_proj, B, s.n_out(), s.C);
+  if (w.out_bias) bias_add(out, w.out_bias, B, s.C);
 }
 
 AttnBwdParams attn_layer_params(const AttnLayerActs& acts, const AttnLayerShape& s, int64_t B,

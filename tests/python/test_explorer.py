@@ -1,4 +1,4 @@
-"""The explorer (`diffattn serve`) end to end: its JSON API's errors over HTTP, then the page in
+"""The explorer (`diffattn explore`) end to end: its JSON API's errors over HTTP, then the page in
 headless Chromium: load it, drag the lambda slider, click a row, and check the table's numbers
 against the library and the screenshot's pixels where the heatmaps and the bar chart must be.
 The test starts the server on a free port and stops it."""
@@ -29,7 +29,7 @@ V = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1], [0.5] * 4]
 
 @pytest.fixture(scope="module")
 def server():
-    proc = subprocess.Popen([BINARY, "serve", "--port", "0"], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([BINARY, "explore", "--port", "0"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     ready, _, _ = select.select([proc.stdout], [], [], 20)
     assert ready, "the server printed nothing within 20 s"
@@ -222,7 +222,7 @@ def test_page_in_headless_chromium(server, tmp_path):
         shutil.rmtree(profile, ignore_errors=True)
 
 
-# ---- a trained model as a source (serve --model DIR) ----
+# ---- a trained model as a source (explore --model DIR) ----
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
@@ -280,7 +280,7 @@ def test_maps_and_analyze_commands(trained, tmp_path):
 @pytest.fixture(scope="module")
 def model_server(trained):
     dirs = f"{trained}/models/diff_v1,{trained}/models/standard"
-    proc = subprocess.Popen([BINARY, "serve", "--port", "0", "--model", dirs], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([BINARY, "explore", "--port", "0", "--model", dirs], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     # Read the raw pipe: select() on a buffered readline misses lines already in Python's buffer
     # (the model lines and the "listening" line often arrive in one chunk).

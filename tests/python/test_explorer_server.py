@@ -1,4 +1,4 @@
-"""The explorer's HTTP server under misbehaving clients (`diffattn serve`, src/explorer/server.cpp):
+"""The explorer's HTTP server under misbehaving clients (`diffattn explore`, src/explorer/server.cpp):
 keep-alive responses are not held back by Nagle's algorithm, clients that trickle bytes or open
 too many connections cannot stop the page from answering, a second server on a used port fails.
 The limits are read from include/diffattn/explorer.h, so the tests follow them.
@@ -35,7 +35,7 @@ def limit(name):
 def start(binary, *args):
     """Starts `binary serve ARGS` and returns (process, port), reading the raw pipe for the
     'listening' line (select() on a buffered readline can miss it)."""
-    proc = subprocess.Popen([binary, "serve", *args], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([binary, "explore", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     said, fd, end = b"", proc.stdout.fileno(), time.time() + 20
     while time.time() < end:
@@ -267,7 +267,7 @@ def test_stop_is_prompt_while_clients_stall():
 
 
 def test_second_server_on_a_used_port_fails_naming_it(server):
-    r = subprocess.run([BINARY, "serve", "--port", str(server)], capture_output=True, text=True,
+    r = subprocess.run([BINARY, "explore", "--port", str(server)], capture_output=True, text=True,
                        timeout=10)
     assert r.returncode != 0, "a second server started on a port in use"
     assert f"port {server} is already in use" in r.stderr, r.stderr

@@ -1,0 +1,345 @@
+// The serving engine (engine.h): block allocator, sequences and the continuous-batching loop.
+#include "serve/engine.h"
+
+#include <algorithm>
+
+namespace diffattn::serve {
+
+using Clock = std::chrono::steady_clock;
+
+// ---- BlockAllocator ----
+
+BlockAllocator::BlockAllocator(int64_t n_blocks, int64_t block_size) : block_size_(block_size) {
+  if (n_blocks < 1 || n_blocks > (int64_t{1} << 30)) {
+    throw InvalidArgument("KV pool: the number of blocks must be in 1..2^30, got " +
+                          std::to_string(n_blocks));
+  }
+  if (block_size < 1 || block_size > 4096) {
+    throw InvalidArgument("KV pool: the block size must be in 1..4096 positions, got " +
+                          std::to_string(block_size));
+  }
+  used_.assign(static_cast<size_t>(n_blocks), false);
+  free_.reserve(static_cast<size_t>(n_blocks));
+  for (int64_t i = n_blocks - 1; i >= 0; --i) free_.push_back(static_cast<int32_t>(i));
+}
+
+int64_t BlockAllocator::blocks_for(int64_t positions) const {
+  return positions <= 0 ? 0 : (positions + block_size_ - 1) / block_size_;
+}
+
+bool BlockAllocator::allocate(int64_t n, std::vector<int32_t>& table) {
+  if (n < 0) throw InvalidArgument("KV pool: cannot allocate " + std::to_string(n) + " blocks");
+  if (n > free_blocks()) return false;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t b = free_.back();
+    free_.pop_back();
+    used_[static_cast<size_t>(b)] = true;
+    table.push_back(b);
+  }
+  return true;
+}
+
+void BlockAllocator::release(std::vector<int32_t>& table) {
+  std::vector<int32_t> sorted = table;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const int32_t b = sorted[i];
+    if (b < 0 || b >= total() || !used_[static_cast<size_t>(b)] ||
+        (i > 0 && sorted[i - 1] == b)) {
+      throw InvalidArgument("KV pool: block " + std::to_string(b) +
+                            " is not allocated (or is in the table twice)");
+    }
+  }
+  for (const int32_t b : table) {
+    used_[static_cast<size_t>(b)] = false;
+    free_.push_back(b);
+  }
+  table.clear();
+}
+
+// ---- Sequence ----
+
+const char* finish_name(Finish f) {
+  switch (f) {
+    case Finish::kNone: return "none";
+    case Finish::kStop: return "stop";
+    case Finish::kLength: return "length";
+    case Finish::kCancelled: return "cancelled";
+    case Finish::kTimeout: return "timeout";
+    case Finish::kError: return "error";
+  }
+  return "?";
+}
+
+Finish Sequence::wait(size_t have, std::vector<int32_t>& out, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return tokens_.size() > have || finish_ != Finish::kNone; });
+  if (tokens_.size() > have) out.insert(out.end(), tokens_.begin() + static_cast<long>(have), tokens_.end());
+  return finish_;
+}
+
+void Sequence::cancel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancel_ = true;
+}
+
+std::string Sequence::error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+double Sequence::ttft() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (tokens_.empty()) return -1;
+  return std::chrono::duration<double>(first_token_ - submitted_).count();
+}
+
+// ---- Engine ----
+
+Engine::Engine(Model& model, const EngineOptions& o)
+    : m_(model), o_(o), alloc_(o.n_blocks, o.block_size) {
+  if (o.max_batch < 1 || o.max_waiting < 0 || o.prefill_chunk < 1) {
+    throw InvalidArgument("engine: max_batch and prefill_chunk must be >= 1, max_waiting >= 0");
+  }
+  stats_.total_blocks = stats_.free_blocks = alloc_.total();
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() { shutdown(); }
+
+void Engine::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+std::shared_ptr<Sequence> Engine::submit(SeqRequest r) {
+  const int64_t P = static_cast<int64_t>(r.prompt.size());
+  const int64_t cap = m_.config().max_seq_len, V = m_.config().vocab_size;
+  if (P < 1) throw InvalidArgument("the prompt has no tokens");
+  for (const int32_t t : r.prompt) {
+    if (t < 0 || t >= V) {
+      throw InvalidArgument("prompt token " + std::to_string(t) + " is outside the vocabulary (0.." +
+                            std::to_string(V - 1) + ")");
+    }
+  }
+  if (r.max_tokens < 1) throw InvalidArgument("max_tokens must be >= 1");
+  if (P + r.max_tokens > cap) {
+    throw InvalidArgument("the prompt (" + std::to_string(P) + " tokens) plus max_tokens (" +
+                          std::to_string(r.max_tokens) + ") exceed the model's context of " +
+                          std::to_string(cap) + " tokens");
+  }
+  if (alloc_.blocks_for(P + r.max_tokens) > alloc_.total()) {
+    throw InvalidArgument("the prompt plus max_tokens need more KV blocks than the whole pool (" +
+                          std::to_string(alloc_.total()) + " of " +
+                          std::to_string(alloc_.block_size()) + " positions)");
+  }
+  Sampler check(r.sampler);  // throws on bad sampler options, before anything is queued
+  (void)check;
+  auto seq = std::make_shared<Sequence>();
+  seq->prompt_len_ = P;
+  seq->submitted_ = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) throw Error("the server is shutting down");
+    if (static_cast<int64_t>(waiting_.size()) >= o_.max_waiting) {
+      throw QueueFull("the server is at capacity: " + std::to_string(stats_.running) +
+                      " sequences running and " + std::to_string(waiting_.size()) +
+                      " waiting (the most it queues); try again in a moment");
+    }
+    waiting_.emplace_back(seq, std::move(r));
+    stats_.waiting = static_cast<int64_t>(waiting_.size());
+  }
+  cv_.notify_all();
+  return seq;
+}
+
+void Engine::finish(Running& r, Finish f, const std::string& error) {
+  {
+    std::lock_guard<std::mutex> lock(r.seq->mu_);
+    if (r.seq->finish_ == Finish::kNone) {
+      r.seq->finish_ = f;
+      r.seq->error_ = error;
+    }
+  }
+  r.seq->cv_.notify_all();
+  alloc_.release(r.blocks);
+  r.cache.clear();
+  r.cache.shrink_to_fit();
+}
+
+bool Engine::take(Running& r, const float* logits) {
+  const int32_t next = r.sampler->sample(logits, m_.config().vocab_size);
+  if (std::find(r.req.stop_ids.begin(), r.req.stop_ids.end(), next) != r.req.stop_ids.end()) {
+    finish(r, Finish::kStop);
+    return false;
+  }
+  ++r.generated;
+  r.last = next;
+  {
+    std::lock_guard<std::mutex> lock(r.seq->mu_);
+    if (r.seq->tokens_.empty()) r.seq->first_token_ = Clock::now();
+    r.seq->tokens_.push_back(next);
+  }
+  r.seq->cv_.notify_all();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.generated_tokens;
+  }
+  if (r.generated >= r.req.max_tokens) {
+    finish(r, Finish::kLength);
+    return false;
+  }
+  return true;
+}
+
+void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<float>& logits) {
+  const auto now = Clock::now();
+  // 1. Leave: cancelled or out of time.
+  for (auto& r : running) {
+    bool cancel = false;
+    {
+      std::lock_guard<std::mutex> lock(r->seq->mu_);
+      cancel = r->seq->cancel_;
+    }
+    if (cancel) {
+      finish(*r, Finish::kCancelled);
+    } else if (now >= r->req.deadline) {
+      finish(*r, Finish::kTimeout);
+    }
+  }
+  running.erase(std::remove_if(running.begin(), running.end(),
+                               [](const auto& r) { return r->blocks.empty(); }),
+                running.end());
+  // 2. Join: first come first served while the batch and the pool have room.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!waiting_.empty() && static_cast<int64_t>(running.size()) < o_.max_batch) {
+      auto& [seq, req] = waiting_.front();
+      bool drop = false;
+      {
+        std::lock_guard<std::mutex> sl(seq->mu_);
+        drop = seq->cancel_;
+      }
+      if (drop || now >= req.deadline) {
+        {
+          std::lock_guard<std::mutex> sl(seq->mu_);
+          seq->finish_ = drop ? Finish::kCancelled : Finish::kTimeout;
+        }
+        seq->cv_.notify_all();
+        waiting_.pop_front();
+        continue;
+      }
+      const int64_t span = static_cast<int64_t>(req.prompt.size()) + req.max_tokens;
+      auto r = std::make_unique<Running>();
+      if (!alloc_.allocate(alloc_.blocks_for(span), r->blocks)) break;  // wait for blocks
+      r->seq = seq;
+      r->req = std::move(req);
+      r->sampler = std::make_unique<Sampler>(r->req.sampler);
+      running.push_back(std::move(r));
+      waiting_.pop_front();
+    }
+    stats_.waiting = static_cast<int64_t>(waiting_.size());
+  }
+  // 3. Advance each running sequence by a decode step or a prompt chunk: the decode steps of
+  // all sequences past their prompt together (one infer_rows: the FFN and the output head over
+  // the batch), the prompt chunks one sequence at a time.
+  int64_t budget = o_.prefill_chunk, advanced = 0, prompt_done = 0;
+  std::vector<Running*> decoding;
+  for (auto& r : running) {
+    if (r->prefilled == static_cast<int64_t>(r->req.prompt.size()) && !r->blocks.empty()) {
+      decoding.push_back(r.get());
+    }
+  }
+  if (!decoding.empty()) {
+    const int64_t n = static_cast<int64_t>(decoding.size()), V = m_.config().vocab_size;
+    std::vector<int32_t> toks(static_cast<size_t>(n));
+    std::vector<std::vector<nn::KVCache>*> caches(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      toks[static_cast<size_t>(i)] = decoding[static_cast<size_t>(i)]->last;
+      caches[static_cast<size_t>(i)] = &decoding[static_cast<size_t>(i)]->cache;
+    }
+    batch_logits_.resize(static_cast<size_t>(n * V));
+    try {
+      m_.infer_rows(toks.data(), n, caches.data(), batch_logits_.data());
+      for (int64_t i = 0; i < n; ++i) {
+        take(*decoding[static_cast<size_t>(i)], &batch_logits_[static_cast<size_t>(i * V)]);
+      }
+    } catch (const std::exception& e) {
+      for (Running* r : decoding) {
+        if (!r->blocks.empty()) finish(*r, Finish::kError, e.what());
+      }
+    }
+    advanced += n;
+  }
+  for (auto& r : running) {
+    const int64_t P = static_cast<int64_t>(r->req.prompt.size());
+    try {
+      if (r->prefilled < P) {
+        if (budget <= 0) continue;
+        if (r->cache.empty()) {
+          // A fresh cache for this sequence's span, built by the model and swapped out.
+          const int64_t span = P + r->req.max_tokens;
+          m_.cache_reset(1, span);
+          m_.cache_swap(r->cache);
+        }
+        const int64_t n = std::min(budget, P - r->prefilled);
+        m_.cache_swap(r->cache);
+        m_.infer(r->req.prompt.data() + r->prefilled, 1, n, logits.data());
+        m_.cache_swap(r->cache);
+        r->prefilled += n;
+        budget -= n;
+        prompt_done += n;
+        ++advanced;
+        if (r->prefilled == P) take(*r, logits.data());
+      }
+    } catch (const std::exception& e) {
+      finish(*r, Finish::kError, e.what());
+    }
+  }
+  running.erase(std::remove_if(running.begin(), running.end(),
+                               [](const auto& r) { return r->blocks.empty(); }),
+                running.end());
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.steps;
+  stats_.prompt_tokens += prompt_done;
+  stats_.running = static_cast<int64_t>(running.size());
+  stats_.free_blocks = alloc_.free_blocks();
+  stats_.last_batch = static_cast<double>(advanced);
+}
+
+void Engine::loop() {
+  std::vector<std::unique_ptr<Running>> running;
+  std::vector<float> logits(static_cast<size_t>(m_.config().vocab_size));
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !waiting_.empty() || !running.empty(); });
+      if (stop_) break;
+    }
+    step(running, logits);
+  }
+  // Shutdown: everything queued or running is cancelled.
+  for (auto& r : running) finish(*r, Finish::kCancelled);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [seq, req] : waiting_) {
+    {
+      std::lock_guard<std::mutex> sl(seq->mu_);
+      seq->finish_ = Finish::kCancelled;
+    }
+    seq->cv_.notify_all();
+  }
+  waiting_.clear();
+  stats_.running = stats_.waiting = 0;
+  stats_.free_blocks = alloc_.free_blocks();
+}
+
+}  // namespace diffattn::serve

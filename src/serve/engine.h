@@ -1,0 +1,163 @@
+// The generation engine behind `diffattn serve`: a scheduler with continuous batching over one
+// model, and a block allocator that bounds the KV memory of the running sequences.
+//
+// One thread (the engine's) owns the model. Each step it
+//   1. drops sequences that finished, were cancelled (client gone) or ran out of time, returning
+//      their blocks to the pool;
+//   2. admits waiting sequences, first come first served, while the batch has room and the pool
+//      has the blocks for the sequence's whole span (prompt + max_tokens, so a running sequence
+//      never runs out of cache);
+//   3. advances every running sequence by one piece of work: a decode step (one token), or the
+//      next chunk of its prompt (at most prefill_chunk tokens per step over all sequences, so
+//      long prompts are interleaved with the running streams' tokens).
+// Requests join and leave between steps. Submitting beyond max_waiting waiting sequences throws
+// QueueFull (the server answers 503).
+//
+// The decode steps of a step run as one Model::infer_rows call: every matrix product (attention
+// projections, FFN, output head) is over the batch, so each weight is read once per step. What is
+// not batched yet: the decode attention itself runs once per sequence, each over its own
+// contiguous per-layer KV cache; the block tables account for that memory rather than address it
+// (the decode kernel reads a contiguous cache, not paged blocks). Prompt chunks run through
+// Model::infer with the sequence's cache swapped in. The interface (submit / tokens /
+// cancel) does not change when the attention becomes one batched paged call.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "diffattn/error.h"
+#include "diffattn/model.h"
+
+namespace diffattn::serve {
+
+// Fixed-size blocks of KV positions from one pool of n_blocks. Not thread-safe (the engine's
+// thread owns it).
+class BlockAllocator {
+ public:
+  BlockAllocator(int64_t n_blocks, int64_t block_size);
+  int64_t block_size() const { return block_size_; }
+  int64_t total() const { return static_cast<int64_t>(used_.size()); }
+  int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
+  // Blocks needed for `positions` KV positions.
+  int64_t blocks_for(int64_t positions) const;
+  // Appends n block ids to table, or returns false (and takes nothing) if fewer than n are free.
+  bool allocate(int64_t n, std::vector<int32_t>& table);
+  // Returns every block of table to the pool and clears it; a block not allocated, or given
+  // twice, is an InvalidArgument (and nothing is freed).
+  void release(std::vector<int32_t>& table);
+
+ private:
+  int64_t block_size_;
+  std::vector<int32_t> free_;  // a stack: the most recently freed block is reused first
+  std::vector<bool> used_;
+};
+
+class QueueFull : public Error {
+ public:
+  using Error::Error;
+};
+
+enum class Finish { kNone, kStop, kLength, kCancelled, kTimeout, kError };
+const char* finish_name(Finish f);
+
+struct SeqRequest {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 16;
+  SamplerOptions sampler;
+  std::vector<int32_t> stop_ids;
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+};
+
+// One sequence's progress, shared by the engine and the request's handler.
+class Sequence {
+ public:
+  // Waits until more than `have` tokens exist, the sequence ended, or `timeout` passed; copies
+  // the tokens from index `have` on into out. Returns the finish state (kNone: still running).
+  Finish wait(size_t have, std::vector<int32_t>& out, std::chrono::milliseconds timeout);
+  // Asks the engine to stop the sequence and free its blocks (idempotent).
+  void cancel();
+  int64_t prompt_tokens() const { return prompt_len_; }
+  std::string error() const;
+  // Seconds from submission to the first token (< 0 before it).
+  double ttft() const;
+
+ private:
+  friend class Engine;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int32_t> tokens_;
+  Finish finish_ = Finish::kNone;
+  std::string error_;
+  bool cancel_ = false;
+  int64_t prompt_len_ = 0;
+  std::chrono::steady_clock::time_point submitted_, first_token_;
+};
+
+struct EngineOptions {
+  int64_t block_size = 16;        // KV positions per block
+  int64_t n_blocks = 4096;        // the pool
+  int64_t max_batch = 64;         // running sequences
+  int64_t max_waiting = 256;      // waiting sequences; more: QueueFull
+  int64_t prefill_chunk = 512;    // prompt tokens per step, over all sequences
+};
+
+struct EngineStats {
+  int64_t running = 0, waiting = 0, free_blocks = 0, total_blocks = 0;
+  int64_t steps = 0, prompt_tokens = 0, generated_tokens = 0;
+  double last_batch = 0;  // sequences advanced in the last step
+};
+
+class Engine {
+ public:
+  // The model must outlive the engine; only the engine's thread touches it.
+  Engine(Model& model, const EngineOptions& o);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a sequence. Throws InvalidArgument when it cannot ever run (empty prompt, prompt +
+  // max_tokens beyond the model's max_seq_len or the whole pool), QueueFull when max_waiting
+  // sequences already wait, Error after shutdown().
+  std::shared_ptr<Sequence> submit(SeqRequest r);
+  // Cancels everything queued and running and stops the thread.
+  void shutdown();
+  EngineStats stats() const;
+  const EngineOptions& options() const { return o_; }
+
+ private:
+  struct Running {
+    std::shared_ptr<Sequence> seq;
+    SeqRequest req;
+    std::vector<int32_t> blocks;
+    std::vector<nn::KVCache> cache;
+    int64_t prefilled = 0;  // prompt tokens in the cache
+    int64_t generated = 0;
+    int32_t last = -1;      // the token to feed next (after the prefill)
+    std::unique_ptr<Sampler> sampler;
+  };
+  void loop();
+  void step(std::vector<std::unique_ptr<Running>>& running, std::vector<float>& logits);
+  void finish(Running& r, Finish f, const std::string& error = "");
+  // Samples from logits, records the token; returns false when the sequence ended.
+  bool take(Running& r, const float* logits);
+
+  Model& m_;
+  EngineOptions o_;
+  BlockAllocator alloc_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<std::shared_ptr<Sequence>, SeqRequest>> waiting_;
+  bool stop_ = false;
+  EngineStats stats_;
+  std::vector<float> batch_logits_;  // (batch, V) of a decode step
+  std::thread thread_;
+};
+
+}  // namespace diffattn::serve

@@ -1,0 +1,580 @@
+// `diffattn serve` (server.h): routes, the OpenAI responses (whole and streamed as server-sent
+// events), stop strings, metrics and graceful shutdown, over the engine and the shared HTTP server.
+#include "serve/server.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "diffattn/data.h"
+#include "diffattn/files.h"
+#include "diffattn/hf_tokenizer.h"
+#include "diffattn/train.h"
+#include "http/http_server.h"
+
+namespace diffattn::serve {
+
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+bool file_exists(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+// The longest prefix of s that does not end inside a UTF-8 character (an incomplete lead byte
+// sequence at the end waits for more bytes; invalid bytes are let through, JSON replaces them).
+size_t utf8_safe_end(const std::string& s) {
+  const size_t n = s.size();
+  for (size_t back = 1; back <= 3 && back <= n; ++back) {
+    const auto c = static_cast<unsigned char>(s[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    const size_t need = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+    return need > back ? n - back : n;
+  }
+  return n;
+}
+
+// Prometheus histogram of seconds.
+struct Histogram {
+  static constexpr double kBounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
+  uint64_t counts[sizeof kBounds / sizeof kBounds[0] + 1] = {};
+  double sum = 0;
+  uint64_t n = 0;
+  void add(double s) {
+    size_t i = 0;
+    while (i < sizeof kBounds / sizeof kBounds[0] && s > kBounds[i]) ++i;
+    ++counts[i];
+    sum += s;
+    ++n;
+  }
+  void write(std::string& out, const std::string& name, const std::string& help) const {
+    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+    uint64_t cum = 0;
+    char buf[64];
+    for (size_t i = 0; i < sizeof kBounds / sizeof kBounds[0]; ++i) {
+      cum += counts[i];
+      std::snprintf(buf, sizeof buf, "%g", kBounds[i]);
+      out += name + "_bucket{le=\"" + buf + "\"} " + std::to_string(cum) + "\n";
+    }
+    cum += counts[sizeof kBounds / sizeof kBounds[0]];
+    out += name + "_bucket{le=\"+Inf\"} " + std::to_string(cum) + "\n";
+    std::snprintf(buf, sizeof buf, "%.6f", sum);
+    out += name + "_sum " + buf + "\n" + name + "_count " + std::to_string(n) + "\n";
+  }
+};
+
+// One choice's text as its tokens arrive: decoded in full each time (tokenizers that merge
+// pieces stay right), stop strings found, and what can be sent held back so that a stop string
+// or a UTF-8 character split across tokens is never sent half.
+struct ChoiceText {
+  std::vector<int32_t> ids;
+  std::string text;    // the text to answer (cut at a stop string)
+  size_t sent = 0;     // bytes of text already streamed
+  bool stopped = false;  // a stop string ended it
+  Finish finish = Finish::kNone;
+
+  void update(const data::Tokenizer& tok, const std::vector<std::string>& stops) {
+    if (stopped) return;
+    std::string now = tok.decode(ids);
+    size_t cut = std::string::npos;
+    for (const std::string& s : stops) {
+      const size_t at = now.find(s);
+      if (at != std::string::npos && at < cut) cut = at;
+    }
+    if (cut != std::string::npos) {
+      now.resize(cut);
+      stopped = true;
+    }
+    text = std::move(now);
+  }
+  // Bytes that may be streamed now.
+  size_t sendable(const std::vector<std::string>& stops) const {
+    if (finish != Finish::kNone || stopped) return text.size();
+    size_t hold = 0;
+    for (const std::string& s : stops) hold = std::max(hold, s.size() - 1);
+    size_t end = text.size() > hold ? text.size() - hold : 0;
+    end = utf8_safe_end(text.substr(0, end));
+    return std::max(end, sent);
+  }
+};
+
+class Server {
+ public:
+  explicit Server(const ServerOptions& o) : o_(o) {
+    model_ = std::make_unique<Model>(load_model(o.model_dir));
+    tok_ = data::tokenizer_for(o.model_dir);
+    stop_ids_ = data::stop_ids_for(o.model_dir, *tok_);
+    if (file_exists(o.model_dir + "/tokenizer.json")) {
+      hf_ = std::make_unique<HfTokenizer>(HfTokenizer::load(o.model_dir));
+    }
+    const std::string cfg = o.model_dir + "/tokenizer_config.json";
+    if (file_exists(cfg)) {
+      try {
+        chat_ = std::make_unique<ChatTemplate>(ChatTemplate::from_config(read_file(cfg, 64 << 20), cfg));
+      } catch (const ApiError& e) {
+        chat_error_ = std::make_unique<ApiError>(e);
+      }
+    } else {
+      chat_error_ = std::make_unique<ApiError>(
+          "this model has no chat template: " + o.model_dir +
+              " has no tokenizer_config.json with a \"chat_template\"; use /v1/completions with a "
+              "prompt instead",
+          "messages", 400, "invalid_request_error", "no_chat_template");
+    }
+    name_ = o.model_name;
+    if (name_.empty()) {
+      std::string d = o.model_dir;
+      while (d.size() > 1 && d.back() == '/') d.pop_back();
+      const size_t slash = d.rfind('/');
+      name_ = slash == std::string::npos ? d : d.substr(slash + 1);
+    }
+    created_ = static_cast<int64_t>(std::time(nullptr));
+    engine_ = std::make_unique<Engine>(*model_, o.engine);
+  }
+
+  const std::string& name() const { return name_; }
+  bool chat_ok() const { return chat_ != nullptr; }
+
+  void handle(const httplib::Request& req, httplib::Response& res) {
+    const std::string& p = req.path;
+    int status = 200;
+    if (p == "/health" || p == "/metrics" || p == "/v1/models") {
+      if (req.method != "GET" && req.method != "HEAD") {
+        status = error(res, 405, "use GET for " + p, "invalid_request_error", "method_not_allowed");
+      } else if (p == "/health") {
+        res.set_content(stopping_ ? R"({"status":"stopping"})" : R"({"status":"ok"})", "application/json");
+        if (stopping_) status = res.status = 503;
+      } else if (p == "/metrics") {
+        res.set_content(metrics(), "text/plain; version=0.0.4; charset=utf-8");
+      } else {
+        json m = {{"id", name_}, {"object", "model"}, {"created", created_}, {"owned_by", "diffattn"},
+                  {"max_model_len", model_->config().max_seq_len}};
+        res.set_content(dump(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
+      }
+    } else if (p == "/v1/completions" || p == "/v1/chat/completions") {
+      if (req.method != "POST") {
+        status = error(res, 405, "use POST for " + p, "invalid_request_error", "method_not_allowed");
+      } else {
+        status = complete(req, res, p == "/v1/chat/completions");
+      }
+    } else {
+      status = error(res, 404, "no such endpoint: " + req.method + " " + p.substr(0, 100) +
+                                   " (this server has /v1/completions, /v1/chat/completions, "
+                                   "/v1/models, /health, /metrics)",
+                     "invalid_request_error", "not_found");
+    }
+    count(p, status);
+  }
+
+  // SIGTERM: stop taking requests, cancel what runs (streams end with an error and [DONE]),
+  // wait a little for the answers to go out.
+  void stop() {
+    stopping_ = true;
+    engine_->shutdown();
+    const auto until = Clock::now() + std::chrono::seconds(3);
+    while (in_flight_ > 0 && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+
+ private:
+  int error(httplib::Response& res, int status, const std::string& msg,
+            const std::string& type = "invalid_request_error", const std::string& code = "",
+            const std::string& param = "") {
+    res.status = status;
+    res.set_content(error_json(msg, type, param, code), "application/json");
+    return status;
+  }
+
+  void count(const std::string& path, int status) {
+    const std::string ep = path == "/v1/completions" || path == "/v1/chat/completions" ||
+                                   path == "/v1/models" || path == "/health" || path == "/metrics"
+                               ? path
+                               : "other";
+    std::lock_guard<std::mutex> lock(mu_);
+    ++requests_[{ep, status}];
+  }
+
+  std::string metrics() {
+    const EngineStats s = engine_->stats();
+    std::string out;
+    auto gauge = [&](const std::string& name, const std::string& type, const std::string& help, double v) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.17g", v);
+      out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " + buf + "\n";
+    };
+    std::lock_guard<std::mutex> lock(mu_);
+    out += "# HELP diffattn_requests_total HTTP requests answered, by endpoint and status\n"
+           "# TYPE diffattn_requests_total counter\n";
+    for (const auto& [k, n] : requests_) {
+      out += "diffattn_requests_total{endpoint=\"" + k.first + "\",status=\"" +
+             std::to_string(k.second) + "\"} " + std::to_string(n) + "\n";
+    }
+    gauge("diffattn_prompt_tokens_total", "counter", "prompt tokens prefilled", static_cast<double>(s.prompt_tokens));
+    gauge("diffattn_generation_tokens_total", "counter", "tokens generated", static_cast<double>(s.generated_tokens));
+    gauge("diffattn_engine_steps_total", "counter", "scheduler steps run", static_cast<double>(s.steps));
+    gauge("diffattn_queue_depth", "gauge", "sequences waiting to be admitted", static_cast<double>(s.waiting));
+    gauge("diffattn_running_sequences", "gauge", "sequences in the running batch", static_cast<double>(s.running));
+    gauge("diffattn_batch_size", "gauge", "sequences advanced by the last step", s.last_batch);
+    gauge("diffattn_kv_blocks_free", "gauge", "free blocks of the KV pool", static_cast<double>(s.free_blocks));
+    gauge("diffattn_kv_blocks_total", "gauge", "blocks of the KV pool", static_cast<double>(s.total_blocks));
+    gauge("diffattn_kv_block_size", "gauge", "KV positions per block", static_cast<double>(engine_->options().block_size));
+    ttft_.write(out, "diffattn_time_to_first_token_seconds", "time from a request's arrival to its first token");
+    latency_.write(out, "diffattn_request_duration_seconds", "time from a completion request's arrival to its last token");
+    return out;
+  }
+
+  // Submits the request's n sequences; on failure cancels those already queued.
+  std::vector<std::shared_ptr<Sequence>> submit(const ApiRequest& r, const std::vector<int32_t>& ids,
+                                                int64_t max_tokens, Clock::time_point deadline) {
+    std::vector<std::shared_ptr<Sequence>> seqs;
+    const uint64_t base = r.seed ? static_cast<uint64_t>(*r.seed)
+                                 : static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
+                                       (0x9E3779B97F4A7C15ull * ++seed_counter_);
+    try {
+      for (int64_t i = 0; i < r.n; ++i) {
+        SeqRequest s;
+        s.prompt = ids;
+        s.max_tokens = max_tokens;
+        s.sampler.temperature = r.temperature;
+        s.sampler.top_p = r.top_p;
+        s.sampler.top_k = r.top_k;
+        s.sampler.seed = base + static_cast<uint64_t>(i);
+        s.stop_ids = stop_ids_;
+        s.deadline = deadline;
+        seqs.push_back(engine_->submit(std::move(s)));
+      }
+    } catch (...) {
+      for (auto& s : seqs) s->cancel();
+      throw;
+    }
+    return seqs;
+  }
+
+  json usage(int64_t prompt, int64_t completion) const {
+    return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+  }
+
+  static const char* reason(const ChoiceText& c) {
+    return c.stopped || c.finish == Finish::kStop ? "stop" : "length";
+  }
+
+  int complete(const httplib::Request& req, httplib::Response& res, bool chat) {
+    const auto arrived = Clock::now();
+    if (stopping_) return error(res, 503, "the server is shutting down", "server_error", "shutting_down");
+    ApiRequest r;
+    std::vector<int32_t> ids;
+    try {
+      r = parse_request(req.body, chat, o_.api);
+      if (!r.model.empty() && r.model != name_) {
+        return error(res, 404, "the model " + dump(json(r.model)) + " does not exist; this server has \"" +
+                                   name_ + "\"",
+                     "invalid_request_error", "model_not_found", "model");
+      }
+      if (chat) {
+        if (!chat_) throw *chat_error_;
+        const std::string text = chat_->render(r.messages, true);
+        ids = hf_ ? hf_->encode(text, false) : tok_->encode(text);
+      } else if (r.prompt_is_ids) {
+        ids = r.prompt_ids;
+      } else {
+        // As `diffattn generate` does: an empty prompt starts from a newline.
+        ids = tok_->encode(r.prompt.empty() ? std::string("\n") : r.prompt);
+        if (ids.empty()) throw ApiError("'prompt' encodes to no tokens", "prompt");
+      }
+    } catch (const ApiError& e) {
+      return error(res, e.status, e.what(), e.type, e.code, e.param);
+    } catch (const Error& e) {
+      return error(res, 400, e.what(), "invalid_request_error", "invalid_value", chat ? "messages" : "prompt");
+    }
+    const int64_t P = static_cast<int64_t>(ids.size()), ctx = model_->config().max_seq_len;
+    if (P >= ctx) {
+      return error(res, 400, "the prompt has " + std::to_string(P) + " tokens; the model's context is " +
+                                 std::to_string(ctx) + " (the prompt and at least one new token must fit)",
+                   "invalid_request_error", "context_length_exceeded", chat ? "messages" : "prompt");
+    }
+    const int64_t max_tokens = r.max_tokens ? *r.max_tokens
+                                            : chat ? std::min(o_.api.max_tokens, ctx - P) : int64_t{16};
+    if (P + max_tokens > ctx) {
+      return error(res, 400, "the prompt (" + std::to_string(P) + " tokens) plus max_tokens (" +
+                                 std::to_string(max_tokens) + ") exceed the model's context of " +
+                                 std::to_string(ctx) + " tokens",
+                   "invalid_request_error", "context_length_exceeded", "max_tokens");
+    }
+    std::vector<std::shared_ptr<Sequence>> seqs;
+    try {
+      seqs = submit(r, ids, max_tokens, arrived + std::chrono::seconds(o_.timeout_seconds));
+    } catch (const QueueFull& e) {
+      res.set_header("Retry-After", "1");
+      return error(res, 503, e.what(), "server_error", "queue_full");
+    } catch (const InvalidArgument& e) {
+      return error(res, 400, e.what(), "invalid_request_error", "invalid_value");
+    } catch (const Error& e) {
+      return error(res, 503, e.what(), "server_error", "shutting_down");
+    }
+    const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(++id_counter_);
+    const int64_t created = static_cast<int64_t>(std::time(nullptr));
+    if (r.stream) return stream(res, r, std::move(seqs), P, id, created, arrived, chat);
+
+    // A whole answer: wait for every choice, giving up when the client goes away.
+    ++in_flight_;
+    std::vector<ChoiceText> choices(seqs.size());
+    for (;;) {
+      bool all = true;
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        ChoiceText& c = choices[i];
+        if (c.finish != Finish::kNone) continue;
+        std::vector<int32_t> got;
+        c.finish = seqs[i]->wait(c.ids.size(), got, std::chrono::milliseconds(50));
+        if (!got.empty() || c.finish != Finish::kNone) {
+          c.ids.insert(c.ids.end(), got.begin(), got.end());
+          if (!r.stop.empty()) {
+            c.update(*tok_, r.stop);
+            if (c.stopped) {
+              seqs[i]->cancel();
+              c.finish = Finish::kStop;
+            }
+          }
+        }
+        all = all && c.finish != Finish::kNone;
+      }
+      if (all) break;
+      if (http::client_gone()) {
+        for (auto& s : seqs) s->cancel();
+        --in_flight_;
+        return 499;  // nobody reads the answer
+      }
+    }
+    --in_flight_;
+    record(seqs, arrived);
+    json out = json::array();
+    int64_t completion = 0;
+    for (size_t i = 0; i < choices.size(); ++i) {
+      ChoiceText& c = choices[i];
+      if (c.finish == Finish::kTimeout) {
+        return error(res, 504, "the request ran past its timeout of " + std::to_string(o_.timeout_seconds) + " s",
+                     "timeout_error", "timeout");
+      }
+      if (c.finish == Finish::kCancelled) return error(res, 503, "the server is shutting down", "server_error", "shutting_down");
+      if (c.finish == Finish::kError) return error(res, 500, "generation failed: " + seqs[i]->error(), "server_error");
+      if (!c.stopped) c.update(*tok_, r.stop);
+      completion += static_cast<int64_t>(c.ids.size());
+      json ch = {{"index", i}, {"finish_reason", reason(c)}};
+      if (chat) {
+        ch["message"] = {{"role", "assistant"}, {"content", c.text}};
+      } else {
+        ch["text"] = c.text;
+        ch["logprobs"] = nullptr;
+      }
+      out.push_back(ch);
+    }
+    json body = {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
+                 {"model", name_}, {"choices", out}, {"usage", usage(P, completion)}};
+    res.set_content(dump(body), "application/json");
+    return 200;
+  }
+
+  void record(const std::vector<std::shared_ptr<Sequence>>& seqs, Clock::time_point arrived) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& s : seqs) {
+      const double t = s->ttft();
+      if (t >= 0) ttft_.add(t);
+    }
+    latency_.add(std::chrono::duration<double>(Clock::now() - arrived).count());
+  }
+
+  int stream(httplib::Response& res, const ApiRequest& r, std::vector<std::shared_ptr<Sequence>> seqs,
+             int64_t P, const std::string& id, int64_t created, Clock::time_point arrived, bool chat) {
+    struct State {
+      std::vector<std::shared_ptr<Sequence>> seqs;
+      std::vector<ChoiceText> choices;
+      std::vector<bool> started, closed;
+      bool done = false;
+    };
+    auto st = std::make_shared<State>();
+    st->seqs = std::move(seqs);
+    st->choices.resize(st->seqs.size());
+    st->started.assign(st->seqs.size(), false);
+    st->closed.assign(st->seqs.size(), false);
+    ++in_flight_;
+    res.set_header("X-Accel-Buffering", "no");
+    const ApiRequest req = r;
+    auto chunk = [this, id, created, chat](const json& choices, const json* u) {
+      json j = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                {"created", created}, {"model", name_}, {"choices", choices}};
+      if (u != nullptr) j["usage"] = *u;
+      return "data: " + dump(j) + "\n\n";
+    };
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, st, req, P, arrived, chunk, chat](size_t offset, httplib::DataSink& sink) {
+          // Nothing may escape into httplib (it would close the connection without a word).
+          try {
+            return provide(*st, req, P, arrived, chunk, chat, sink);
+          } catch (const std::exception& e) {
+            for (auto& s : st->seqs) s->cancel();
+            const std::string out = "data: " + error_json(std::string("internal error: ") + e.what(), "server_error") +
+                                    "\n\ndata: [DONE]\n\n";
+            st->done = true;
+            if (sink.write(out.data(), out.size())) sink.done();
+            return true;
+          }
+          (void)offset;
+        },
+        [this, st](bool) {
+          for (auto& s : st->seqs) s->cancel();  // whatever way the stream ended
+          --in_flight_;
+        });
+    return 200;
+  }
+
+  template <class State, class Chunk>
+  bool provide(State& state, const ApiRequest& req, int64_t P, Clock::time_point arrived, const Chunk& chunk,
+               bool chat, httplib::DataSink& sink) {
+    State* st = &state;
+    if (st->done) return false;
+    std::string out;
+    bool all = true, waited = false;
+    std::string failure;
+    for (size_t i = 0; i < st->seqs.size(); ++i) {
+      ChoiceText& c = st->choices[i];
+      if (st->closed[i]) continue;
+      std::vector<int32_t> got;
+      if (c.finish == Finish::kNone) {
+        // The first choice still running waits for news (up to 100 ms); the others are
+        // only looked at, so a call neither spins nor sleeps once per choice.
+        c.finish = st->seqs[i]->wait(c.ids.size(), got, std::chrono::milliseconds(waited ? 0 : 100));
+        waited = true;
+        c.ids.insert(c.ids.end(), got.begin(), got.end());
+        if (!got.empty() || c.finish != Finish::kNone) c.update(*tok_, req.stop);
+        if (c.stopped && c.finish == Finish::kNone) {
+          st->seqs[i]->cancel();
+          c.finish = Finish::kStop;
+        }
+      }
+      if (c.finish == Finish::kTimeout) failure = "the request ran past its timeout of " + std::to_string(o_.timeout_seconds) + " s";
+      if (c.finish == Finish::kCancelled && !c.stopped) failure = "the server is shutting down";
+      if (c.finish == Finish::kError) failure = "generation failed: " + st->seqs[i]->error();
+      const size_t end = c.sendable(req.stop);
+      json delta = json::object();
+      bool any = false;
+      if (chat && !st->started[i]) {
+        delta["role"] = "assistant";
+        delta["content"] = "";
+        st->started[i] = any = true;
+      }
+      if (end > c.sent) {
+        const std::string piece = c.text.substr(c.sent, end - c.sent);
+        c.sent = end;
+        if (chat) delta["content"] = delta.value("content", "") + piece;
+        any = true;
+        if (!chat) {
+          out += chunk(json::array({{{"index", i}, {"text", piece}, {"logprobs", nullptr}, {"finish_reason", nullptr}}}), nullptr);
+          any = false;
+        }
+      }
+      if (any) out += chunk(json::array({{{"index", i}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}}}), nullptr);
+      if (c.finish != Finish::kNone && failure.empty()) {
+        st->closed[i] = true;
+        const json fin = chat ? json{{"index", i}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", reason(c)}}
+                              : json{{"index", i}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", reason(c)}};
+        out += chunk(json::array({fin}), nullptr);
+      }
+      all = all && c.finish != Finish::kNone;
+    }
+    if (!failure.empty()) {
+      for (auto& s : st->seqs) s->cancel();
+      out += "data: " + error_json(failure, "server_error") + "\n\ndata: [DONE]\n\n";
+      st->done = true;
+    } else if (all) {
+      record(st->seqs, arrived);
+      if (req.include_usage) {
+        int64_t completion = 0;
+        for (const ChoiceText& c : st->choices) completion += static_cast<int64_t>(c.ids.size());
+        const json u = usage(P, completion);
+        out += chunk(json::array(), &u);
+      }
+      out += "data: [DONE]\n\n";
+      st->done = true;
+    }
+    if (!out.empty() && !sink.write(out.data(), out.size())) {
+      for (auto& s : st->seqs) s->cancel();
+      return false;
+    }
+    if (st->done) {
+      sink.done();
+      return true;
+    }
+    if (out.empty() && http::client_gone()) {
+      for (auto& s : st->seqs) s->cancel();
+      return false;
+    }
+    return true;
+  }
+
+  ServerOptions o_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<data::Tokenizer> tok_;
+  std::unique_ptr<HfTokenizer> hf_;
+  std::unique_ptr<ChatTemplate> chat_;
+  std::unique_ptr<ApiError> chat_error_;
+  std::vector<int32_t> stop_ids_;
+  std::string name_;
+  int64_t created_ = 0;
+  std::unique_ptr<Engine> engine_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> in_flight_{0};
+  std::atomic<uint64_t> id_counter_{0}, seed_counter_{0};
+  std::mutex mu_;
+  std::map<std::pair<std::string, int>, uint64_t> requests_;
+  Histogram ttft_, latency_;
+};
+
+}  // namespace
+
+void run_server(const ServerOptions& o, const std::function<void(const std::string&, int)>& ready) {
+  Server server(o);
+  http::Options h;
+  h.host = o.host;
+  h.port = o.port;
+  h.allow_remote = o.allow_remote;
+  h.what = "the server";
+  h.remote_hint = " unless --allow-remote is given";
+  h.limits.workers = o.workers;
+  h.limits.queue = o.queue;
+  h.limits.idle_seconds = 30;
+  h.limits.request_seconds = 30;
+  h.limits.response_seconds = o.timeout_seconds + 30;
+  h.limits.keep_alive_requests = 1000;
+  h.limits.max_body_bytes = o.max_body_bytes;
+  h.limits.max_discard_bytes = o.max_body_bytes + (1 << 20);
+  h.error_body = [](int status, const std::string& message) {
+    return error_json(message, status >= 500 ? "server_error" : "invalid_request_error");
+  };
+  h.handler = [&server](const httplib::Request& req, httplib::Response& res) {
+    try {
+      server.handle(req, res);
+    } catch (const std::exception& e) {
+      res.status = 500;
+      res.set_content(error_json(std::string("internal error: ") + e.what(), "server_error"), "application/json");
+    }
+  };
+  h.ready = ready;
+  h.on_stop = [&server] { server.stop(); };
+  http::serve(h);
+  server.stop();
+}
+
+}  // namespace diffattn::serve

@@ -1,0 +1,436 @@
+// The serving engine and the OpenAI request layer (src/serve/): the KV block allocator, the
+// continuous-batching scheduler against data::generate_ids (the oracle: one sequence alone in a
+// cache of its own), chunked prefill, waiting for blocks, the bounded queue, cancellation, request
+// parsing and the Llama-3 chat template against hand-written expected strings.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "diffattn/train.h"
+#include "serve/engine.h"
+#include "serve/openai.h"
+
+using namespace diffattn;
+using namespace diffattn::serve;
+
+namespace {
+
+Model tiny_model(nn::AttnKind kind, uint64_t seed) {
+  ModelConfig c;
+  c.attention = kind;
+  c.vocab_size = 61;
+  c.d_model = 32;
+  c.n_layers = 2;
+  c.ffn_dim = 48;
+  c.max_seq_len = 96;
+  c.head_dim = 8;
+  c.n_heads = kind == nn::AttnKind::Standard ? 4 : 2;
+  c.n_kv_heads = kind == nn::AttnKind::Standard ? 2 : 1;
+  Model m(c);
+  m.init_weights(seed);
+  // Larger output weights: decisive argmaxes, so greedy ids do not hinge on the last bit.
+  const TensorInfo& head = m.tensor(c.tie_embeddings ? "embed_tokens.weight" : "lm_head.weight");
+  for (int64_t i = 0; i < head.numel; ++i) m.params[static_cast<size_t>(head.offset + i)] *= 25.0f;
+  return m;
+}
+
+std::vector<int32_t> prompt_of(int64_t n, int32_t salt, int64_t V) {
+  std::vector<int32_t> p;
+  for (int64_t i = 0; i < n; ++i) p.push_back(static_cast<int32_t>((i * 7 + salt * 13 + 1) % V));
+  return p;
+}
+
+// All tokens of a sequence, waiting until it ends.
+std::vector<int32_t> drain(Sequence& s, Finish* how = nullptr) {
+  std::vector<int32_t> out;
+  for (;;) {
+    const Finish f = s.wait(out.size(), out, std::chrono::milliseconds(200));
+    if (f != Finish::kNone) {
+      s.wait(out.size(), out, std::chrono::milliseconds(0));
+      if (how) *how = f;
+      return out;
+    }
+  }
+}
+
+}  // namespace
+
+TEST(BlockAllocator, AllocatesReleasesAndRefusesWhatItDoesNotHave) {
+  BlockAllocator a(10, 16);
+  EXPECT_EQ(a.blocks_for(0), 0);
+  EXPECT_EQ(a.blocks_for(1), 1);
+  EXPECT_EQ(a.blocks_for(16), 1);
+  EXPECT_EQ(a.blocks_for(17), 2);
+  std::vector<int32_t> t1, t2, t3;
+  ASSERT_TRUE(a.allocate(4, t1));
+  ASSERT_TRUE(a.allocate(6, t2));
+  EXPECT_EQ(a.free_blocks(), 0);
+  EXPECT_FALSE(a.allocate(1, t3));
+  EXPECT_TRUE(t3.empty());
+  // Every block once.
+  std::vector<int32_t> all = t1;
+  all.insert(all.end(), t2.begin(), t2.end());
+  std::sort(all.begin(), all.end());
+  for (int32_t i = 0; i < 10; ++i) EXPECT_EQ(all[static_cast<size_t>(i)], i);
+  a.release(t1);
+  EXPECT_TRUE(t1.empty());
+  EXPECT_EQ(a.free_blocks(), 4);
+  ASSERT_TRUE(a.allocate(4, t3));
+  std::vector<int32_t> bogus = {t3[0]};
+  a.release(t3);
+  EXPECT_THROW(a.release(bogus), InvalidArgument);  // already free
+  std::vector<int32_t> twice = {t2[0], t2[0]};
+  EXPECT_THROW(a.release(twice), InvalidArgument);
+  EXPECT_EQ(a.free_blocks(), 4);  // a refused release frees nothing
+  std::vector<int32_t> outside = {10};
+  EXPECT_THROW(a.release(outside), InvalidArgument);
+  EXPECT_THROW(BlockAllocator(0, 16), InvalidArgument);
+  EXPECT_THROW(BlockAllocator(4, 0), InvalidArgument);
+}
+
+class EngineKinds : public ::testing::TestWithParam<nn::AttnKind> {};
+
+// One decode step of sequences of different lengths through infer_rows (the batched FFN and head)
+// against infer() on each sequence alone with a copy of its caches: the same logits up to the
+// order of the sums in the batched products (bounded by a few float32 roundings of the longest
+// dot product), the same caches after.
+TEST_P(EngineKinds, InferRowsEqualsInferAlone) {
+  Model m = tiny_model(GetParam(), 11);
+  const int64_t V = m.config().vocab_size, C = m.config().d_model, F = m.config().ffn_dim;
+  const int B = 5;
+  std::vector<std::vector<nn::KVCache>> caches(B);
+  std::vector<int32_t> next(B);
+  std::vector<float> logits(static_cast<size_t>(V));
+  for (int b = 0; b < B; ++b) {
+    const std::vector<int32_t> p = prompt_of(1 + 4 * b, b, V);
+    m.cache_reset(1, 40);
+    m.infer(p.data(), 1, static_cast<int64_t>(p.size()), logits.data());
+    m.cache_swap(caches[static_cast<size_t>(b)]);
+    next[static_cast<size_t>(b)] = static_cast<int32_t>((b * 5 + 2) % V);
+  }
+  std::vector<std::vector<nn::KVCache>> alone = caches;  // copies
+  std::vector<std::vector<nn::KVCache>*> ptrs;
+  for (auto& c : caches) ptrs.push_back(&c);
+  std::vector<float> rows(static_cast<size_t>(B * V));
+  m.infer_rows(next.data(), B, ptrs.data(), rows.data());
+  for (int b = 0; b < B; ++b) {
+    m.cache_swap(alone[static_cast<size_t>(b)]);
+    m.infer(&next[static_cast<size_t>(b)], 1, 1, logits.data());
+    m.cache_swap(alone[static_cast<size_t>(b)]);
+    float scale = 0;
+    for (float x : logits) scale = std::max(scale, std::fabs(x));
+    const float tol = 8.0f * std::numeric_limits<float>::epsilon() *
+                      std::sqrt(static_cast<float>(std::max(C, F))) * scale;
+    for (int64_t v = 0; v < V; ++v) {
+      ASSERT_NEAR(rows[static_cast<size_t>(b * V + v)], logits[static_cast<size_t>(v)], tol)
+          << "sequence " << b << " logit " << v;
+    }
+    for (size_t l = 0; l < caches[static_cast<size_t>(b)].size(); ++l) {
+      EXPECT_EQ(caches[static_cast<size_t>(b)][l].len, alone[static_cast<size_t>(b)][l].len);
+    }
+  }
+  // A sequence without caches of its own is refused, naming it.
+  std::vector<nn::KVCache> none;
+  ptrs[2] = &none;
+  EXPECT_THROW(m.infer_rows(next.data(), B, ptrs.data(), rows.data()), InvalidArgument);
+}
+
+// Sequences of different prompt lengths, joining while others run, each give the ids that
+// generate_ids gives for it alone (greedy), and sampled ones the same ids for the same seed.
+TEST_P(EngineKinds, BatchedSequencesMatchGenerateAlone) {
+  Model m = tiny_model(GetParam(), 3);
+  Model ref = tiny_model(GetParam(), 3);
+  const int64_t V = m.config().vocab_size;
+  EngineOptions eo;
+  eo.block_size = 4;
+  eo.n_blocks = 200;
+  eo.prefill_chunk = 7;  // prompts of up to 30 tokens go in several chunks between decode steps
+  Engine e(m, eo);
+  std::vector<std::shared_ptr<Sequence>> seqs;
+  std::vector<SeqRequest> reqs;
+  for (int i = 0; i < 6; ++i) {
+    SeqRequest r;
+    r.prompt = prompt_of(1 + i * 5, i, V);
+    r.max_tokens = 20 + i;
+    r.sampler.temperature = i % 2 == 0 ? 0.0 : 0.9;
+    r.sampler.seed = 100 + static_cast<uint64_t>(i);
+    reqs.push_back(r);
+    seqs.push_back(e.submit(r));
+    if (i == 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // join mid-run
+  }
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Finish how = Finish::kNone;
+    const std::vector<int32_t> got = drain(*seqs[i], &how);
+    data::GenerateOptions go;
+    go.max_new = reqs[i].max_tokens;
+    go.sampler = reqs[i].sampler;
+    const std::vector<int32_t> want = data::generate_ids(ref, reqs[i].prompt, go);
+    EXPECT_EQ(got, want) << "sequence " << i;
+    EXPECT_EQ(how, Finish::kLength);
+    EXPECT_EQ(seqs[i]->prompt_tokens(), static_cast<int64_t>(reqs[i].prompt.size()));
+  }
+  const EngineStats s = e.stats();
+  EXPECT_EQ(s.free_blocks, s.total_blocks);
+  EXPECT_EQ(s.running, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, EngineKinds,
+                         ::testing::Values(nn::AttnKind::DiffV1, nn::AttnKind::DiffV2,
+                                           nn::AttnKind::Standard));
+
+TEST(Engine, StopIdsEndASequenceWithoutEmittingThem) {
+  Model m = tiny_model(nn::AttnKind::DiffV1, 5);
+  Model ref = tiny_model(nn::AttnKind::DiffV1, 5);
+  SeqRequest r;
+  r.prompt = prompt_of(5, 1, 61);
+  r.max_tokens = 30;
+  r.sampler.temperature = 0;
+  data::GenerateOptions go;
+  go.max_new = 30;
+  go.sampler = r.sampler;
+  const std::vector<int32_t> free_run = data::generate_ids(ref, r.prompt, go);
+  ASSERT_GE(free_run.size(), 4u);
+  r.stop_ids = {free_run[3]};
+  Engine e(m, EngineOptions{});
+  Finish how = Finish::kNone;
+  const std::vector<int32_t> got = drain(*e.submit(r), &how);
+  const auto first = std::find(free_run.begin(), free_run.end(), free_run[3]);
+  EXPECT_EQ(got, std::vector<int32_t>(free_run.begin(), first));
+  EXPECT_EQ(how, Finish::kStop);
+}
+
+// A pool that holds one sequence at a time: the others wait for its blocks, none is refused and
+// none is corrupted; a queue bounded at 2 refuses the fourth.
+TEST(Engine, FullPoolQueuesThenRefusesBeyondTheQueue) {
+  Model m = tiny_model(nn::AttnKind::DiffV1, 7);
+  Model ref = tiny_model(nn::AttnKind::DiffV1, 7);
+  EngineOptions eo;
+  eo.block_size = 8;
+  eo.n_blocks = 5;  // 40 positions: one sequence of 10 + 25
+  eo.max_waiting = 2;
+  Engine e(m, eo);
+  SeqRequest r;
+  r.prompt = prompt_of(10, 2, 61);
+  r.max_tokens = 25;
+  r.sampler.temperature = 0;
+  data::GenerateOptions go;
+  go.max_new = 25;
+  go.sampler = r.sampler;
+  const std::vector<int32_t> want = data::generate_ids(ref, r.prompt, go);
+  // The engine's thread may admit the first at once (then two more fit the queue) or not yet
+  // (then the third submission finds the queue full): count refusals, not their position.
+  std::vector<std::shared_ptr<Sequence>> seqs;
+  int refused = 0;
+  for (int i = 0; i < 6; ++i) {
+    try {
+      seqs.push_back(e.submit(r));
+    } catch (const QueueFull& q) {
+      ++refused;
+      EXPECT_NE(std::string(q.what()).find("at capacity"), std::string::npos);
+    }
+  }
+  EXPECT_GE(refused, 3);
+  EXPECT_LE(seqs.size(), 3u);
+  for (auto& s : seqs) EXPECT_EQ(drain(*s), want);
+  // A request the pool can never hold is refused at once, not queued for ever.
+  SeqRequest big = r;
+  big.max_tokens = 40;
+  EXPECT_THROW(e.submit(big), InvalidArgument);
+  SeqRequest too_long = r;
+  too_long.max_tokens = 90;  // past max_seq_len 96
+  EXPECT_THROW(e.submit(too_long), InvalidArgument);
+  SeqRequest bad_token = r;
+  bad_token.prompt[0] = 61;
+  EXPECT_THROW(e.submit(bad_token), InvalidArgument);
+}
+
+TEST(Engine, CancelFreesTheBlocksAndOthersGoOn) {
+  Model m = tiny_model(nn::AttnKind::DiffV1, 9);
+  Model ref = tiny_model(nn::AttnKind::DiffV1, 9);
+  EngineOptions eo;
+  eo.block_size = 4;
+  eo.n_blocks = 64;
+  Engine e(m, eo);
+  SeqRequest r;
+  r.prompt = prompt_of(6, 4, 61);
+  r.max_tokens = 80;
+  r.sampler.temperature = 0;
+  auto a = e.submit(r);
+  auto b = e.submit(r);
+  std::vector<int32_t> some;
+  while (some.empty()) a->wait(0, some, std::chrono::milliseconds(100));
+  a->cancel();
+  Finish how = Finish::kNone;
+  drain(*a, &how);
+  EXPECT_EQ(how, Finish::kCancelled);
+  data::GenerateOptions go;
+  go.max_new = 80;
+  go.sampler = r.sampler;
+  EXPECT_EQ(drain(*b), data::generate_ids(ref, r.prompt, go));
+  for (int i = 0; i < 100 && e.stats().free_blocks != e.stats().total_blocks; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(e.stats().free_blocks, e.stats().total_blocks);
+  // A sequence past its deadline ends as a timeout.
+  SeqRequest late = r;
+  late.deadline = std::chrono::steady_clock::now();
+  drain(*e.submit(late), &how);
+  EXPECT_EQ(how, Finish::kTimeout);
+}
+
+// ---- the request layer ----
+
+TEST(OpenAiRequest, ParsesWhatTheApiTakes) {
+  ApiLimits lim;
+  ApiRequest r = parse_request(
+      R"({"model":"m","prompt":"hi","max_tokens":5,"temperature":0,"top_p":0.5,"top_k":3,)"
+      R"("seed":-4,"stop":["a","bc"],"n":2,"stream":true,"stream_options":{"include_usage":true},"user":"u"})",
+      false, lim);
+  EXPECT_EQ(r.prompt, "hi");
+  EXPECT_EQ(*r.max_tokens, 5);
+  EXPECT_EQ(r.top_k, 3);
+  EXPECT_EQ(*r.seed, -4);
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"a", "bc"}));
+  EXPECT_EQ(r.n, 2);
+  EXPECT_TRUE(r.stream && r.include_usage);
+  r = parse_request(R"({"prompt":[1,2,3],"stop":"x","max_tokens":null})", false, lim);
+  EXPECT_TRUE(r.prompt_is_ids);
+  EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_FALSE(r.max_tokens.has_value());
+  r = parse_request(R"({"messages":[{"role":"system","content":"s"},)"
+                    R"({"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]})",
+                    true, lim);
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages[1].content, "ab");
+}
+
+TEST(OpenAiRequest, RefusalsNameTheField) {
+  ApiLimits lim;
+  lim.max_tokens = 100;
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"{not json", ""},
+      {"[1]", ""},
+      {R"({"prompt":"x","bogus":1})", "bogus"},
+      {R"({"prompt":"x","max_tokens":"5"})", "max_tokens"},
+      {R"({"prompt":"x","max_tokens":0})", "max_tokens"},
+      {R"({"prompt":"x","max_tokens":101})", "max_tokens"},
+      {R"({"prompt":"x","max_tokens":2.5})", "max_tokens"},
+      {R"({"prompt":"x","temperature":2.5})", "temperature"},
+      {R"({"prompt":"x","top_p":0})", "top_p"},
+      {R"({"prompt":"x","top_k":-2})", "top_k"},
+      {R"({"prompt":"x","n":0})", "n"},
+      {R"({"prompt":"x","stream":"yes"})", "stream"},
+      {R"({"prompt":"x","stop":["a",1]})", "stop[1]"},
+      {R"({"prompt":"x","stop":["","b"]})", "stop"},
+      {R"({"prompt":"x","stream_options":{"include_usage":true}})", "stream_options"},
+      {R"({"prompt":"x","stream":true,"stream_options":{"foo":1}})", "stream_options.foo"},
+      {R"({"prompt":[1,-1]})", "prompt[1]"},
+      {R"({"prompt":{"a":1}})", "prompt"},
+      {R"({"max_tokens":3})", "prompt"},
+  };
+  for (const auto& [body, param] : bad) {
+    try {
+      parse_request(body, false, lim);
+      ADD_FAILURE() << "accepted " << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400) << body;
+      EXPECT_EQ(e.param, param) << body << ": " << e.what();
+    }
+  }
+  const std::vector<std::pair<std::string, std::string>> bad_chat = {
+      {R"({"messages":[]})", "messages"},
+      {R"({"messages":[{"role":"robot","content":"x"}]})", "messages[0].role"},
+      {R"({"messages":[{"role":"user"}]})", "messages[0].content"},
+      {R"({"messages":[{"role":"user","content":"x","extra":1}]})", "messages[0].extra"},
+      {R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})", "messages[0].content[0].type"},
+      {R"({"prompt":"x","messages":[{"role":"user","content":"x"}]})", "prompt"},
+  };
+  for (const auto& [body, param] : bad_chat) {
+    try {
+      parse_request(body, true, lim);
+      ADD_FAILURE() << "accepted " << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param, param) << body << ": " << e.what();
+    }
+  }
+  // The error object's shape.
+  EXPECT_EQ(error_json("m", "invalid_request_error", "n", "c"),
+            R"({"error":{"code":"c","message":"m","param":"n","type":"invalid_request_error"}})");
+  EXPECT_EQ(error_json("m"), R"({"error":{"code":null,"message":"m","param":null,"type":"invalid_request_error"}})");
+}
+
+// ---- chat templates ----
+
+namespace {
+
+// Meta-Llama-3-8B-Instruct's chat_template (the fixture the recogniser must accept).
+const char* const kTemplate =
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | "
+    "trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
+    "{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
+
+std::string config_with(const std::string& tmpl_json) {
+  return R"({"bos_token": "<|begin_of_text|>", "chat_template": )" + tmpl_json + "}";
+}
+
+void expect_llama3_rendering(const ChatTemplate& t) {
+  const std::vector<ChatMessage> msgs = {
+      {"system", "  You are terse.\n"}, {"user", "Hi there!"}, {"assistant", "Hello."}, {"user", "\tBye \n"}};
+  EXPECT_EQ(t.render(msgs, true),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi there!<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nBye<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(t.render({{"user", "x"}}, false),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nx<|eot_id|>");
+}
+
+}  // namespace
+
+TEST(ChatTemplate, RendersLlama3Exactly) {
+  expect_llama3_rendering(ChatTemplate::from_config(config_with(std::string("\"") + kTemplate + "\""), "cfg"));
+  // The list form with a "default" entry.
+  expect_llama3_rendering(ChatTemplate::from_config(
+      config_with(std::string(R"([{"name":"tool_use","template":"x"},{"name":"default","template":")") +
+                  kTemplate + "\"}]"),
+      "cfg"));
+}
+
+TEST(ChatTemplate, TheRealLlama3ConfigFile) {
+  const char* env = std::getenv("DIFFATTN_TOKENIZER_DATA");
+  const std::string dir = env && *env ? env : DIFFATTN_TOKENIZER_DATA_DEFAULT;
+  std::ifstream f(dir + "/llama3/tokenizer_config.json");
+  if (!f) GTEST_SKIP() << "no tokenizer data at " << dir << " (set DIFFATTN_TOKENIZER_DATA)";
+  std::stringstream ss;
+  ss << f.rdbuf();
+  expect_llama3_rendering(ChatTemplate::from_config(ss.str(), "llama3/tokenizer_config.json"));
+}
+
+TEST(ChatTemplate, MissingOrUnknownTemplatesAreClear400s) {
+  try {
+    ChatTemplate::from_config(R"({"bos_token":"<s>"})", "DIR/tokenizer_config.json");
+    FAIL();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.code, "no_chat_template");
+    EXPECT_NE(std::string(e.what()).find("DIR/tokenizer_config.json has no \"chat_template\""), std::string::npos);
+  }
+  try {
+    ChatTemplate::from_config(config_with(R"("{% for m in messages %}{{ m.content }}{% endfor %}")"), "c");
+    FAIL();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.code, "unsupported_chat_template");
+  }
+  EXPECT_THROW(ChatTemplate::from_config("{", "c"), ApiError);
+  EXPECT_EQ(trim(" \t\na b\r\n"), "a b");
+  EXPECT_EQ(trim(" \n "), "");
+}

@@ -1,0 +1,106 @@
+"""Helpers for the `diffattn serve` tests: a tiny random model over bytes whose greedy output is
+printable ASCII (so served text and `diffattn generate`'s output compare as strings), and a server
+process on a free loopback port."""
+
+import json
+import os
+import subprocess
+import time
+
+import numpy as np
+
+import model_helpers as mh
+import torch_model as tm
+
+
+def tensor_shapes(c):
+    C, F, V, D = c["d_model"], c["ffn_dim"], c["vocab_size"], c["head_dim"]
+    H, G, kind = c["n_heads"], c["n_kv_heads"], c["attention"]
+    nq = (2 * H if kind != "standard" else H) * D
+    nk = (2 * G if kind == "diff_v1" else G) * D
+    nv = G * (2 * D if kind == "diff_v1" else D)
+    nout = H * (2 * D if kind == "diff_v1" else D)
+    out = {"embed_tokens.weight": (V, C)}
+    for l in range(c["n_layers"]):
+        p = f"layers.{l}."
+        out[p + "attn_norm.weight"] = (C,)
+        out[p + "attn.q_proj.weight"] = (nq, C)
+        out[p + "attn.k_proj.weight"] = (nk, C)
+        out[p + "attn.v_proj.weight"] = (nv, C)
+        out[p + "attn.out_proj.weight"] = (C, nout)
+        if kind == "diff_v1":
+            for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+                out[p + "attn." + n] = (D,)
+            out[p + "attn.subln.weight"] = (2 * D,)
+        if kind == "diff_v2":
+            out[p + "attn.lambda_proj.weight"] = (H, C)
+        out[p + "ffn_norm.weight"] = (C,)
+        out[p + "ffn.gate_proj.weight"] = (F, C)
+        out[p + "ffn.up_proj.weight"] = (F, C)
+        out[p + "ffn.down_proj.weight"] = (C, F)
+    out["norm.weight"] = (C,)
+    out["lm_head.weight"] = (V, C)
+    return out
+
+
+def write_ascii_model(path, kind="diff_v1", seed=0, max_seq_len=256, d_model=48, n_layers=2, ffn_dim=96,
+                      n_heads=None, n_kv_heads=None, head_dim=12):
+    """Random weights over the byte tokenizer; lm_head rows of bytes outside printable ASCII are
+    zero, so their logit is 0 while the largest of the 95 random printable logits is positive:
+    greedy decoding writes printable ASCII only."""
+    cfg = {"format": "diffattn/1", "attention": kind, "vocab_size": 256, "d_model": d_model,
+           "n_layers": n_layers, "n_heads": n_heads or (4 if kind == "standard" else 2),
+           "n_kv_heads": n_kv_heads or (2 if kind == "standard" else 1), "head_dim": head_dim,
+           "ffn_dim": ffn_dim,
+           "max_seq_len": max_seq_len, "rope_theta": 10000.0, "norm_eps": 1e-5,
+           "tie_embeddings": False}
+    rng = np.random.default_rng(seed)
+    w = {}
+    for name, shape in tensor_shapes(cfg).items():
+        if name.endswith("norm.weight") or "subln" in name:
+            w[name] = 1.0 + 0.3 * rng.standard_normal(shape)
+        else:
+            w[name] = (0.3 if "lambda_" in name else 0.1) * rng.standard_normal(shape)
+    head = w["lm_head.weight"]
+    head[:32] = 0
+    head[127:] = 0
+    head[32:127] *= 10  # decisive margins: argmax does not hinge on rounding
+    os.makedirs(path, exist_ok=True)
+    tm.write_safetensors(os.path.join(path, "model.safetensors"), w)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return str(path)
+
+
+# Meta-Llama-3-8B-Instruct's chat_template (tokenizer_config.json), for when the real file is not
+# beside the repository.
+LLAMA3_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | "
+    "trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
+    "{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+
+
+class Server:
+    """`diffattn serve --model DIR --port 0 ARGS` until stop(); url is http://127.0.0.1:PORT."""
+
+    def __init__(self, model, *args):
+        self.proc = subprocess.Popen([mh.CLI, "--threads", "1", "serve", "--model", str(model),
+                                      "--port", "0", *map(str, args)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        line = self.proc.stdout.readline().decode()
+        if "listening on" not in line:
+            self.proc.kill()
+            raise AssertionError(f"the server did not start: {line} {self.proc.stderr.read().decode()}")
+        self.port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            code = self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError("the server did not stop within 15 s of SIGTERM")
+        assert code == 0, f"the server exited {code}: {self.proc.stderr.read().decode()}"

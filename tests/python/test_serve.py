@@ -1,0 +1,378 @@
+"""`diffattn serve` end to end over loopback: greedy answers equal `diffattn generate
+--temperature 0` alone and while 15 other streams run; the official OpenAI Node client drives
+completions, chat completions and streaming; a client that disconnects mid-stream frees its
+sequence; a full queue answers 503; malformed requests get 400 error objects; SIGTERM ends
+streams cleanly and exits 0."""
+
+import http.client
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+import model_helpers as mh
+import serve_helpers as sh
+
+ROOT = mh.ROOT
+NODE_DIR = os.path.join(ROOT, "tests", "node")
+TOKENIZER_DATA = os.environ.get("DIFFATTN_TOKENIZER_DATA",
+                                os.path.join(os.path.dirname(ROOT), "shared", "data", "tokenizers"))
+
+
+def post(port, path, body, timeout=60):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    c.request("POST", path, data, {"Content-Type": "application/json"})
+    r = c.getresponse()
+    out = r.status, r.read()
+    c.close()
+    return out
+
+
+def get(port, path):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", path)
+    r = c.getresponse()
+    out = r.status, r.read()
+    c.close()
+    return out
+
+
+def sse(port, body, timeout=60):
+    """The data: payloads of a streamed completion, in order (the last is "[DONE]")."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    c.request("POST", "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200, r.read()
+    assert r.getheader("Content-Type").startswith("text/event-stream")
+    events = [line[6:] for line in r.read().decode().split("\n") if line.startswith("data: ")]
+    c.close()
+    return events
+
+
+def metric(port, name):
+    _, text = get(port, "/metrics")
+    m = re.search(rf"^{name} (\S+)$", text.decode(), re.M)
+    assert m, f"{name} missing from /metrics"
+    return float(m.group(1))
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("serve") / "tiny"
+    sh.write_ascii_model(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    s = sh.Server(model)
+    yield s
+    s.stop()
+
+
+def generate_cli(model, prompt, n):
+    p = mh.run_cli("--threads", 1, "generate", "--model", model, "--prompt", prompt,
+                   "--max-new", n, "--temperature", 0)
+    assert p.stdout.startswith(prompt) and p.stdout.endswith("\n")
+    return p.stdout[len(prompt):-1]
+
+
+def test_greedy_equals_generate_alone_and_among_15_streams(model, server):
+    prompts = ["In the beginning", "And God said, Let there be light", "x"]
+    want = {p: generate_cli(model, p, 30) for p in prompts}
+    for p in prompts:
+        got, body = post(server.port, "/v1/completions", {"prompt": p, "max_tokens": 30, "temperature": 0})
+        assert got == 200, body
+        r = json.loads(body)
+        assert r["choices"][0]["text"] == want[p]
+        assert r["choices"][0]["finish_reason"] == "length"
+        assert r["usage"] == {"prompt_tokens": len(p.encode()), "completion_tokens": 30,
+                              "total_tokens": len(p.encode()) + 30}
+        assert r["object"] == "text_completion" and r["model"] == "tiny"
+    # 15 sampled streams run (long ones) while the greedy requests are answered, streamed and not.
+    results, errors = {}, []
+
+    def other(i):
+        try:
+            ev = sse(server.port, {"prompt": f"stream {i}", "max_tokens": 200, "temperature": 1.0,
+                                   "seed": i, "stream": True})
+            results[i] = ev
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=other, args=(i,)) for i in range(15)]
+    for t in threads:
+        t.start()
+    deadline = time.time() + 20
+    while metric(server.port, "diffattn_running_sequences") < 8 and time.time() < deadline:
+        time.sleep(0.01)
+    busy = []
+    for p in prompts:
+        ev = sse(server.port, {"prompt": p, "max_tokens": 30, "temperature": 0, "stream": True})
+        busy.append(metric(server.port, "diffattn_running_sequences"))
+        assert ev[-1] == "[DONE]"
+        text = "".join(json.loads(e)["choices"][0]["text"] for e in ev[:-1])
+        assert text == want[p]
+        got, body = post(server.port, "/v1/completions", {"prompt": p, "max_tokens": 30, "temperature": 0})
+        assert json.loads(body)["choices"][0]["text"] == want[p]
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert max(busy) >= 2, f"the other streams were not running alongside (running: {busy})"
+    for i, ev in results.items():
+        assert ev[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in ev[:-1]]
+        assert chunks[-1]["choices"][0]["finish_reason"] in ("length", "stop")
+    # The same seed gives the same sampled text.
+    a = post(server.port, "/v1/completions", {"prompt": "seeded", "max_tokens": 20, "seed": 5})
+    b = post(server.port, "/v1/completions", {"prompt": "seeded", "max_tokens": 20, "seed": 5})
+    assert json.loads(a[1])["choices"][0]["text"] == json.loads(b[1])["choices"][0]["text"]
+
+
+def test_stop_strings_n_and_usage_in_streams(model, server):
+    full = generate_cli(model, "Hello", 30)
+    stop = full[10:12]
+    cut = full[:full.index(stop)]
+    got, body = post(server.port, "/v1/completions",
+                     {"prompt": "Hello", "max_tokens": 30, "temperature": 0, "stop": [stop, "never"]})
+    r = json.loads(body)
+    assert r["choices"][0]["text"] == cut and r["choices"][0]["finish_reason"] == "stop"
+    ev = sse(server.port, {"prompt": "Hello", "max_tokens": 30, "temperature": 0, "stop": stop,
+                           "stream": True, "stream_options": {"include_usage": True}})
+    chunks = [json.loads(e) for e in ev[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == cut
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == 5
+    got, body = post(server.port, "/v1/completions", {"prompt": "Hi", "max_tokens": 5, "n": 4, "seed": 1})
+    r = json.loads(body)
+    assert sorted(c["index"] for c in r["choices"]) == [0, 1, 2, 3]
+    assert r["usage"]["completion_tokens"] == 20
+
+
+def test_malformed_requests_get_400_error_objects(server):
+    cases = [
+        (b"{not json", None),
+        (b"[]", None),
+        ({"prompt": "x", "max_tokens": "5"}, "max_tokens"),
+        ({"prompt": "x", "temperature": -1}, "temperature"),
+        ({"prompt": "x", "n": 0}, "n"),
+        ({"prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"prompt": "x", "max_tokens": 300}, "max_tokens"),  # past the context of 256
+        ({"prompt": "x" * 300}, "prompt"),
+        ({"prompt": [1, 2, 256]}, None),  # outside the byte vocabulary
+        ({"max_tokens": 3}, "prompt"),
+    ]
+    for body, param in cases:
+        got, reply = post(server.port, "/v1/completions", body)
+        assert got == 400, (body, reply)
+        err = json.loads(reply)["error"]
+        assert set(err) == {"message", "type", "param", "code"}
+        assert err["type"] == "invalid_request_error" and err["message"]
+        if param:
+            assert err["param"] == param, (body, err)
+    got, reply = post(server.port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+    assert got == 400
+    err = json.loads(reply)["error"]
+    assert err["code"] == "no_chat_template" and "tokenizer_config.json" in err["message"]
+    got, reply = post(server.port, "/v1/completions", {"model": "other", "prompt": "x"})
+    assert got == 404 and json.loads(reply)["error"]["param"] == "model"
+    got, reply = post(server.port, "/v1/completions", b"x" * (2 << 20))
+    assert got == 413 and "error" in json.loads(reply)
+    assert get(server.port, "/v1/completions")[0] == 405
+    assert get(server.port, "/nothing")[0] == 404
+    assert json.loads(get(server.port, "/health")[1]) == {"status": "ok"}
+    models = json.loads(get(server.port, "/v1/models")[1])
+    assert [m["id"] for m in models["data"]] == ["tiny"]
+    text = get(server.port, "/metrics")[1].decode()
+    for name in ("diffattn_requests_total{", "diffattn_generation_tokens_total", "diffattn_queue_depth",
+                 "diffattn_batch_size", "diffattn_time_to_first_token_seconds_bucket"):
+        assert name in text
+
+
+def test_official_node_client(model, tmp_path):
+    if not os.path.isdir(os.path.join(NODE_DIR, "node_modules", "openai")):
+        pytest.fail("the OpenAI Node client is not installed: run scripts/setup.sh test "
+                    "(npm install --prefix tests/node)")
+    d = tmp_path / "chat"
+    shutil.copytree(model, d)
+    # The Llama-3 chat template (real file when present, else its two keys written here).
+    real = os.path.join(TOKENIZER_DATA, "llama3", "tokenizer_config.json")
+    if os.path.exists(real):
+        shutil.copy(real, d / "tokenizer_config.json")
+    else:
+        with open(d / "tokenizer_config.json", "w") as f:
+            json.dump({"bos_token": "<|begin_of_text|>", "chat_template": sh.LLAMA3_TEMPLATE}, f)
+    s = sh.Server(d)
+    try:
+        p = subprocess.run(["node", os.path.join(NODE_DIR, "openai_client.mjs"), s.url + "/v1", "chat"],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        out = json.loads(p.stdout)
+        want = generate_cli(model, "Hello", 12)
+        assert out["models"] == ["chat"]
+        assert out["completion"]["text"] == want and out["completion"]["finish_reason"] == "length"
+        assert out["completion"]["usage"] == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}
+        assert out["stream"]["text"] == want and out["stream"]["usage"]["completion_tokens"] == 12
+        # Chat: the prompt is the rendered template, bytes of it with this byte-level model.
+        rendered = ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+                    "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+                    "<|start_header_id|>assistant<|end_header_id|>\n\n")
+        assert out["chat"]["role"] == "assistant"
+        assert out["chat"]["content"] == generate_cli(model, rendered, 10)
+        assert out["chat"]["usage"]["prompt_tokens"] == len(rendered.encode())
+        assert out["chat_stream"]["content"] == out["chat"]["content"]
+        assert out["chat_stream"]["roles"] == ["assistant"]
+        assert out["n"] == [0, 1, 2]
+        assert out["bad"] == {"status": 400, "param": "temperature", "type": "invalid_request_error"}
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def slow_model(tmp_path_factory):
+    """Large enough that 1000 tokens take seconds: a disconnect lands mid-generation."""
+    d = tmp_path_factory.mktemp("serve") / "slow"
+    sh.write_ascii_model(d, max_seq_len=1100, d_model=384, n_layers=8, ffn_dim=1024)
+    return d
+
+
+def test_disconnect_frees_the_sequence_and_overload_gives_503(slow_model):
+    s = sh.Server(slow_model, "--max-batch", 1, "--max-waiting", 1)
+    try:
+        total = metric(s.port, "diffattn_kv_blocks_total")
+        sock = socket.create_connection(("127.0.0.1", s.port))
+        body = json.dumps({"prompt": "a", "max_tokens": 1000, "stream": True}).encode()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        seen = b""
+        while b"data: " not in seen:
+            chunk = sock.recv(4096)
+            assert chunk, f"the stream ended early: {seen!r}"
+            seen += chunk
+        # The batch holds one sequence and the queue one more: a third request is refused.
+        waiting = threading.Thread(target=post, args=(s.port, "/v1/completions",
+                                                      {"prompt": "b", "max_tokens": 5}))
+        waiting.start()
+        deadline = time.time() + 10
+        while metric(s.port, "diffattn_queue_depth") < 1 and time.time() < deadline:
+            time.sleep(0.01)
+        got, reply = post(s.port, "/v1/completions", {"prompt": "c", "max_tokens": 5})
+        assert got == 503, reply
+        err = json.loads(reply)["error"]
+        assert err["code"] == "queue_full" and "capacity" in err["message"]
+        assert metric(s.port, "diffattn_kv_blocks_free") < total
+        sock.close()  # the client goes away mid-stream
+        waiting.join(30)
+        deadline = time.time() + 10
+        while (metric(s.port, "diffattn_running_sequences") > 0 or
+               metric(s.port, "diffattn_kv_blocks_free") < total) and time.time() < deadline:
+            time.sleep(0.02)
+        assert metric(s.port, "diffattn_running_sequences") == 0
+        assert metric(s.port, "diffattn_kv_blocks_free") == total
+        assert metric(s.port, "diffattn_generation_tokens_total") < 1000, "the stream was not cancelled"
+    finally:
+        s.stop()
+
+
+def test_sigterm_ends_streams_and_exits_0(slow_model):
+    s = sh.Server(slow_model)
+    c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+    c.request("POST", "/v1/completions", json.dumps({"prompt": "a", "max_tokens": 1000, "stream": True}).encode())
+    r = c.getresponse()
+    assert r.status == 200
+    first = r.readline()
+    assert first.startswith(b"data: ")
+    s.stop()  # asserts exit status 0
+    rest = r.read().decode()
+    assert rest.rstrip().endswith("data: [DONE]")
+    assert "shutting down" in rest
+
+
+def test_host_and_port_refusals(model, server):
+    p = mh.run_cli("serve", "--model", model, "--host", "0.0.0.0", "--port", 0, check=False)
+    assert p.returncode != 0 and "--allow-remote" in p.stderr
+    p = mh.run_cli("serve", "--model", model, "--port", server.port, check=False, timeout=30)
+    assert p.returncode != 0 and "already in use" in p.stderr
+    p = mh.run_cli("serve", "--model", "/nonexistent/dir", check=False)
+    assert p.returncode != 0 and "/nonexistent/dir" in p.stderr
+
+
+def test_hugging_face_directory_with_the_llama3_tokenizer(tmp_path):
+    """A DiffLlama directory (BF16) with Llama 3's tokenizer.json and tokenizer_config.json:
+    completions equal `diffattn generate`, the chat prompt is the template rendered and encoded
+    with its special tokens (no second <|begin_of_text|>), streamed text equals the whole answer."""
+    tok = os.path.join(TOKENIZER_DATA, "llama3")
+    if not os.path.exists(os.path.join(tok, "tokenizer.json")):
+        pytest.skip(f"no Llama-3 tokenizer at {tok} (set DIFFATTN_TOKENIZER_DATA)")
+    import numpy as np
+    import torch_model as tm
+    cfg = {"format": "diffattn/1", "attention": "diff_v1", "vocab_size": 128256, "d_model": 32,
+           "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "head_dim": 8, "ffn_dim": 48,
+           "max_seq_len": 512, "rope_theta": 500000.0, "norm_eps": 1e-5, "tie_embeddings": False}
+    rng = np.random.default_rng(0)
+    src = tmp_path / "src"
+    os.makedirs(src)
+    tm.write_safetensors(str(src / "model.safetensors"),
+                         {n: (1.0 + 0.1 * rng.standard_normal(s)) if n.endswith("norm.weight") or "subln" in n
+                          else 0.1 * rng.standard_normal(s) for n, s in sh.tensor_shapes(cfg).items()})
+    with open(src / "config.json", "w") as f:
+        json.dump(cfg, f)
+    hf = tmp_path / "hf"
+    mh.run_cli("convert", "--model", src, "--to", "hf", "--out", hf, "--dtype", "bf16")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(tok, name), hf / name)
+    prompt = "The capital of France is"
+    want = mh.run_cli("--threads", 1, "generate", "--model", hf, "--prompt", prompt, "--max-new", 6,
+                      "--temperature", 0).stdout
+    s = sh.Server(hf)
+    try:
+        got, body = post(s.port, "/v1/completions", {"prompt": prompt, "max_tokens": 6, "temperature": 0})
+        r = json.loads(body)
+        assert prompt + r["choices"][0]["text"] + "\n" == want
+        assert r["usage"]["prompt_tokens"] == 6  # <|begin_of_text|> and 5 words
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hello there! "}]
+        rendered = ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+                    "<|start_header_id|>user<|end_header_id|>\n\nHello there!<|eot_id|>"
+                    "<|start_header_id|>assistant<|end_header_id|>\n\n")
+        ids = mh.run_cli("tokenize", "--tokenizer", hf, "--text", rendered).stdout.split()
+        assert ids[0] == "128000" and ids.count("128000") == 1
+        got, body = post(s.port, "/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "temperature": 0})
+        assert got == 200, body
+        r = json.loads(body)
+        assert r["usage"]["prompt_tokens"] == len(ids)
+        c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        c.request("POST", "/v1/chat/completions",
+                  json.dumps({"messages": msgs, "max_tokens": 8, "temperature": 0, "stream": True}).encode())
+        events = [l[6:] for l in c.getresponse().read().decode().split("\n") if l.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        text = "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1]
+                       if json.loads(e)["choices"])
+        assert text == r["choices"][0]["message"]["content"]
+    finally:
+        s.stop()
+
+
+def test_a_request_past_its_timeout_gets_504(slow_model):
+    s = sh.Server(slow_model, "--timeout", 1)
+    try:
+        t0 = time.time()
+        got, reply = post(s.port, "/v1/completions", {"prompt": "a", "max_tokens": 1000})
+        assert got == 504, reply
+        err = json.loads(reply)["error"]
+        assert err["code"] == "timeout" and "1 s" in err["message"]
+        assert time.time() - t0 < 10
+        ev = sse(s.port, {"prompt": "a", "max_tokens": 1000, "stream": True})
+        assert ev[-1] == "[DONE]" and "timeout" in ev[-2]
+        total = metric(s.port, "diffattn_kv_blocks_total")
+        deadline = time.time() + 10
+        while metric(s.port, "diffattn_kv_blocks_free") < total and time.time() < deadline:
+            time.sleep(0.02)
+        assert metric(s.port, "diffattn_kv_blocks_free") == total
+    finally:
+        s.stop()
