@@ -254,7 +254,7 @@ def rope_frequencies(dim, theta=10000.0, scaling=None):
     if kind == "linear":
         return freq / scaling["factor"]
     if kind != "llama3":
-        raise ValueError(f"rope_scaling: rope type {kind!r} is not implemented "
+        raise ValueError(f"rope_scaling: rope type {kind!r} is not supported "
                          f"(default, linear and llama3 are)")
     f, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
     L = scaling["original_max_position_embeddings"]

@@ -53,7 +53,7 @@ nn::RopeScaling parse_rope_scaling(const json& r, const std::string& where) {
     s.original_max_position_embeddings = o.get<int64_t>();
   } else {
     throw InvalidArgument(where + ": rope type " + json_brief(r.at(type_key)) +
-                          " is not implemented (diffattn has \"default\", \"linear\" and \"llama3\")");
+                          " is not supported (diffattn reads \"default\", \"linear\" and \"llama3\")");
   }
   return s;
 }

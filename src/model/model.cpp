@@ -299,7 +299,7 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, 
 void Model::backward(float dloss_scale) {
   require_trainable("backward");
   if (cfg_.attn_bias || cfg_.mlp_bias) {
-    throw InvalidArgument("backward: training a model with biases is not implemented");
+    throw InvalidArgument("backward: this model has projection biases (attention_bias / mlp_bias), which diffattn runs for inference only; training one is refused");
   }
   if (targets_.empty()) throw InvalidArgument("backward: the last forward had no targets");
   const int64_t B = B_, T = T_, C = cfg_.d_model, F = cfg_.ffn_dim, V = cfg_.vocab_size;

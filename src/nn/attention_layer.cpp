@@ -88,10 +88,6 @@ AttnParams make_params(const AttnLayerShape& s, int64_t B, int64_t Tq, const flo
   return p;
 }
 
-}  // namespace
-
-namespace {
-
 // Position `at` (batch * capacity + t) of the cache gets the k and v columns of a projection
 // row, rounded once to the cache's type when it is 16-bit.
 void append_kv(KVCache& c, const AttnLayerShape& s, int64_t at, const float* row) {
@@ -107,27 +103,55 @@ void append_kv(KVCache& c, const AttnLayerShape& s, int64_t at, const float* row
   }
 }
 
-}  // namespace
-
-void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
-                    const AttnLayerWeights& w, const AttnLayerShape& s, int64_t B, int64_t T,
-                    const float* cos_t, const float* sin_t, KVCache* cache, bool save_stats) {
-  const int64_t BT = B * T, np = s.n_proj(), Dv = s.Dv();
-  acts.proj.resize(static_cast<size_t>(BT * np));
+// acts.proj (N, n_proj) = the stacked projection of inp (N rows) plus its biases, and acts.lam:
+// V1 the layer's lambda (Eq. 2) broadcast to the pairs, V2 sigmoid(lambda_proj x) per row and
+// pair. Returns acts.proj's data (RoPE not applied yet).
+float* project(AttnLayerActs& acts, const float* inp, const AttnLayerWeights& w,
+               const AttnLayerShape& s, int64_t N) {
+  const int64_t np = s.n_proj();
+  acts.proj.resize(static_cast<size_t>(N * np));
   float* proj = acts.proj.data();
-  linear_fwd(proj, inp, w.proj, BT, s.C, np);
-  if (w.proj_bias) bias_add(proj, w.proj_bias, BT, s.n_q() + s.n_k() + s.n_v(), np);
-  rope_apply(proj, cos_t, sin_t, B, T, s.q_heads(), s.D, np, T * np, false);
-  rope_apply(proj + s.n_q(), cos_t, sin_t, B, T, s.k_heads(), s.D, np, T * np, false);
-
+  linear_fwd(proj, inp, w.proj, N, s.C, np);
+  if (w.proj_bias) bias_add(proj, w.proj_bias, N, s.n_q() + s.n_k() + s.n_v(), np);
   if (s.kind == AttnKind::DiffV1) {
     acts.lambda = v1_lambda(w, s, &acts.e1, &acts.e2);
     acts.lam.assign(static_cast<size_t>(s.H), static_cast<float>(acts.lambda));
   } else if (s.kind == AttnKind::DiffV2) {
     // lambda[t, h] = sigmoid(lambda_proj x)[t, h], one per token and pair
-    acts.lam.resize(static_cast<size_t>(BT * s.H));
-    sigmoid_fwd(acts.lam.data(), proj + s.n_q() + s.n_k() + s.n_v(), BT, s.H, np);
+    acts.lam.resize(static_cast<size_t>(N * s.H));
+    sigmoid_fwd(acts.lam.data(), proj + s.n_q() + s.n_k() + s.n_v(), N, s.H, np);
   }
+  return proj;
+}
+
+// out (N, C) = out_proj of the operator's output acts.att (N rows), V1's per-head norm first.
+void output(float* out, AttnLayerActs& acts, const AttnLayerWeights& w, const AttnLayerShape& s,
+            int64_t N) {
+  const float* src = acts.att.data();
+  if (s.kind == AttnKind::DiffV1) {
+    // Eq. 3: head_i = (1 - lambda_init) * RMSNorm(head_i), one subln weight for every pair
+    acts.normed.resize(acts.att.size());
+    acts.sub_rstd.resize(static_cast<size_t>(N * s.H));
+    rmsnorm_fwd(acts.normed.data(), acts.sub_rstd.data(), acts.att.data(), w.subln, N * s.H,
+                s.Dv(), s.eps);
+    const float mult = 1.0f - s.lambda_init;
+    for (float& x : acts.normed) x *= mult;
+    src = acts.normed.data();
+  }
+  linear_fwd(out, src, w.out_proj, N, s.n_out(), s.C);
+  if (w.out_bias) bias_add(out, w.out_bias, N, s.C);
+}
+
+}  // namespace
+
+void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
+                    const AttnLayerWeights& w, const AttnLayerShape& s, int64_t B, int64_t T,
+                    const float* cos_t, const float* sin_t, KVCache* cache, bool save_stats) {
+  const int64_t BT = B * T, np = s.n_proj();
+  float* proj = project(acts, inp, w, s, BT);
+  rope_apply(proj, cos_t, sin_t, B, T, s.q_heads(), s.D, np, T * np, false);
+  rope_apply(proj + s.n_q(), cos_t, sin_t, B, T, s.k_heads(), s.D, np, T * np, false);
+
 
   if (cache) {
     if (cache->len + T > cache->capacity) {
@@ -158,37 +182,14 @@ void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
     }
   }
   attention_fwd(p);
-
-  const float* src = acts.att.data();
-  if (s.kind == AttnKind::DiffV1) {
-    // Eq. 3: head_i = (1 - lambda_init) * RMSNorm(head_i), one subln weight for every pair
-    acts.normed.resize(acts.att.size());
-    acts.sub_rstd.resize(static_cast<size_t>(BT * s.H));
-    rmsnorm_fwd(acts.normed.data(), acts.sub_rstd.data(), acts.att.data(), w.subln, BT * s.H, Dv,
-                s.eps);
-    const float mult = 1.0f - s.lambda_init;
-    for (float& x : acts.normed) x *= mult;
-    src = acts.normed.data();
-  }
-  linear_fwd(out, src, w.out_proj, BT, s.n_out(), s.C);
-  if (w.out_bias) bias_add(out, w.out_bias, BT, s.C);
+  output(out, acts, w, s, BT);
 }
 
 void attn_layer_decode_rows(float* out, AttnLayerActs& acts, const float* inp,
                             const AttnLayerWeights& w, const AttnLayerShape& s, int64_t B,
                             const float* cos_rows, const float* sin_rows, KVCache* const* caches) {
-  const int64_t np = s.n_proj(), Dv = s.Dv(), half = s.D / 2;
-  acts.proj.resize(static_cast<size_t>(B * np));
-  float* proj = acts.proj.data();
-  linear_fwd(proj, inp, w.proj, B, s.C, np);
-  if (w.proj_bias) bias_add(proj, w.proj_bias, B, s.n_q() + s.n_k() + s.n_v(), np);
-  if (s.kind == AttnKind::DiffV1) {
-    acts.lambda = v1_lambda(w, s, &acts.e1, &acts.e2);
-    acts.lam.assign(static_cast<size_t>(s.H), static_cast<float>(acts.lambda));
-  } else if (s.kind == AttnKind::DiffV2) {
-    acts.lam.resize(static_cast<size_t>(B * s.H));
-    sigmoid_fwd(acts.lam.data(), proj + s.n_q() + s.n_k() + s.n_v(), B, s.H, np);
-  }
+  const int64_t np = s.n_proj(), half = s.D / 2;
+  float* proj = project(acts, inp, w, s, B);
   acts.att.resize(static_cast<size_t>(B * s.n_out()));
   for (int64_t b = 0; b < B; ++b) {
     float* row = proj + b * np;
@@ -207,18 +208,7 @@ void attn_layer_decode_rows(float* out, AttnLayerActs& acts, const float* inp,
     p.out = acts.att.data() + b * s.n_out();
     attention_fwd(p);
   }
-  const float* src = acts.att.data();
-  if (s.kind == AttnKind::DiffV1) {
-    acts.normed.resize(acts.att.size());
-    acts.sub_rstd.resize(static_cast<size_t>(B * s.H));
-    rmsnorm_fwd(acts.normed.data(), acts.sub_rstd.data(), acts.att.data(), w.subln, B * s.H, Dv,
-                s.eps);
-    const float mult = 1.0f - s.lambda_init;
-    for (float& x : acts.normed) x *= mult;
-    src = acts.normed.data();
-  }
-  linear_fwd(out, src, w.out_proj, B, s.n_out(), s.C);
-  if (w.out_bias) bias_add(out, w.out_bias, B, s.C);
+  output(out, acts, w, s, B);
 }
 
 AttnBwdParams attn_layer_params(const AttnLayerActs& acts, const AttnLayerShape& s, int64_t B,
@@ -247,7 +237,7 @@ void attn_layer_bwd(float* dinp, const AttnLayerGrads& g, const float* dout,
   sc.dnormed.resize(static_cast<size_t>(BT * no));
   const float* src = v1 ? acts.normed.data() : acts.att.data();
   if (w.proj_bias || w.out_bias) {
-    throw InvalidArgument("attention layer: training with projection biases is not implemented");
+    throw InvalidArgument("attention layer: projection biases are for inference only; the backward refuses them");
   }
   linear_bwd(sc.dnormed.data(), g.out_proj, dout, src, w.out_proj.f32(), BT, no, s.C, 0, true);
 

@@ -13,36 +13,6 @@ import model_helpers as mh
 import torch_model as tm
 
 
-def tensor_shapes(c):
-    C, F, V, D = c["d_model"], c["ffn_dim"], c["vocab_size"], c["head_dim"]
-    H, G, kind = c["n_heads"], c["n_kv_heads"], c["attention"]
-    nq = (2 * H if kind != "standard" else H) * D
-    nk = (2 * G if kind == "diff_v1" else G) * D
-    nv = G * (2 * D if kind == "diff_v1" else D)
-    nout = H * (2 * D if kind == "diff_v1" else D)
-    out = {"embed_tokens.weight": (V, C)}
-    for l in range(c["n_layers"]):
-        p = f"layers.{l}."
-        out[p + "attn_norm.weight"] = (C,)
-        out[p + "attn.q_proj.weight"] = (nq, C)
-        out[p + "attn.k_proj.weight"] = (nk, C)
-        out[p + "attn.v_proj.weight"] = (nv, C)
-        out[p + "attn.out_proj.weight"] = (C, nout)
-        if kind == "diff_v1":
-            for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
-                out[p + "attn." + n] = (D,)
-            out[p + "attn.subln.weight"] = (2 * D,)
-        if kind == "diff_v2":
-            out[p + "attn.lambda_proj.weight"] = (H, C)
-        out[p + "ffn_norm.weight"] = (C,)
-        out[p + "ffn.gate_proj.weight"] = (F, C)
-        out[p + "ffn.up_proj.weight"] = (F, C)
-        out[p + "ffn.down_proj.weight"] = (C, F)
-    out["norm.weight"] = (C,)
-    out["lm_head.weight"] = (V, C)
-    return out
-
-
 def write_ascii_model(path, kind="diff_v1", seed=0, max_seq_len=256, d_model=48, n_layers=2, ffn_dim=96,
                       n_heads=None, n_kv_heads=None, head_dim=12):
     """Random weights over the byte tokenizer; lm_head rows of bytes outside printable ASCII are
@@ -56,7 +26,7 @@ def write_ascii_model(path, kind="diff_v1", seed=0, max_seq_len=256, d_model=48,
            "tie_embeddings": False}
     rng = np.random.default_rng(seed)
     w = {}
-    for name, shape in tensor_shapes(cfg).items():
+    for name, shape in mh.tensor_shapes(cfg).items():
         if name.endswith("norm.weight") or "subln" in name:
             w[name] = 1.0 + 0.3 * rng.standard_normal(shape)
         else:

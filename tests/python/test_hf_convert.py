@@ -14,50 +14,11 @@ import model_helpers as mh
 import torch_model as tm
 
 
-def tensors_of(c):
-    """The project's tensor list (docs/FORMAT.md) of a config."""
-    C, F, V, D = c["d_model"], c["ffn_dim"], c["vocab_size"], c["head_dim"]
-    H, G, kind = c["n_heads"], c["n_kv_heads"], c["attention"]
-    nq = (2 * H if kind != "standard" else H) * D
-    nk = (2 * G if kind == "diff_v1" else G) * D
-    nv = G * (2 * D if kind == "diff_v1" else D)
-    nout = H * (2 * D if kind == "diff_v1" else D)
-    out = {"embed_tokens.weight": (V, C)}
-    for l in range(c["n_layers"]):
-        p = f"layers.{l}."
-        out[p + "attn_norm.weight"] = (C,)
-        out[p + "attn.q_proj.weight"] = (nq, C)
-        out[p + "attn.k_proj.weight"] = (nk, C)
-        out[p + "attn.v_proj.weight"] = (nv, C)
-        out[p + "attn.out_proj.weight"] = (C, nout)
-        if c.get("attention_bias"):
-            for n, s in (("q", nq), ("k", nk), ("v", nv), ("out", C)):
-                out[p + f"attn.{n}_proj.bias"] = (s,)
-        if kind == "diff_v1":
-            for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
-                out[p + "attn." + n] = (D,)
-            out[p + "attn.subln.weight"] = (2 * D,)
-        if kind == "diff_v2":
-            out[p + "attn.lambda_proj.weight"] = (H, C)
-        out[p + "ffn_norm.weight"] = (C,)
-        out[p + "ffn.gate_proj.weight"] = (F, C)
-        out[p + "ffn.up_proj.weight"] = (F, C)
-        out[p + "ffn.down_proj.weight"] = (C, F)
-        if c.get("mlp_bias"):
-            out[p + "ffn.gate_proj.bias"] = (F,)
-            out[p + "ffn.up_proj.bias"] = (F,)
-            out[p + "ffn.down_proj.bias"] = (C,)
-    out["norm.weight"] = (C,)
-    if not c["tie_embeddings"]:
-        out["lm_head.weight"] = (V, C)
-    return out
-
-
 def write_model(path, cfg, seed=0):
     """Random weights (norms and subln away from 1, so a dropped or unfolded weight shows)."""
     rng = np.random.default_rng(seed)
     w = {}
-    for name, shape in tensors_of(cfg).items():
+    for name, shape in mh.tensor_shapes(cfg).items():
         if name.endswith("norm.weight") or "subln" in name:
             w[name] = 1.0 + 0.3 * rng.standard_normal(shape)
         else:

@@ -320,7 +320,7 @@ def test_hugging_face_directory_with_the_llama3_tokenizer(tmp_path):
     os.makedirs(src)
     tm.write_safetensors(str(src / "model.safetensors"),
                          {n: (1.0 + 0.1 * rng.standard_normal(s)) if n.endswith("norm.weight") or "subln" in n
-                          else 0.1 * rng.standard_normal(s) for n, s in sh.tensor_shapes(cfg).items()})
+                          else 0.1 * rng.standard_normal(s) for n, s in mh.tensor_shapes(cfg).items()})
     with open(src / "config.json", "w") as f:
         json.dump(cfg, f)
     hf = tmp_path / "hf"
