@@ -724,7 +724,7 @@ void save_hf_model(const Model& m, const std::string& dir, DType dtype, int64_t 
     for (size_t i = 0; i < out.size(); ++i) {
       const int64_t left = static_cast<int64_t>(out.size() - i);
       if (bytes > 0 && f + 1 < n_files &&
-          (bytes * n_files >= total || left == n_files - f - 1 + 0 || left <= n_files - f - 1)) {
+          (bytes * n_files >= total || left <= n_files - f - 1)) {
         ++f;
         bytes = 0;
       }
