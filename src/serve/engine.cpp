@@ -319,12 +319,14 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
 void Engine::loop() {
   std::vector<std::unique_ptr<Running>> running;
   std::vector<float> logits(static_cast<size_t>(m_.config().vocab_size));
+  int64_t n_steps = 0;
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || !waiting_.empty() || !running.empty(); });
       if (stop_) break;
     }
+    if (o_.before_step) o_.before_step(n_steps++);
     step(running, logits);
   }
   // Shutdown: everything queued or running is cancelled.

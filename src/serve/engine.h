@@ -26,6 +26,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -106,6 +107,9 @@ struct EngineOptions {
   int64_t max_batch = 64;         // running sequences
   int64_t max_waiting = 256;      // waiting sequences; more: QueueFull
   int64_t prefill_chunk = 512;    // prompt tokens per step, over all sequences
+  // Called by the engine's thread before each step (0, 1, ...); tests hold the engine here to
+  // make an interleaving (a cancel between two steps) certain instead of likely.
+  std::function<void(int64_t step)> before_step;
 };
 
 struct EngineStats {

@@ -4,6 +4,7 @@
 // parsing and the Llama-3 chat template against hand-written expected strings.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -256,6 +257,12 @@ TEST(Engine, CancelFreesTheBlocksAndOthersGoOn) {
   EngineOptions eo;
   eo.block_size = 4;
   eo.n_blocks = 64;
+  // The engine stops before its third step until the test has cancelled: without the hold a fast
+  // machine can generate all 80 tokens between the first token and the cancel.
+  std::atomic<bool> cancelled{false};
+  eo.before_step = [&](int64_t step) {
+    while (step >= 2 && !cancelled.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
   Engine e(m, eo);
   SeqRequest r;
   r.prompt = prompt_of(6, 4, 61);
@@ -266,9 +273,11 @@ TEST(Engine, CancelFreesTheBlocksAndOthersGoOn) {
   std::vector<int32_t> some;
   while (some.empty()) a->wait(0, some, std::chrono::milliseconds(100));
   a->cancel();
+  cancelled = true;
   Finish how = Finish::kNone;
-  drain(*a, &how);
+  std::vector<int32_t> got = drain(*a, &how);
   EXPECT_EQ(how, Finish::kCancelled);
+  EXPECT_LT(got.size(), 80u);
   data::GenerateOptions go;
   go.max_new = 80;
   go.sampler = r.sampler;
