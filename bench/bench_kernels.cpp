@@ -6,7 +6,7 @@
 #include <benchmark/benchmark.h>
 
 #include "bench/cases/bench_cases.h"
-#include "diffattn/attention.h"
+#include "diffattn/kernels/attention.h"
 
 namespace diffattn::bench {
 namespace {

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "bench/cases/bench_cases.h"
-#include "diffattn/dtype.h"
-#include "diffattn/nn.h"
-#include "diffattn/runtime.h"
+#include "diffattn/base/dtype.h"
+#include "diffattn/kernels/runtime.h"
+#include "diffattn/nn/layers.h"
 
 namespace {
 

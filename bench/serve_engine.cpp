@@ -10,7 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "diffattn/train.h"
+#include "diffattn/train/train.h"
+#include "diffattn/model/checkpoint.h"
 #include "serve/engine.h"
 
 using namespace diffattn;

@@ -11,8 +11,10 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "diffattn/explorer.h"
-#include "diffattn/model.h"
+#include "diffattn/explorer/explorer.h"
+#include "diffattn/model/checkpoint.h"
+#include "diffattn/model/config.h"
+#include "diffattn/model/model.h"
 
 namespace {
 

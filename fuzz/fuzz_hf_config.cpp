@@ -5,7 +5,9 @@
 #include <cstdint>
 #include <string>
 
-#include "diffattn/model.h"
+#include "diffattn/model/checkpoint.h"
+#include "diffattn/model/config.h"
+#include "diffattn/model/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

@@ -7,8 +7,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "diffattn/error.h"
-#include "diffattn/hf_tokenizer.h"
+#include "diffattn/base/error.h"
+#include "diffattn/data/hf_tokenizer.h"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "diffattn/train.h"
+#include "diffattn/train/train.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string bytes(reinterpret_cast<const char*>(data), size);

@@ -6,8 +6,8 @@
 
 #include <string>
 
-#include "diffattn/error.h"
-#include "diffattn/attention.h"
+#include "diffattn/base/error.h"
+#include "diffattn/kernels/attention.h"
 
 namespace diffattn::python {
 

@@ -9,12 +9,12 @@
 #include <string>
 
 #include "bind_common.h"
-#include "diffattn/accounting.h"
-#include "diffattn/exercises.h"
-#include "diffattn/kway.h"
-#include "diffattn/snr.h"
-#include "diffattn/views.h"
-#include "diffattn/viz.h"
+#include "diffattn/eval/accounting.h"
+#include "diffattn/eval/exercises.h"
+#include "diffattn/eval/snr.h"
+#include "diffattn/eval/views.h"
+#include "diffattn/kernels/kway.h"
+#include "diffattn/viz/viz.h"
 
 namespace py = pybind11;
 
@@ -163,7 +163,7 @@ Returns (out (B, Tq, H, Dv), probs (B, H, maps, Tq, Tk), weights (B, H, Tq, Tk))
       py::arg("length") = 1024, py::arg("head_dim") = 16, py::arg("signal") = 4.0,
       py::arg("noise") = 1.0, py::arg("independent") = 0.3, py::arg("lam") = 0.8,
       py::arg("trials") = 32, py::arg("seed") = 0, py::arg("sweeps") = false,
-      R"doc(The signal-to-noise demonstration (`diffattn snr`; construction in include/diffattn/snr.h).
+      R"doc(The signal-to-noise demonstration (`diffattn snr`; construction in include/diffattn/eval/snr.h).
 Returns medians of SNR (signal weight / mean |other weight|), the paired ratio differential /
 standard, and with sweeps=True the lambda and noise sweeps.)doc");
 

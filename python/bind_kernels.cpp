@@ -12,7 +12,7 @@
 #include <string>
 
 #include "bind_common.h"
-#include "diffattn/attention.h"
+#include "diffattn/kernels/attention.h"
 
 namespace py = pybind11;
 

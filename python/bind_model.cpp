@@ -9,9 +9,12 @@
 #include <cstring>
 
 #include "bind_common.h"
-#include "diffattn/hf_tokenizer.h"
-#include "diffattn/model.h"
-#include "diffattn/train.h"
+#include "diffattn/data/hf_tokenizer.h"
+#include "diffattn/model/checkpoint.h"
+#include "diffattn/model/config.h"
+#include "diffattn/model/model.h"
+#include "diffattn/model/safetensors.h"
+#include "diffattn/train/train.h"
 
 namespace py = pybind11;
 

@@ -1,6 +1,6 @@
 // Benchmark cases shared by `diffattn bench` and bench/: see bench_cases.h.
 #include "bench/cases/bench_cases.h"
-#include "diffattn/rng.h"
+#include "diffattn/base/rng.h"
 
 #include <cblas.h>
 #include <omp.h>

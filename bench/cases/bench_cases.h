@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "diffattn/attention.h"
+#include "diffattn/kernels/attention.h"
 
 namespace diffattn::bench {
 

@@ -1,4 +1,4 @@
-// Element types and their conversions (include/diffattn/dtype.h): the scalar definitions that
+// Element types and their conversions (include/diffattn/base/dtype.h): the scalar definitions that
 // every other path is tested against, and convert_to_f32 compiled by Highway for AVX-512, AVX2
 // (F16C) and a portable fallback, chosen at run time. Only widening is on a hot path (a
 // checkpoint's BF16/F16 tensors read as float32, embedding rows); narrowing is scalar.
@@ -10,8 +10,8 @@
 #include <cstring>
 #include <string>
 
-#include "diffattn/dtype.h"
-#include "diffattn/error.h"
+#include "diffattn/base/dtype.h"
+#include "diffattn/base/error.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace diffattn::HWY_NAMESPACE {

@@ -1,5 +1,5 @@
-// Atomic file writes and whole-file reads (include/diffattn/files.h).
-#include "diffattn/files.h"
+// Atomic file writes and whole-file reads (include/diffattn/base/files.h).
+#include "diffattn/base/files.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -12,7 +12,7 @@
 #include <cstring>
 #include <random>
 
-#include "diffattn/runtime.h"
+#include "diffattn/base/memory.h"
 
 namespace diffattn {
 

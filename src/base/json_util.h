@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "diffattn/error.h"
+#include "diffattn/base/error.h"
 
 namespace diffattn {
 

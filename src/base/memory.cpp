@@ -1,4 +1,4 @@
-// The machine's memory (see runtime.h): what sizes read from outside input are checked against.
+// The machine's memory (see include/diffattn/base/memory.h): what sizes read from outside input are checked against.
 // In diffattn_files, below the kernels, because the file readers check sizes against it too.
 // The bound is the smallest of physical memory, the process's RLIMIT_AS and RLIMIT_DATA
 // (ulimit -v, -d) and its cgroup's memory limit (a container's): past any of them an
@@ -11,8 +11,8 @@
 #include <cstring>
 #include <string>
 
-#include "diffattn/error.h"
-#include "diffattn/runtime.h"
+#include "diffattn/base/error.h"
+#include "diffattn/base/memory.h"
 
 namespace diffattn {
 

@@ -1,5 +1,5 @@
-// Numbers and tables as text (include/diffattn/text.h).
-#include "diffattn/text.h"
+// Numbers and tables as text (include/diffattn/base/text.h).
+#include "diffattn/base/text.h"
 
 #include <algorithm>
 #include <cstdio>

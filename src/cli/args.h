@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "diffattn/error.h"
+#include "diffattn/base/error.h"
 
 namespace diffattn::cli {
 

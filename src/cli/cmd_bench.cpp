@@ -15,11 +15,11 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "cli/args.h"
 #include "bench/cases/bench_cases.h"
+#include "cli/args.h"
 #include "cli/table.h"
-#include "diffattn/attention.h"
-#include "diffattn/runtime.h"
+#include "diffattn/kernels/attention.h"
+#include "diffattn/kernels/runtime.h"
 
 extern char** environ;
 

@@ -6,7 +6,9 @@
 #include <iostream>
 
 #include "cli/args.h"
-#include "diffattn/train.h"
+#include "diffattn/train/train.h"
+#include "diffattn/base/files.h"
+#include "diffattn/model/checkpoint.h"
 
 namespace diffattn::cli {
 

@@ -8,8 +8,8 @@
 #include "cli/args.h"
 #include "cli/demo.h"
 #include "cli/table.h"
-#include "diffattn/attention.h"
-#include "diffattn/textbook.h"
+#include "diffattn/eval/textbook.h"
+#include "diffattn/kernels/attention.h"
 
 namespace diffattn::cli {
 

@@ -3,7 +3,8 @@
 #include <cstdio>
 
 #include "cli/args.h"
-#include "diffattn/train.h"
+#include "diffattn/train/train.h"
+#include "diffattn/model/checkpoint.h"
 
 namespace diffattn::cli {
 

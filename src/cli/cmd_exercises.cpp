@@ -7,9 +7,9 @@
 
 #include "cli/args.h"
 #include "cli/table.h"
-#include "diffattn/exercises.h"
-#include "diffattn/textbook.h"
-#include "diffattn/viz.h"
+#include "diffattn/eval/exercises.h"
+#include "diffattn/eval/textbook.h"
+#include "diffattn/viz/viz.h"
 
 namespace diffattn::cli {
 

@@ -8,8 +8,9 @@
 
 #include "cli/args.h"
 #include "cli/table.h"
-#include "diffattn/experiment.h"
-#include "diffattn/runtime.h"
+#include "diffattn/eval/experiment.h"
+#include "diffattn/kernels/runtime.h"
+#include "diffattn/model/checkpoint.h"
 
 namespace diffattn::cli {
 

@@ -2,7 +2,7 @@
 #include <iostream>
 
 #include "cli/args.h"
-#include "diffattn/explorer.h"
+#include "diffattn/explorer/explorer.h"
 
 namespace diffattn::cli {
 

@@ -10,8 +10,9 @@
 
 #include "bench/cases/bench_cases.h"
 #include "cli/args.h"
-#include "diffattn/train.h"
-#include "diffattn/runtime.h"
+#include "diffattn/kernels/runtime.h"
+#include "diffattn/train/train.h"
+#include "diffattn/model/checkpoint.h"
 
 namespace diffattn::cli {
 

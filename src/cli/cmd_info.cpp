@@ -4,7 +4,8 @@
 
 #include "cli/args.h"
 #include "cli/table.h"
-#include "diffattn/train.h"
+#include "diffattn/train/train.h"
+#include "diffattn/model/checkpoint.h"
 
 namespace diffattn::cli {
 

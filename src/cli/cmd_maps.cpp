@@ -7,9 +7,10 @@
 
 #include "cli/args.h"
 #include "cli/table.h"
-#include "diffattn/train.h"
-#include "diffattn/inspect.h"
-#include "diffattn/viz.h"
+#include "diffattn/eval/inspect.h"
+#include "diffattn/train/train.h"
+#include "diffattn/viz/viz.h"
+#include "diffattn/model/checkpoint.h"
 
 namespace diffattn::cli {
 

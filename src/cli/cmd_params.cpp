@@ -1,14 +1,14 @@
 // `diffattn params`: parameters per component, attention FLOPs per token and KV-cache bytes per
 // token for the standard, DIFF V1 and DIFF V2 versions of one model size, counted over the
-// tensors of docs/FORMAT.md (include/diffattn/accounting.h states the conventions).
+// tensors of docs/FORMAT.md (include/diffattn/eval/accounting.h states the conventions).
 #include <cmath>
 #include <cstdio>
 #include <iostream>
 
 #include "cli/args.h"
 #include "cli/table.h"
-#include "diffattn/accounting.h"
-#include "diffattn/exercises.h"
+#include "diffattn/eval/accounting.h"
+#include "diffattn/eval/exercises.h"
 
 namespace diffattn::cli {
 

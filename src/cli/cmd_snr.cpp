@@ -1,15 +1,15 @@
 // `diffattn snr`: the signal-to-noise demonstration of seed 001 (Step 4, exercises 1 and 4):
 // one signal among N positions under common-mode noise, standard against differential
 // attention, a lambda sweep, a noise sweep and where standard attention stops finding the
-// signal. The construction and definitions are in include/diffattn/snr.h.
+// signal. The construction and definitions are in include/diffattn/eval/snr.h.
 #include <cmath>
 #include <cstdio>
 #include <iostream>
 
 #include "cli/args.h"
 #include "cli/table.h"
-#include "diffattn/snr.h"
-#include "diffattn/viz.h"
+#include "diffattn/eval/snr.h"
+#include "diffattn/viz/viz.h"
 
 namespace diffattn::cli {
 

@@ -3,8 +3,8 @@
 #include <sstream>
 
 #include "cli/args.h"
-#include "diffattn/error.h"
-#include "diffattn/hf_tokenizer.h"
+#include "diffattn/base/error.h"
+#include "diffattn/data/hf_tokenizer.h"
 
 namespace diffattn::cli {
 

@@ -12,10 +12,12 @@
 #include <sstream>
 #include <nlohmann/json.hpp>
 
-#include "cli/args.h"
-#include "diffattn/train.h"
-#include "diffattn/runtime.h"
 #include "base/json_util.h"
+#include "cli/args.h"
+#include "diffattn/kernels/runtime.h"
+#include "diffattn/train/train.h"
+#include "diffattn/base/files.h"
+#include "diffattn/model/checkpoint.h"
 
 namespace diffattn::cli {
 

@@ -7,8 +7,8 @@
 
 #include "cli/demo.h"
 #include "cli/table.h"
-#include "diffattn/train.h"
-#include "diffattn/runtime.h"
+#include "diffattn/kernels/runtime.h"
+#include "diffattn/train/train.h"
 
 namespace diffattn::cli {
 

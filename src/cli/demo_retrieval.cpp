@@ -6,8 +6,8 @@
 
 #include "cli/demo.h"
 #include "cli/table.h"
-#include "diffattn/experiment.h"
-#include "diffattn/runtime.h"
+#include "diffattn/eval/experiment.h"
+#include "diffattn/kernels/runtime.h"
 
 namespace diffattn::cli {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "cli/args.h"
-#include "diffattn/runtime.h"
+#include "diffattn/kernels/runtime.h"
 
 namespace {
 

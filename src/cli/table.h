@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "diffattn/text.h"
+#include "diffattn/base/text.h"
 
 namespace diffattn::cli {
 
@@ -16,7 +16,7 @@ namespace diffattn::cli {
 void print_matrix(std::ostream& os, const std::string& title, const std::vector<std::string>& rows,
                   const std::vector<std::string>& cols, const float* data, int decimals = 4);
 
-// Tables of strings and fixed-decimal numbers: include/diffattn/text.h.
+// Tables of strings and fixed-decimal numbers: include/diffattn/base/text.h.
 using diffattn::fixed;
 using diffattn::print_table;
 

@@ -2,8 +2,8 @@
 // one number), and validation loss over consecutive windows.
 #include <string>
 
-#include "diffattn/data.h"
-#include "diffattn/rng.h"
+#include "diffattn/base/rng.h"
+#include "diffattn/data/data.h"
 
 namespace diffattn::data {
 

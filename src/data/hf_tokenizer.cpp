@@ -1,11 +1,11 @@
-// Hugging Face tokenizer.json, byte-level BPE (include/diffattn/hf_tokenizer.h).
+// Hugging Face tokenizer.json, byte-level BPE (include/diffattn/data/hf_tokenizer.h).
 //
 // encode(text): split out the added tokens (longest match first), pre-tokenize each remaining
 // segment (regex splits, then bytes -> GPT-2's printable characters), run BPE on each piece
 // (the pair of lowest merge rank first, a heap over a linked list: O(n log n) for a piece of n
 // bytes, so a long run without spaces cannot hang it), then the template's special tokens.
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include "diffattn/hf_tokenizer.h"
+#include "diffattn/data/hf_tokenizer.h"
 
 #include <pcre2.h>
 #include <sys/stat.h>
@@ -17,9 +17,9 @@
 #include <queue>
 #include <unordered_map>
 
-#include "diffattn/error.h"
-#include "diffattn/files.h"
 #include "base/json_util.h"
+#include "diffattn/base/error.h"
+#include "diffattn/base/files.h"
 
 namespace diffattn {
 

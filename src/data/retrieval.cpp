@@ -1,6 +1,6 @@
 // The multi-needle retrieval task (retrieval.h): samples as a pure function of (spec, index), and
 // the Dataset that feeds them to the trainer.
-#include "diffattn/retrieval.h"
+#include "diffattn/data/retrieval.h"
 
 #include <sys/stat.h>
 
@@ -8,9 +8,9 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "diffattn/files.h"
-#include "diffattn/rng.h"
 #include "base/json_util.h"
+#include "diffattn/base/files.h"
+#include "diffattn/base/rng.h"
 
 namespace diffattn::data {
 

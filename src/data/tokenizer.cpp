@@ -10,8 +10,9 @@
 #include <exception>
 #include <filesystem>
 
-#include "diffattn/data.h"
-#include "diffattn/hf_tokenizer.h"
+#include "diffattn/data/data.h"
+#include "diffattn/data/hf_tokenizer.h"
+#include "diffattn/base/files.h"
 
 namespace diffattn::data {
 

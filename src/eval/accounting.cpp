@@ -1,5 +1,5 @@
 // Accounting (accounting.h) over FORMAT.md's tensor list.
-#include "diffattn/accounting.h"
+#include "diffattn/eval/accounting.h"
 
 namespace diffattn {
 
@@ -122,8 +122,9 @@ double sequence_flops(const Accounting& a, int64_t T) {
 
 #include <sys/stat.h>
 
-#include "diffattn/files.h"
-#include "diffattn/model.h"
+#include "diffattn/base/files.h"
+#include "diffattn/model/checkpoint.h"
+#include "diffattn/model/config.h"
 
 namespace diffattn {
 

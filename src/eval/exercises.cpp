@@ -1,13 +1,13 @@
 // The textbook's exercises 2-4 (exercises.h), computed with the operator family and the k-way
 // reference on the worked example.
-#include "diffattn/exercises.h"
+#include "diffattn/eval/exercises.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "diffattn/attention.h"
-#include "diffattn/kway.h"
-#include "diffattn/textbook.h"
+#include "diffattn/eval/textbook.h"
+#include "diffattn/kernels/attention.h"
+#include "diffattn/kernels/kway.h"
 
 namespace diffattn {
 

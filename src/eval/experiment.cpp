@@ -1,6 +1,6 @@
 // The retrieval experiment (experiment.h): one task, three attention kinds trained on identical
 // batches, evaluated on held-out samples; the report's tables, charts and heatmaps.
-#include "diffattn/experiment.h"
+#include "diffattn/eval/experiment.h"
 
 #include <algorithm>
 #include <chrono>
@@ -9,9 +9,10 @@
 #include <iomanip>
 #include <sstream>
 
-#include "diffattn/runtime.h"
-#include "diffattn/text.h"
-#include "diffattn/viz.h"
+#include "diffattn/base/text.h"
+#include "diffattn/kernels/runtime.h"
+#include "diffattn/viz/viz.h"
+#include "diffattn/model/checkpoint.h"
 
 namespace diffattn {
 

@@ -2,7 +2,7 @@
 // the saved lse that Model::layer_attention exposes after a forward; only the full-width
 // standard view of a DIFF pair needs one more forward of its own (a standard head of width 2D).
 // The attention-noise analysis reads the answer rows of those maps on retrieval samples.
-#include "diffattn/inspect.h"
+#include "diffattn/eval/inspect.h"
 
 #include <algorithm>
 #include <cmath>

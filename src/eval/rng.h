@@ -1,7 +1,7 @@
-// The experiments' generator is the library's one seeded RNG (include/diffattn/rng.h).
+// The experiments' generator is the library's one seeded RNG (include/diffattn/base/rng.h).
 #pragma once
 
-#include "diffattn/rng.h"
+#include "diffattn/base/rng.h"
 
 namespace diffattn::eval {
 using diffattn::Rng;

@@ -1,14 +1,14 @@
 // The signal-to-noise demonstration (snr.h). Each trial is one batch row of the operators:
 // q (trials, 1, 2, D), k (trials, N, 2, D), v (trials, N, 1, 1) holding 1 at the signal position,
 // so the differential output is the signal weight itself; the maps come from attention_probs.
-#include "diffattn/snr.h"
+#include "diffattn/eval/snr.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
 
-#include "diffattn/attention.h"
+#include "diffattn/kernels/attention.h"
 #include "eval/rng.h"
 
 namespace diffattn {

@@ -1,13 +1,13 @@
 // The four views of a head (views.h), computed by the operator family: one differential forward
 // with saved lse gives map 1 and map 2 (attention_probs) and the output; one standard forward
 // over the concatenated halves gives the standard map.
-#include "diffattn/views.h"
+#include "diffattn/eval/views.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "diffattn/textbook.h"
-#include "diffattn/viz.h"
+#include "diffattn/eval/textbook.h"
+#include "diffattn/viz/viz.h"
 #include "eval/rng.h"
 
 namespace diffattn {

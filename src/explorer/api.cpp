@@ -7,12 +7,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "diffattn/train.h"
-#include "diffattn/explorer.h"
-#include "diffattn/experiment.h"
-#include "diffattn/inspect.h"
-#include "diffattn/views.h"
 #include "base/json_util.h"
+#include "diffattn/eval/experiment.h"
+#include "diffattn/eval/inspect.h"
+#include "diffattn/eval/views.h"
+#include "diffattn/explorer/explorer.h"
+#include "diffattn/train/train.h"
+#include "diffattn/model/checkpoint.h"
 #include "explorer/assets.h"
 
 namespace diffattn::explorer {

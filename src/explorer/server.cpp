@@ -2,7 +2,7 @@
 // (explorer.h), every request handed to the pure API (api.cpp).
 #include <string>
 
-#include "diffattn/explorer.h"
+#include "diffattn/explorer/explorer.h"
 #include "http/http_server.h"
 
 namespace diffattn::explorer {

@@ -42,7 +42,7 @@
 
 #include <httplib.h>
 
-#include "diffattn/error.h"
+#include "diffattn/base/error.h"
 #include "http/http_server.h"
 
 namespace diffattn::http {

@@ -6,7 +6,7 @@
 #include <limits>
 #include <vector>
 
-#include "diffattn/attention.h"
+#include "diffattn/kernels/attention.h"
 #include "kernels/fused.h"
 #include "kernels/indexing.h"
 

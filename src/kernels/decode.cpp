@@ -19,8 +19,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "diffattn/dtype.h"
-#include "diffattn/runtime.h"
+#include "diffattn/base/dtype.h"
+#include "diffattn/kernels/runtime.h"
 #include "hwy/cache_control.h"
 #include "kernels/fused.h"
 

@@ -9,7 +9,7 @@
 #include <limits>
 #include <vector>
 
-#include "diffattn/attention.h"
+#include "diffattn/kernels/attention.h"
 #include "hwy/aligned_allocator.h"
 #include "kernels/fused_traits.h"
 #include "kernels/indexing.h"

@@ -24,7 +24,7 @@
 #include <cmath>
 #include <vector>
 
-#include "diffattn/runtime.h"
+#include "diffattn/kernels/runtime.h"
 #include "kernels/fused.h"
 
 HWY_BEFORE_NAMESPACE();

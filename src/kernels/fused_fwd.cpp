@@ -15,7 +15,7 @@
 #include <cmath>
 #include <limits>
 
-#include "diffattn/runtime.h"
+#include "diffattn/kernels/runtime.h"
 #include "kernels/fused.h"
 
 HWY_BEFORE_NAMESPACE();

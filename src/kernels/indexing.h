@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "diffattn/attention.h"
+#include "diffattn/kernels/attention.h"
 
 namespace diffattn {
 

@@ -5,7 +5,7 @@
 #include <limits>
 #include <vector>
 
-#include "diffattn/kway.h"
+#include "diffattn/kernels/kway.h"
 
 namespace diffattn {
 

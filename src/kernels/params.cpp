@@ -6,7 +6,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "diffattn/attention.h"
+#include "diffattn/kernels/attention.h"
 #include "kernels/fused.h"
 
 namespace diffattn {

@@ -1,6 +1,6 @@
-// Thread count of the library (see runtime.h). OpenMP regions read it through
+// Thread count of the library (see include/diffattn/kernels/runtime.h). OpenMP regions read it through
 // omp_set_num_threads; BLAS wrappers read num_threads() before their calls.
-#include "diffattn/runtime.h"
+#include "diffattn/kernels/runtime.h"
 
 #include <omp.h>
 
@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "diffattn/error.h"
+#include "diffattn/base/error.h"
 
 namespace diffattn {
 

@@ -9,8 +9,12 @@
 #include <filesystem>
 #include <set>
 
-#include "diffattn/model.h"
 #include "base/json_util.h"
+#include "diffattn/model/checkpoint.h"
+#include "diffattn/model/config.h"
+#include "diffattn/model/model.h"
+#include "diffattn/model/safetensors.h"
+#include "diffattn/base/files.h"
 
 namespace diffattn {
 

@@ -4,8 +4,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "diffattn/model.h"
 #include "base/json_util.h"
+#include "diffattn/model/config.h"
 #include "model/config_json.h"
 
 namespace diffattn {

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "diffattn/nn.h"
+#include "diffattn/nn/layers.h"
 
 namespace diffattn {
 

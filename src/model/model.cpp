@@ -6,10 +6,11 @@
 #include <cstring>
 #include <limits>
 
-#include "diffattn/model.h"
-#include "diffattn/nn.h"
-#include "diffattn/rng.h"
-#include "diffattn/runtime.h"
+#include "diffattn/base/memory.h"
+#include "diffattn/base/rng.h"
+#include "diffattn/model/config.h"
+#include "diffattn/model/model.h"
+#include "diffattn/nn/layers.h"
 
 namespace diffattn {
 

@@ -3,8 +3,10 @@
 // buffer in order, so they do not depend on threads; updates are element-wise.
 #include <cmath>
 
-#include "diffattn/model.h"
-#include "diffattn/nn.h"
+#include "diffattn/model/config.h"
+#include "diffattn/model/model.h"
+#include "diffattn/model/optimizer.h"
+#include "diffattn/nn/layers.h"
 
 namespace diffattn {
 

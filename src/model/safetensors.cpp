@@ -11,9 +11,10 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "diffattn/model.h"
-#include "diffattn/runtime.h"
 #include "base/json_util.h"
+#include "diffattn/base/memory.h"
+#include "diffattn/base/files.h"
+#include "diffattn/model/safetensors.h"
 
 namespace diffattn {
 

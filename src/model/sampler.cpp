@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
+#include <vector>
 
-#include "diffattn/model.h"
+#include "diffattn/model/sampler.h"
+#include "diffattn/base/error.h"
 
 namespace diffattn {
 

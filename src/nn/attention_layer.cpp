@@ -2,13 +2,13 @@
 // q | k | v | lambda logits into one (B, T, n_proj) buffer; the operator reads q, k and v
 // from it through row strides, and writes its gradients back into the same layout, so one
 // sgemm serves the forward and two the backward.
-#include "diffattn/attention_layer.h"
+#include "diffattn/nn/attention_layer.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "diffattn/nn.h"
+#include "diffattn/nn/layers.h"
 
 namespace diffattn::nn {
 

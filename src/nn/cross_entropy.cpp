@@ -4,7 +4,7 @@
 #include <cmath>
 #include <string>
 
-#include "diffattn/nn.h"
+#include "diffattn/nn/layers.h"
 
 namespace diffattn::nn {
 

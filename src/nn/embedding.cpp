@@ -3,7 +3,7 @@
 #include <cstring>
 #include <string>
 
-#include "diffattn/nn.h"
+#include "diffattn/nn/layers.h"
 
 namespace diffattn::nn {
 

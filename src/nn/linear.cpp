@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include "diffattn/nn.h"
-#include "diffattn/runtime.h"
+#include "diffattn/kernels/runtime.h"
+#include "diffattn/nn/layers.h"
 
 extern "C" void openblas_set_num_threads(int);
 

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "diffattn/nn.h"
-#include "diffattn/runtime.h"
+#include "diffattn/kernels/runtime.h"
+#include "diffattn/nn/layers.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace diffattn::nn::HWY_NAMESPACE {

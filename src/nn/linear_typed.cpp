@@ -1,6 +1,6 @@
 // Bias addition for the layers whose checkpoints carry biases (Hugging Face attention_bias and
 // mlp_bias); the typed-weight products themselves are in linear_lowp.cpp.
-#include "diffattn/nn.h"
+#include "diffattn/nn/layers.h"
 
 namespace diffattn::nn {
 

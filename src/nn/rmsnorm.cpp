@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "diffattn/nn.h"
+#include "diffattn/nn/layers.h"
 
 namespace diffattn::nn {
 

@@ -2,7 +2,7 @@
 // Element-wise, so rows run in parallel without any reduction.
 #include <cmath>
 
-#include "diffattn/nn.h"
+#include "diffattn/nn/layers.h"
 #include "nn/fastmath.h"
 
 namespace diffattn::nn {

@@ -33,8 +33,9 @@
 #include <thread>
 #include <vector>
 
-#include "diffattn/error.h"
-#include "diffattn/model.h"
+#include "diffattn/base/error.h"
+#include "diffattn/model/model.h"
+#include "diffattn/model/sampler.h"
 
 namespace diffattn::serve {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "diffattn/error.h"
+#include "diffattn/base/error.h"
 
 namespace diffattn::serve {
 

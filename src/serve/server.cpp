@@ -15,10 +15,11 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "diffattn/data.h"
-#include "diffattn/files.h"
-#include "diffattn/hf_tokenizer.h"
-#include "diffattn/train.h"
+#include "diffattn/base/files.h"
+#include "diffattn/data/data.h"
+#include "diffattn/data/hf_tokenizer.h"
+#include "diffattn/train/train.h"
+#include "diffattn/model/checkpoint.h"
 #include "http/http_server.h"
 
 namespace diffattn::serve {

@@ -9,7 +9,8 @@
 
 #include "base/json_util.h"
 
-#include "diffattn/train.h"
+#include "diffattn/train/train.h"
+#include "diffattn/base/files.h"
 
 namespace diffattn::data {
 

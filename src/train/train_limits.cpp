@@ -4,8 +4,8 @@
 // names it instead of a wrapped size (a buffer overrun) or a bare std::bad_alloc.
 #include <string>
 
-#include "diffattn/runtime.h"
-#include "diffattn/train.h"
+#include "diffattn/base/memory.h"
+#include "diffattn/train/train.h"
 
 namespace diffattn::data {
 

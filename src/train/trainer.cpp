@@ -17,8 +17,10 @@
 #include <set>
 #include <sstream>
 
-#include "diffattn/train.h"
 #include "base/json_util.h"
+#include "diffattn/train/train.h"
+#include "diffattn/base/files.h"
+#include "diffattn/model/checkpoint.h"
 
 namespace diffattn::data {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "diffattn/viz.h"
+#include "diffattn/viz/viz.h"
 
 namespace diffattn::viz {
 

@@ -1,10 +1,10 @@
 // Image and array files: PNG encoding with zlib (8-bit RGB, filter "none" per row) and NumPy
-// .npy format 1.0, both written atomically (include/diffattn/files.h).
+// .npy format 1.0, both written atomically (include/diffattn/base/files.h).
 #include <zlib.h>
 
 #include <cstring>
 
-#include "diffattn/viz.h"
+#include "diffattn/viz/viz.h"
 
 namespace diffattn::viz {
 

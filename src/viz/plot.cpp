@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "diffattn/viz.h"
+#include "diffattn/viz/viz.h"
 
 namespace diffattn::viz {
 

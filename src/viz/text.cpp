@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <utility>
 
-#include "diffattn/viz.h"
+#include "diffattn/viz/viz.h"
 
 namespace diffattn::viz {
 

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <vector>
 
-#include "diffattn/attention.h"
+#include "diffattn/kernels/attention.h"
 #include "kernels/indexing.h"
 
 namespace diffattn::testing {

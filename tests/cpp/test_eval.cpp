@@ -8,11 +8,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "diffattn/accounting.h"
-#include "diffattn/exercises.h"
-#include "diffattn/explorer.h"
-#include "diffattn/kway.h"
-#include "diffattn/snr.h"
+#include "diffattn/eval/accounting.h"
+#include "diffattn/eval/exercises.h"
+#include "diffattn/eval/snr.h"
+#include "diffattn/explorer/explorer.h"
+#include "diffattn/kernels/kway.h"
+#include "diffattn/base/files.h"
 #include "testing.h"
 
 namespace diffattn {

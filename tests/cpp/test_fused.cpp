@@ -9,8 +9,8 @@
 #include <limits>
 #include <string>
 
-#include "diffattn/attention.h"
-#include "diffattn/runtime.h"
+#include "diffattn/kernels/attention.h"
+#include "diffattn/kernels/runtime.h"
 #include "naive32.h"
 #include "testing.h"
 

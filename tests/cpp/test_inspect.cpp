@@ -7,9 +7,9 @@
 #include <random>
 #include <set>
 
-#include "diffattn/experiment.h"
-#include "diffattn/inspect.h"
-#include "diffattn/retrieval.h"
+#include "diffattn/data/retrieval.h"
+#include "diffattn/eval/experiment.h"
+#include "diffattn/eval/inspect.h"
 
 namespace diffattn {
 namespace {

@@ -10,11 +10,11 @@
 #include <random>
 #include <vector>
 
-#include "diffattn/dtype.h"
+#include "diffattn/base/dtype.h"
+#include "diffattn/base/error.h"
+#include "diffattn/kernels/runtime.h"
+#include "diffattn/nn/layers.h"
 #include "hwy/targets.h"
-#include "diffattn/error.h"
-#include "diffattn/nn.h"
-#include "diffattn/runtime.h"
 #include "testing.h"
 
 namespace diffattn {

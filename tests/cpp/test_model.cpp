@@ -12,8 +12,13 @@
 #include <map>
 #include <random>
 
-#include "diffattn/model.h"
-#include "diffattn/runtime.h"
+#include "diffattn/kernels/runtime.h"
+#include "diffattn/model/checkpoint.h"
+#include "diffattn/model/config.h"
+#include "diffattn/model/model.h"
+#include "diffattn/model/optimizer.h"
+#include "diffattn/model/safetensors.h"
+#include "diffattn/model/sampler.h"
 
 namespace diffattn {
 namespace {

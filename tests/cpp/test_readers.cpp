@@ -18,10 +18,13 @@
 #include <map>
 #include <string>
 
-#include "diffattn/train.h"
-#include "diffattn/files.h"
-#include "diffattn/model.h"
-#include "diffattn/runtime.h"
+#include "diffattn/base/files.h"
+#include "diffattn/base/memory.h"
+#include "diffattn/model/checkpoint.h"
+#include "diffattn/model/config.h"
+#include "diffattn/model/model.h"
+#include "diffattn/model/safetensors.h"
+#include "diffattn/train/train.h"
 
 namespace diffattn {
 namespace {

@@ -7,8 +7,8 @@
 #include <functional>
 #include <string>
 
-#include "diffattn/attention.h"
-#include "diffattn/textbook.h"
+#include "diffattn/eval/textbook.h"
+#include "diffattn/kernels/attention.h"
 #include "testing.h"
 
 namespace diffattn {
@@ -18,7 +18,7 @@ using testing::Problem;
 
 constexpr int T = textbook::kTokens;
 
-// The textbook's numbers (Chapter 14.15, include/diffattn/textbook.h), 4 decimals.
+// The textbook's numbers (Chapter 14.15, include/diffattn/eval/textbook.h), 4 decimals.
 constexpr float kA1[T][T] = {{0.1237f, 0.2509f, 0.2509f, 0.1237f, 0.2509f},
                              {0.3664f, 0.0891f, 0.3664f, 0.0891f, 0.0891f},
                              {0.1811f, 0.1811f, 0.3673f, 0.0893f, 0.1811f},

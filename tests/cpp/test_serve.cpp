@@ -13,7 +13,7 @@
 #include <sstream>
 #include <thread>
 
-#include "diffattn/train.h"
+#include "diffattn/train/train.h"
 #include "serve/engine.h"
 #include "serve/openai.h"
 

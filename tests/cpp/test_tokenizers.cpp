@@ -11,8 +11,8 @@
 #include <sys/stat.h>
 #include <vector>
 
-#include "diffattn/error.h"
-#include "diffattn/hf_tokenizer.h"
+#include "diffattn/base/error.h"
+#include "diffattn/data/hf_tokenizer.h"
 
 namespace diffattn {
 namespace {

@@ -12,7 +12,7 @@
 #include <sstream>
 #include <string>
 
-#include "diffattn/viz.h"
+#include "diffattn/viz/viz.h"
 
 namespace diffattn::viz {
 namespace {

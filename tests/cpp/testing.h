@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "diffattn/attention.h"
+#include "diffattn/kernels/attention.h"
 
 namespace diffattn::testing {
 

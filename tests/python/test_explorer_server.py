@@ -1,7 +1,7 @@
 """The explorer's HTTP server under misbehaving clients (`diffattn explore`, src/explorer/server.cpp):
 keep-alive responses are not held back by Nagle's algorithm, clients that trickle bytes or open
 too many connections cannot stop the page from answering, a second server on a used port fails.
-The limits are read from include/diffattn/explorer.h, so the tests follow them.
+The limits are read from include/diffattn/explorer/explorer.h, so the tests follow them.
 
 Run as a script, the file measures instead (report numbers with the command):
     python3 tests/python/test_explorer_server.py [BINARY]
@@ -26,7 +26,7 @@ BINARY = os.path.join(ROOT, "build", "diffattn")
 
 
 def limit(name):
-    with open(os.path.join(ROOT, "include", "diffattn", "explorer.h")) as f:
+    with open(os.path.join(ROOT, "include", "diffattn", "explorer", "explorer.h")) as f:
         m = re.search(r"\b" + name + r" = ([0-9 *<]+);", f.read())
     assert m, name + " is not in explorer.h"
     return int(eval(m.group(1)))  # digits, *, << only

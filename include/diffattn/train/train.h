@@ -7,8 +7,12 @@
 #include <string>
 #include <vector>
 
-#include "diffattn/data.h"
-#include "diffattn/model.h"
+#include "diffattn/data/data.h"
+#include "diffattn/model/config.h"
+#include "diffattn/model/model.h"
+#include "diffattn/model/optimizer.h"
+#include "diffattn/model/safetensors.h"
+#include "diffattn/model/sampler.h"
 
 namespace diffattn::data {
 

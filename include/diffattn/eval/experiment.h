@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "diffattn/train.h"
-#include "diffattn/inspect.h"
-#include "diffattn/retrieval.h"
+#include "diffattn/data/retrieval.h"
+#include "diffattn/eval/inspect.h"
+#include "diffattn/train/train.h"
 
 namespace diffattn {
 

@@ -1,17 +1,11 @@
-// Process-wide settings of the library: the number of threads its kernels use, and the
-// machine's memory (what sizes read from outside input are checked against).
-// DIFFATTN_NUM_THREADS in the environment sets the starting value (default: every hardware
-// thread OpenMP sees); set_num_threads changes it; the CLI's --threads N calls it.
+// The machine's memory: what sizes read from outside input (files, flags, tensors) are
+// checked against before an allocation.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 namespace diffattn {
-
-int num_threads();
-// n >= 1; throws InvalidArgument otherwise. Layers that call BLAS follow this value too.
-void set_num_threads(int n);
 
 // Physical memory of this machine in bytes (0 if the system does not say).
 int64_t memory_bytes();

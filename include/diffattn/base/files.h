@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "diffattn/error.h"
+#include "diffattn/base/error.h"
 
 namespace diffattn {
 

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "diffattn/error.h"
-#include "diffattn/model.h"
+#include "diffattn/base/error.h"
+#include "diffattn/model/config.h"
 
 namespace diffattn {
 

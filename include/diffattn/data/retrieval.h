@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "diffattn/data.h"
+#include "diffattn/data/data.h"
 
 namespace diffattn::data {
 

@@ -10,9 +10,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "diffattn/dtype.h"
+#include "diffattn/base/dtype.h"
 
-#include "diffattn/attention.h"
+#include "diffattn/kernels/attention.h"
 
 namespace diffattn::nn {
 

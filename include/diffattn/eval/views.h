@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "diffattn/attention.h"
+#include "diffattn/kernels/attention.h"
 
 namespace diffattn {
 
@@ -28,7 +28,7 @@ struct AttentionViews {
   std::vector<float> out_diff, out_standard;  // (T, Dv) the operators' outputs
 };
 
-// The textbook's worked example (include/diffattn/textbook.h) at any lambda, mode and mask.
+// The textbook's worked example (include/diffattn/eval/textbook.h) at any lambda, mode and mask.
 AttentionViews textbook_views(float lambda, DiffMode mode, bool causal);
 
 // A seeded random head: T tokens named t0..t{T-1}, q and k (T, 2, D) and v (T, 2D) drawn from

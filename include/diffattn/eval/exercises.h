@@ -1,11 +1,11 @@
 // The textbook's exercises (seed 000, Chapter 14.15) answered by the library on its worked
-// example ("The cat sat on mat", include/diffattn/textbook.h).
+// example ("The cat sat on mat", include/diffattn/eval/textbook.h).
 #pragma once
 
 #include <string>
 #include <vector>
 
-#include "diffattn/views.h"
+#include "diffattn/eval/views.h"
 
 namespace diffattn {
 
@@ -50,7 +50,7 @@ Exercise4 exercise4();
 
 }  // namespace diffattn
 
-#include "diffattn/accounting.h"
+#include "diffattn/eval/accounting.h"
 
 namespace diffattn {
 

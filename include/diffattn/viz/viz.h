@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "diffattn/error.h"
-#include "diffattn/files.h"
+#include "diffattn/base/error.h"
+#include "diffattn/base/files.h"
 
 namespace diffattn::viz {
 
@@ -141,7 +141,7 @@ std::vector<double> nice_ticks(double lo, double hi, int target = 6);
 
 // ---- files ----
 
-// Atomic writes and directories: include/diffattn/files.h.
+// Atomic writes and directories: include/diffattn/base/files.h.
 using diffattn::make_dirs;
 using diffattn::write_file_atomic;
 // The PNG encoding of a canvas (8-bit RGB, zlib), and writing it.

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "diffattn/model.h"
+#include "diffattn/model/model.h"
 
 namespace diffattn::data {
 

@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "diffattn/attention.h"
-#include "diffattn/dtype.h"
+#include "diffattn/base/dtype.h"
+#include "diffattn/kernels/attention.h"
 
 namespace diffattn::nn {
 

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <string>
 
-#include "diffattn/dtype.h"
-#include "diffattn/error.h"
+#include "diffattn/base/dtype.h"
+#include "diffattn/base/error.h"
 
 namespace diffattn {
 

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "diffattn/model.h"
-#include "diffattn/retrieval.h"
-#include "diffattn/views.h"
+#include "diffattn/data/retrieval.h"
+#include "diffattn/eval/views.h"
+#include "diffattn/model/model.h"
 
 namespace diffattn {
 

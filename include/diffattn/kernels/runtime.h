@@ -1,0 +1,12 @@
+// The number of threads the library's kernels use (process-wide).
+// DIFFATTN_NUM_THREADS in the environment sets the starting value (default: every hardware
+// thread OpenMP sees); set_num_threads changes it; the CLI's --threads N calls it.
+#pragma once
+
+namespace diffattn {
+
+int num_threads();
+// n >= 1; throws InvalidArgument otherwise. Layers that call BLAS follow this value too.
+void set_num_threads(int n);
+
+}  // namespace diffattn

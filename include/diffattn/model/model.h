@@ -1,0 +1,178 @@
+// The Differential Transformer language model of docs/FORMAT.md ("diffattn/1"): its weights in
+// one flat buffer laid out by the tensor table (or kept as loaded, WeightStore), the
+// forward/backward over a batch and KV-cache inference. Its description: config.h; files:
+// checkpoint.h and safetensors.h; training: optimizer.h; generation: sampler.h.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "diffattn/base/dtype.h"
+#include "diffattn/kernels/attention.h"
+#include "diffattn/model/config.h"
+#include "diffattn/nn/attention_layer.h"
+
+namespace diffattn {
+
+// A layer's tensors as indices into tensor_table (-1: absent for this config).
+struct LayerTensors {
+  int64_t attn_norm = -1, proj = -1, proj_bias = -1, out_proj = -1, out_bias = -1;
+  int64_t lambda_q1 = -1, lambda_k1 = -1, lambda_q2 = -1, lambda_k2 = -1, subln = -1;
+  int64_t ffn_norm = -1, gate = -1, up = -1, gate_bias = -1, up_bias = -1, down = -1,
+          down_bias = -1;
+};
+
+// Weights kept as loaded instead of in Model::params: one typed view per tensor_table entry
+// (BF16 and F16 matrices stay so; the small vectors are float32), and whatever keeps the memory
+// alive (memory-mapped files, converted copies). Read only; models built on one share it.
+struct WeightStore {
+  virtual ~WeightStore() = default;
+  std::vector<TypedPtr> tensors;
+  std::string description;  // what `diffattn info` shows, e.g. "Hugging Face diffllama, BF16"
+};
+
+class Model {
+ public:
+  // A trainable model: float32 weights and gradients in params / grads.
+  explicit Model(const ModelConfig& cfg);
+  // An inference model over weights kept as loaded (no params, no grads; backward() refuses).
+  Model(const ModelConfig& cfg, std::shared_ptr<const WeightStore> store);
+
+  const ModelConfig& config() const { return cfg_; }
+  // False for a model over a WeightStore.
+  bool trainable() const { return store_ == nullptr; }
+  // Where the weights live: "float32" or the store's description.
+  std::string storage() const;
+  // A tensor in its stored type, and a float32 copy of it.
+  TypedPtr weight(const std::string& name) const;
+  std::vector<float> weight_f32(const std::string& name) const;
+  const std::vector<TensorInfo>& tensors() const { return table_; }
+  const TensorInfo& tensor(const std::string& name) const;  // throws naming the tensor
+  int64_t num_params() const;
+
+  // Seeded initialisation: linear weights and embeddings N(0, 0.02), norms 1, V1 lambda
+  // vectors N(0, 0.1) (the upstream code's convention). Same seed, same weights.
+  void init_weights(uint64_t seed);
+
+  // Forward over tokens (B, T). With targets (B, T) returns the mean cross-entropy over the
+  // positions whose target is >= 0; without, 0. Logits stay in logits() (B, T, V).
+  double forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T);
+  // After forward with targets: grads += d(dloss_scale * mean loss)/dparams.
+  void backward(float dloss_scale = 1.0f);
+  void zero_grads();
+  const std::vector<float>& logits() const { return logits_; }
+
+  // Per-layer lambda: V1 the layer's scalar (Eq. 2); V2 the mean of sigmoid(lambda_proj x) over
+  // the last forward's tokens and heads (NaN before any forward); standard: empty.
+  std::vector<double> layer_lambdas() const;
+
+  // One attention layer as the last forward() ran it, for looking inside (maps, analysis):
+  // `params` views q and k after RoPE, v, lambda (V1: (H) broadcast; V2: (B, T, H)), the output
+  // and the saved lse, so attention_probs(params, map, probs) recomputes the maps; nothing is
+  // copied and the forward is unchanged (it keeps no T x T buffer). Valid until the next
+  // forward; throws before any forward (infer() does not count: it saves no lse).
+  struct LayerAttention {
+    AttnBwdParams params;  // the forward's outputs read only
+    nn::AttnLayerShape shape;
+  };
+  LayerAttention layer_attention(int64_t layer) const;
+  // (B, T) of the last forward(); (0, 0) before any.
+  int64_t last_batch() const { return B_; }
+  int64_t last_len() const { return T_; }
+
+  // ---- inference with a KV cache ----
+  // The caches of every layer for B sequences of up to `capacity` positions (at most
+  // max_seq_len), stored as kv_dtype (F32, or BF16/F16: half the bytes, rounded once when
+  // written, read with float32 arithmetic).
+  void cache_reset(int64_t B, int64_t capacity, DType kv_dtype = DType::F32);
+  int64_t cache_len() const;
+  // Appends tokens (B, Tn) at the cache's end and writes the logits of each sequence's last new
+  // position into logits_last (B, V). Tn > 1 is a prefill, Tn == 1 a decode step.
+  void infer(const int32_t* tokens, int64_t B, int64_t Tn, float* logits_last);
+  // Exchanges the model's per-layer caches with `caches` (O(1)): a server keeps one set per
+  // sequence and swaps it in around that sequence's infer() calls (src/serve/engine.cpp).
+  void cache_swap(std::vector<nn::KVCache>& caches) { caches_.swap(caches); }
+  // One decode step for B sequences of different lengths, each with its own per-layer caches
+  // (caches[b]: n_layers KVCaches of batch 1, as cache_reset(1, .) + cache_swap make them):
+  // tokens (B) are appended at each sequence's own position and logits (B, V) written. Every
+  // matrix product (attention projections, FFN, output head) runs once over the B rows, so each
+  // weight is read once per step; RoPE at each sequence's position, the cache append and the
+  // decode attention run per sequence (nn::attn_layer_decode_rows).
+  // Each row's logits equal infer() on that sequence alone up to the order of the sums in the
+  // batched products.
+  void infer_rows(const int32_t* tokens, int64_t B, std::vector<nn::KVCache>* const* caches,
+                  float* logits);
+
+  std::vector<float> params;  // flat, laid out by tensors()
+  std::vector<float> grads;   // same layout
+
+ private:
+  // What one layer's forward keeps for the backward (N = B*T rows).
+  struct LayerActs {
+    std::vector<float> x_in;      // (N, C) the residual stream entering the layer
+    std::vector<float> an;        // (N, C) rmsnorm(x_in, attn_norm)
+    std::vector<float> an_rstd;   // (N)
+    std::vector<float> x_mid;     // (N, C) x_in + attn(an)
+    std::vector<float> fn;        // (N, C) rmsnorm(x_mid, ffn_norm)
+    std::vector<float> fn_rstd;   // (N)
+    std::vector<float> gu;        // (N, 2F) [gate_proj fn | up_proj fn]
+    std::vector<float> h;         // (N, F) silu(gate) * up
+    std::vector<float> attn_out;  // (N, C) scratch: the attention, then the FFN branch output
+    nn::AttnLayerActs attn;
+  };
+  // One decoder layer, the body training and KV-cache inference share: x_out = x_mid +
+  // down(silu(gate f) * up f), f = rmsnorm(x_mid), x_mid = x_in + attn(rmsnorm(x_in)). a's
+  // buffers are resized (no allocation once large enough); with save, a keeps what backward()
+  // reads. x_out may be x_in (inference updates the stream in place).
+  void layer_fwd(int64_t l, LayerActs& a, const float* x_in, float* x_out, int64_t B, int64_t T,
+                 const float* cos_t, const float* sin_t, nn::KVCache* cache, bool save);
+  // The FFN half of layer_fwd over BT rows: from a.x_mid to x_out.
+  void ffn_fwd(int64_t l, LayerActs& a, float* x_out, int64_t BT);
+  nn::AttnLayerWeights attn_weights(int64_t l) const;
+  nn::AttnLayerGrads attn_grads(int64_t l);
+  void rope_for(int64_t pos0, int64_t T);
+  void require_trainable(const char* what) const;
+  // Tensor i of the table: in its stored type, as float32 (throws if stored otherwise), and
+  // its offset in params / grads (trainable models).
+  TypedPtr wt(int64_t i) const;
+  const float* wf(int64_t i) const { return i < 0 ? nullptr : wt(i).f32(); }
+  int64_t off(int64_t i) const { return table_[static_cast<size_t>(i)].offset; }
+  void index_tensors();
+
+  ModelConfig cfg_;
+  std::vector<TensorInfo> table_;
+  std::map<std::string, size_t> index_;
+  std::vector<LayerTensors> lt_;
+  int64_t embed_ = 0, norm_ = 0, head_ = 0;  // tensor indices
+  std::shared_ptr<const WeightStore> store_;
+  std::vector<double> inv_freq_;  // RoPE frequencies (D/2), scaled per cfg_.rope_scaling
+
+  // training activations
+  int64_t B_ = 0, T_ = 0;
+  std::vector<int32_t> tokens_, targets_;
+  std::vector<LayerActs> acts_;
+  std::vector<float> x_final_, nf_;      // (N, C) the last layer's output, rmsnorm(., norm)
+  std::vector<float> nf_rstd_, lse_, losses_;  // (N)
+  std::vector<float> logits_;             // (N, V)
+  int64_t counted_ = 0;
+  std::vector<float> cos_, sin_;
+  int64_t rope_pos0_ = -1, rope_T_ = -1;
+  nn::AttnLayerScratch scratch_;
+  std::vector<float> dx_, dbuf_;  // (N, C) gradient of the residual stream; scratch
+  std::vector<float> dbig_, dgu_;  // (N, F), (N, 2F)
+  std::vector<float> dlogits_;     // (N, V)
+  // inference
+  std::vector<nn::KVCache> caches_;
+  // infer()'s buffers, reused by every layer and every call: after the prefill, decoding a
+  // token allocates nothing here.
+  struct InferScratch {
+    LayerActs layer;
+    std::vector<float> x, cos, sin, last, normed, rstd;
+    nn::AttnLayerActs row_attn;  // infer_rows: one sequence's attention layer
+  } infer_;
+};
+
+}  // namespace diffattn

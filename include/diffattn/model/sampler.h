@@ -1,0 +1,29 @@
+// Sampling the next token from logits: greedy, temperature, top-k, top-p, seeded by the
+// project's one generator (include/diffattn/base/rng.h), so a seed names the same tokens on
+// every standard library.
+#pragma once
+
+#include <cstdint>
+
+#include "diffattn/base/rng.h"
+
+namespace diffattn {
+
+struct SamplerOptions {
+  double temperature = 1.0;  // 0: greedy (argmax)
+  int64_t top_k = 0;         // 0: no limit
+  double top_p = 1.0;        // nucleus: smallest set with probability >= top_p
+  uint64_t seed = 0;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplerOptions& o);
+  int32_t sample(const float* logits, int64_t V);
+
+ private:
+  SamplerOptions o_;
+  Rng rng_;
+};
+
+}  // namespace diffattn
