@@ -13,6 +13,8 @@ import struct
 import numpy as np
 import torch
 
+import hf_reference
+
 # ---------------------------------------------------------------- safetensors
 
 _DTYPES = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (None, 2)}
@@ -20,7 +22,7 @@ _DTYPES = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (None, 2)}
 
 def write_safetensors(path, tensors, metadata=None, dtype="F32"):
     """tensors: {name: array-like}; written in sorted name order as F32 (or F16/BF16)."""
-    header, blobs, off = {}, [], 0
+    entries = []
     for name in sorted(tensors):
         a = np.ascontiguousarray(np.asarray(tensors[name], dtype=np.float32))
         if dtype == "F32":
@@ -31,18 +33,8 @@ def write_safetensors(path, tensors, metadata=None, dtype="F32"):
             raw = (a.astype("<f4").view("<u4") >> 16).astype("<u2").tobytes()  # truncation
         else:
             raise ValueError(dtype)
-        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    if metadata:
-        header["__metadata__"] = metadata
-    h = json.dumps(header).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
+        entries.append((name, dtype, a.shape, raw))
+    hf_reference.write_safetensors_raw(path, entries, metadata)
 
 
 def read_safetensors(path):
