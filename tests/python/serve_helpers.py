@@ -2,12 +2,8 @@
 printable ASCII (so served text and `diffattn generate`'s output compare as strings), and a server
 process on a free loopback port."""
 
-import json
-import os
 import subprocess
-import time
 
-import numpy as np
 
 import model_helpers as mh
 import torch_model as tm
@@ -24,22 +20,12 @@ def write_ascii_model(path, kind="diff_v1", seed=0, max_seq_len=256, d_model=48,
            "ffn_dim": ffn_dim,
            "max_seq_len": max_seq_len, "rope_theta": 10000.0, "norm_eps": 1e-5,
            "tie_embeddings": False}
-    rng = np.random.default_rng(seed)
-    w = {}
-    for name, shape in mh.tensor_shapes(cfg).items():
-        if name.endswith("norm.weight") or "subln" in name:
-            w[name] = 1.0 + 0.3 * rng.standard_normal(shape)
-        else:
-            w[name] = (0.3 if "lambda_" in name else 0.1) * rng.standard_normal(shape)
+    w = tm.random_weights(cfg, seed, std=0.1, lam_std=0.3, gain_std=0.3)
     head = w["lm_head.weight"]
     head[:32] = 0
     head[127:] = 0
     head[32:127] *= 10  # decisive margins: argmax does not hinge on rounding
-    os.makedirs(path, exist_ok=True)
-    tm.write_safetensors(os.path.join(path, "model.safetensors"), w)
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(cfg, f)
-    return str(path)
+    return tm.save_model_dir(path, cfg, w)
 
 
 # Meta-Llama-3-8B-Instruct's chat_template (tokenizer_config.json), for when the real file is not

@@ -4,7 +4,6 @@ into o_proj; llama3 RoPE scaling, biases, GQA, tied embeddings, BF16 and shards 
 round trips are exact, and what DiffLlama cannot express is refused with the reason."""
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -16,17 +15,7 @@ import torch_model as tm
 
 def write_model(path, cfg, seed=0):
     """Random weights (norms and subln away from 1, so a dropped or unfolded weight shows)."""
-    rng = np.random.default_rng(seed)
-    w = {}
-    for name, shape in mh.tensor_shapes(cfg).items():
-        if name.endswith("norm.weight") or "subln" in name:
-            w[name] = 1.0 + 0.3 * rng.standard_normal(shape)
-        else:
-            w[name] = (0.3 if "lambda_" in name or "bias" in name else 0.08) * rng.standard_normal(shape)
-    os.makedirs(path, exist_ok=True)
-    tm.write_safetensors(os.path.join(path, "model.safetensors"), w)
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(cfg, f)
+    tm.save_model_dir(path, cfg, tm.random_weights(cfg, seed, std=0.08, lam_std=0.3, gain_std=0.3, bias_std=0.3))
     return path
 
 

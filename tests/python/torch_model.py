@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 import hf_reference
+import model_helpers
 
 # ---------------------------------------------------------------- safetensors
 
@@ -71,61 +72,38 @@ def lambda_init_of(cfg, layer):
 
 
 def tensor_shapes(cfg):
-    """FORMAT.md's tensor table for a config: {name: shape}."""
-    C, V, F = cfg["d_model"], cfg["vocab_size"], cfg["ffn_dim"]
-    H, G, D = cfg["n_heads"], cfg["n_kv_heads"], cfg["head_dim"]
-    kind = cfg["attention"]
-    s = {"embed_tokens.weight": (V, C), "norm.weight": (C,)}
-    if not cfg["tie_embeddings"]:
-        s["lm_head.weight"] = (V, C)
-    for l in range(cfg["n_layers"]):
-        p = f"layers.{l}."
-        s[p + "attn_norm.weight"] = (C,)
-        s[p + "ffn_norm.weight"] = (C,)
-        s[p + "ffn.gate_proj.weight"] = (F, C)
-        s[p + "ffn.up_proj.weight"] = (F, C)
-        s[p + "ffn.down_proj.weight"] = (C, F)
-        if kind == "diff_v1":
-            s[p + "attn.q_proj.weight"] = (2 * H * D, C)
-            s[p + "attn.k_proj.weight"] = (2 * G * D, C)
-            s[p + "attn.v_proj.weight"] = (G * 2 * D, C)
-            s[p + "attn.out_proj.weight"] = (C, H * 2 * D)
-            for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
-                s[p + "attn." + n] = (D,)
-            s[p + "attn.subln.weight"] = (2 * D,)
-        elif kind == "diff_v2":
-            s[p + "attn.q_proj.weight"] = (2 * H * D, C)
-            s[p + "attn.k_proj.weight"] = (G * D, C)
-            s[p + "attn.v_proj.weight"] = (G * D, C)
-            s[p + "attn.out_proj.weight"] = (C, H * D)
-            s[p + "attn.lambda_proj.weight"] = (H, C)
-        else:
-            s[p + "attn.q_proj.weight"] = (H * D, C)
-            s[p + "attn.k_proj.weight"] = (G * D, C)
-            s[p + "attn.v_proj.weight"] = (G * D, C)
-            s[p + "attn.out_proj.weight"] = (C, H * D)
-    return s
+    """{name: shape} of docs/FORMAT.md's tensors for a config dict (model_helpers.tensor_shapes)."""
+    return model_helpers.tensor_shapes(cfg)
 
 
-def random_weights(cfg, seed, lam_std=0.1):
-    """Random weights for tests: N(0, 0.1)-ish projections, gains near 1."""
+def random_weights(cfg, seed, std=0.1, lam_std=0.1, gain_std=0.1, bias_std=None):
+    """Seeded random weights for every tensor of cfg: norms and V1's subln 1 + gain_std N(0, 1)
+    (away from 1, so a dropped weight shows), V1's lambda vectors lam_std N(0, 1), biases
+    bias_std (default std) N(0, 1), the matrices std N(0, 1)."""
     g = np.random.default_rng(seed)
     w = {}
     for name, shape in tensor_shapes(cfg).items():
         if name.endswith("norm.weight") or name.endswith("subln.weight"):
-            w[name] = (1.0 + 0.1 * g.standard_normal(shape)).astype(np.float32)
-        elif ".attn.lambda_" in name and "lambda_proj" not in name:
-            w[name] = (lam_std * g.standard_normal(shape)).astype(np.float32)
+            s = gain_std
+            w[name] = (1.0 + s * g.standard_normal(shape)).astype(np.float32)
+            continue
+        if ".attn.lambda_" in name and "lambda_proj" not in name:
+            s = lam_std
+        elif name.endswith(".bias") and bias_std is not None:
+            s = bias_std
         else:
-            w[name] = (0.1 * g.standard_normal(shape)).astype(np.float32)
+            s = std
+        w[name] = (s * g.standard_normal(shape)).astype(np.float32)
     return w
 
 
 def save_model_dir(path, cfg, weights, dtype="F32"):
+    """A model directory: config.json and model.safetensors. Returns the path as a str."""
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
     write_safetensors(os.path.join(path, "model.safetensors"), weights, dtype=dtype)
+    return str(path)
 
 
 def _rmsnorm(x, w, eps):
