@@ -11,6 +11,7 @@
 #include <string>
 
 #include "bench/cases/attn_case.h"
+#include "bench/cases/bench_cases.h"
 #include "bench/cases/naive32.h"
 #include "diffattn/attention.h"
 #include "diffattn/runtime.h"
@@ -395,6 +396,101 @@ TEST(FusedDispatch, BackendNamesAndSimdTarget) {
   EXPECT_EQ(resolve_backend(Backend::Fused), Backend::Fused);
   const std::string target = fused_simd_target();
   EXPECT_FALSE(target.empty());
+}
+
+// ---- the case itself: what `diffattn bench` reports and the rules the tests above use ----
+
+AttnCase catalogue_case(const std::vector<AttnCase>& cases, const std::string& name) {
+  for (const AttnCase& c : cases) {
+    if (c.name == name) return c;
+  }
+  ADD_FAILURE() << "no case " << name << " in the catalogue";
+  return cases.front();
+}
+
+TEST(AttnCase, FlopsAndBytesAreTheKernelsCounts) {
+  // The default V1 row of `diffattn bench`: causal, 4096 x 4096, 4 pairs of D=64, Dv=128.
+  const AttnCase c{"v1", 2, 1, 4096, 4096, 4, 4, 64, 128, false, false, true};
+  const double pairs = 4096.0 * 4097.0 / 2;  // query i sees keys 0..i
+  EXPECT_DOUBLE_EQ(c.fwd_flops(), pairs * 4 * 2 * 2 * (64 + 128));
+  EXPECT_DOUBLE_EQ(c.bwd_flops(), 2.5 * c.fwd_flops());
+  const bench::Tensors t(c, 1, /*with_grads=*/false);
+  EXPECT_DOUBLE_EQ(c.fwd_flops(), attention_fwd_flops(t.p));
+  EXPECT_EQ(c.str(), "B=1 H=4 G=4 Tq=4096 Tk=4096 D=64 Dv=128 V1");
+  // Decode: K (2G heads of D) and V (G heads of Dv) once, 4 bytes each; half in 16 bits.
+  AttnCase d = c.with_lengths(1, 32768);
+  EXPECT_DOUBLE_EQ(d.kv_bytes(), 4.0 * 32768 * (8 * 64 + 4 * 128));
+  d.kv_dtype = DType::BF16;
+  EXPECT_DOUBLE_EQ(d.kv_bytes(), 2.0 * 32768 * (8 * 64 + 4 * 128));
+  // The peers: standard of equal parameters (2H heads of D, 2G groups) and V2 of that size.
+  const AttnCase s = bench::standard_equivalent(c), v2 = bench::v2_equivalent(c);
+  EXPECT_EQ(s.str(), "B=1 H=8 G=8 Tq=4096 Tk=4096 D=64 Dv=64");
+  EXPECT_EQ(v2.str(), "B=1 H=8 G=8 Tq=4096 Tk=4096 D=64 Dv=64 V2");
+  EXPECT_DOUBLE_EQ(v2.fwd_flops(), 2 * s.fwd_flops());
+  EXPECT_DOUBLE_EQ(v2.with_lengths(1, 100).kv_bytes(), s.with_lengths(1, 100).kv_bytes());
+}
+
+TEST(AttnCase, SeededInputsRepeatAndLambdaStaysInItsRange) {
+  const AttnCase c = catalogue_case(bench::fused_test_cases(), "lambda_outside_unit");  // [-0.9, 1.8]
+  const bench::CaseInputs a = bench::make_inputs(c, 5), b = bench::make_inputs(c, 5),
+                          other = bench::make_inputs(c, 6);
+  EXPECT_EQ(a.q, b.q);
+  EXPECT_EQ(a.lam, b.lam);
+  EXPECT_NE(a.q, other.q);
+  ASSERT_EQ(a.lam.size(), static_cast<size_t>(c.B * c.Tq * c.H));
+  bool below0 = false, above1 = false;
+  for (float x : a.lam) {
+    EXPECT_TRUE(x >= -0.9f && x <= 1.8f) << x;
+    below0 |= x < 0, above1 |= x > 1;
+  }
+  EXPECT_TRUE(below0 && above1);
+}
+
+TEST(AttnCase, RulesRejectWhatTheyShould) {
+  const std::vector<float> truth{1.0f, -2.0f, 0.5f}, naive{1.0f + 1e-6f, -2.0f, 0.5f};
+  // bound = 8 * 1e-6 (naive error, as float) + 32 eps * 2 (scale)
+  const double bound = 8.0 * std::abs(static_cast<double>(naive[0]) - 1.0) + 32 * bench::kEps32 * 2;
+  EXPECT_TRUE(bench::compare("x", truth, truth, naive).ok());
+  bench::Comparison inside = bench::compare("x", {1.0f, -2.0f, 0.5f + 7e-6f}, truth, naive);
+  EXPECT_TRUE(inside.ok()) << inside.str();
+  EXPECT_DOUBLE_EQ(inside.bound, bound);
+  EXPECT_EQ(inside.worst, 2);
+  EXPECT_FALSE(bench::compare("x", {1.0f, -2.0f, 0.5f + 2e-5f}, truth, naive).ok());
+  EXPECT_FALSE(bench::compare("x", {NAN, -2.0f, 0.5f}, truth, naive).ok());
+  EXPECT_FALSE(bench::compare("x", {1.0f, -2.0f}, truth, naive).ok());  // sizes differ
+  // The scale floor widens the bound where the values cancel.
+  EXPECT_FALSE(bench::compare("x", {1e-6f}, {0.0f}, {0.0f}).ok());
+  EXPECT_TRUE(bench::compare("x", {1e-6f}, {0.0f}, {0.0f}, 1000.0).ok());
+  // lse: +inf exactly where the reference has it; otherwise 64 eps (1 + |lse|).
+  const std::vector<float> lse{INFINITY, 3.0f};
+  EXPECT_TRUE(bench::compare_lse(lse, lse).ok());
+  EXPECT_FALSE(bench::compare_lse({3.0f, 3.0f}, lse).ok());
+  EXPECT_FALSE(bench::compare_lse({INFINITY, INFINITY}, lse).ok());
+  EXPECT_FALSE(bench::compare_lse({INFINITY, 3.0f + 1e-4f}, lse).ok());
+  EXPECT_EQ(bench::compare_lse({INFINITY, NAN}, lse).failures, 1);
+  // 16 bits: 2x the plain computation's error; a rounding that changed nothing is vacuous.
+  EXPECT_TRUE(bench::compare_dtype("x", {1.01f}, {1.0f}, {1.01f}).ok());
+  EXPECT_FALSE(bench::compare_dtype("x", {1.03f}, {1.0f}, {1.01f}).ok());
+  EXPECT_FALSE(bench::compare_dtype("x", {1.0f}, {1.0f}, {1.0f}).ok());
+}
+
+TEST(AttnCase, CheckCaseCatchesAWrongResult) {
+  // check_case runs what `diffattn bench --check` runs: on a good kernel every tensor passes,
+  // and the same comparison on a result nudged by 1e-3 fails.
+  const AttnCase c = catalogue_case(bench::fused_test_cases(), "t97_v1_causal");
+  for (const bench::Comparison& x : bench::check_case(c, 1, /*backward=*/true)) {
+    EXPECT_TRUE(x.ok()) << x.str();
+  }
+  AttnCase c16 = catalogue_case(bench::cache16_test_cases(), "v1_tq3_gqa");
+  c16.kv_dtype = DType::F16;
+  const std::vector<bench::Comparison> r16 = bench::check_case(c16, 1, false);
+  ASSERT_EQ(r16.size(), 4u);  // out vs float64, out, lse, o2
+  for (const bench::Comparison& x : r16) EXPECT_TRUE(x.ok()) << x.str();
+  Problem pr = problem_of(c, 1);
+  const testing::FwdResult ref = testing::run_fwd(pr, Backend::Reference);
+  std::vector<float> wrong = testing::run_fwd(pr, Backend::Fused).out;
+  wrong[wrong.size() / 2] += 1e-3f;
+  EXPECT_FALSE(bench::compare("out", wrong, ref.out, bench::naive_fwd(pr.params())).ok());
 }
 
 }  // namespace
