@@ -11,13 +11,12 @@
 namespace diffattn::bench {
 namespace {
 
-ShapeSpec shape(int64_t T, int64_t Tq, bool standard) {
-  ShapeSpec s;
-  s.maps = 2;
-  s.H = 4, s.G = 4, s.D = 64, s.Dv = 128;
-  s.Tq = Tq, s.Tk = T;
-  s.causal = true;
-  return standard ? standard_equivalent(s) : s;
+// The V1 case of `diffattn bench` (B=1, 4 pairs of D=64, Dv=128, 4 groups, causal) with Tq
+// queries against T keys, or its standard peer of equal parameters (2H heads of size D).
+AttnCase shape(int64_t T, int64_t Tq, bool standard) {
+  AttnCase c{"bench", 2, 1, Tq, T, 4, 4, 64, 128};
+  c.causal = true;
+  return standard ? standard_equivalent(c) : c;
 }
 
 void report(benchmark::State& state, double flops, double bytes) {
@@ -29,7 +28,7 @@ void report(benchmark::State& state, double flops, double bytes) {
 void BM_fwd(benchmark::State& state) {
   Tensors t(shape(state.range(0), state.range(0), state.range(1) != 0));
   for (auto _ : state) attention_fwd(t.p);
-  report(state, t.fwd_flops(), 0);
+  report(state, t.c.fwd_flops(), 0);
 }
 
 void BM_bwd(benchmark::State& state) {
@@ -37,20 +36,20 @@ void BM_bwd(benchmark::State& state) {
   attention_fwd(t.p);
   const AttnBwdParams b = t.bwd();
   for (auto _ : state) attention_bwd(b);
-  report(state, 2.5 * t.fwd_flops(), 0);
+  report(state, t.c.bwd_flops(), 0);
 }
 
 void BM_decode(benchmark::State& state) {
   Tensors t(shape(state.range(0), 1, state.range(1) != 0));
   for (auto _ : state) attention_fwd(t.p);
-  report(state, 0, t.kv_bytes());
+  report(state, 0, t.c.kv_bytes());
 }
 
 void BM_upstream_fwd(benchmark::State& state) {
   Tensors t(shape(state.range(0), state.range(0), false));
   UpstreamRecipe up(t);
   for (auto _ : state) up.forward();
-  report(state, t.fwd_flops(), 0);
+  report(state, t.c.fwd_flops(), 0);
 }
 
 // Args: {T, standard (0: differential V1, 1: standard attention with 2H heads)}

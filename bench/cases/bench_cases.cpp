@@ -1,55 +1,35 @@
 // Benchmark cases shared by `diffattn bench` and bench/: see bench_cases.h.
 #include "bench/cases/bench_cases.h"
-#include "diffattn/base/rng.h"
 
 #include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
-#include <sstream>
 
 namespace diffattn::bench {
 
-std::string ShapeSpec::str() const {
-  std::ostringstream os;
-  os << "B=" << B << " H=" << H << " G=" << G << " Tq=" << Tq << " Tk=" << Tk << " D=" << D
-     << " Dv=" << Dv;
-  if (maps == 2) os << (shared_keys ? " V2" : " V1");
-  return os.str();
-}
-
-namespace {
-
-std::vector<float> randn(int64_t n, uint32_t seed, float sd = 1.0f) {
-  Rng rng(seed);
-  std::vector<float> x(static_cast<size_t>(n));
-  for (float& v : x) v = static_cast<float>(sd * rng.normal());
-  return x;
-}
-
-int64_t numel(const Shape& s) {
-  int64_t n = 1;
-  for (int64_t d : s) n *= d;
-  return n;
-}
-
-}  // namespace
-
-Tensors::Tensors(const ShapeSpec& spec, uint32_t seed, bool with_grads) : s(spec) {
-  const int64_t kh = (spec.maps == 2 && !spec.shared_keys) ? 2 * spec.G : spec.G;
-  const Shape qs{spec.B, spec.Tq, spec.maps * spec.H, spec.D}, ks{spec.B, spec.Tk, kh, spec.D},
-      vs{spec.B, spec.Tk, spec.G, spec.Dv};
-  q = randn(numel(qs), seed);
-  k = randn(numel(ks), seed + 1);
-  v = randn(numel(vs), seed + 2);
+Tensors::Tensors(const AttnCase& spec, uint32_t seed, bool with_grads) : c(spec) {
+  AttnCase c32 = spec;
+  c32.kv_dtype = DType::F32;
+  CaseInputs in = make_inputs(c32, seed);
+  q = std::move(in.q), k = std::move(in.k), v = std::move(in.v), lam = std::move(in.lam);
+  const AttnProblem sz = c32.sizes();
   AttnOptions o;
   o.causal = spec.causal;
+  o.mode = spec.mode;
   if (spec.maps == 2) {
-    const Shape ls = spec.lam_per_token ? Shape{spec.B, spec.Tq, spec.H} : Shape{spec.H};
-    lam.assign(static_cast<size_t>(numel(ls)), 0.6f);
-    p = diff_attn_params({q.data(), qs}, {k.data(), ks}, {v.data(), vs}, {lam.data(), ls}, o);
+    p = diff_attn_params({q.data(), sz.q_shape()}, {k.data(), sz.k_shape()},
+                         {v.data(), sz.v_shape()}, {lam.data(), sz.lam_shape()}, o);
   } else {
-    p = attn_params({q.data(), qs}, {k.data(), ks}, {v.data(), vs}, o);
+    p = attn_params({q.data(), sz.q_shape()}, {k.data(), sz.k_shape()}, {v.data(), sz.v_shape()}, o);
+  }
+  if (spec.kv_dtype != DType::F32) {
+    // Only the 16-bit copies stay (what a 16-bit cache holds); the backward refuses them.
+    kv16 = std::make_unique<Kv16>(k, v, spec.kv_dtype, /*keep_rounded=*/false);
+    kv16->use_in(p);
+    k = {};
+    v = {};
+    with_grads = false;
   }
   out.resize(static_cast<size_t>(p.numel(p.out_shape())));
   lse.resize(static_cast<size_t>(p.numel(p.lse_shape())));
@@ -74,30 +54,8 @@ AttnBwdParams Tensors::bwd() {
   b.dq = dq.data();
   b.dk = dk.data();
   b.dv = dv.data();
-  b.dlam = s.maps == 2 ? dlam.data() : nullptr;
+  b.dlam = c.maps == 2 ? dlam.data() : nullptr;
   return b;
-}
-
-double Tensors::kv_bytes() const {
-  return 4.0 * static_cast<double>(p.B) * static_cast<double>(p.Tk) *
-         static_cast<double>(p.key_heads() * p.D + p.G * p.Dv);
-}
-
-ShapeSpec standard_equivalent(const ShapeSpec& d) {
-  ShapeSpec s = d;
-  s.maps = 1;
-  s.H = 2 * d.H;
-  s.G = 2 * d.G;
-  s.Dv = d.D;
-  s.shared_keys = s.lam_per_token = false;
-  return s;
-}
-
-ShapeSpec v2_equivalent(const ShapeSpec& d) {
-  ShapeSpec s = standard_equivalent(d);
-  s.maps = 2;
-  s.shared_keys = s.lam_per_token = true;
-  return s;
 }
 
 UpstreamRecipe::UpstreamRecipe(Tensors& t) : t_(t) {

@@ -1,46 +1,33 @@
-// What `diffattn bench` and the Google Benchmark suite (bench/) time: owned random tensors for
-// one operator shape, the upstream two-call recipe, and this machine's limits measured in the
-// same process (OpenBLAS sgemm rate, memory read bandwidth).
+// What `diffattn bench` and the Google Benchmark suite (bench/) time: the owned tensors of one
+// attention case (attn_case.h), the upstream two-call recipe, and this machine's limits
+// measured in the same process (OpenBLAS sgemm rate, memory read bandwidth).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "bench/cases/attn_case.h"
 #include "diffattn/kernels/attention.h"
 
 namespace diffattn::bench {
 
-struct ShapeSpec {
-  int maps = 2;
-  int64_t B = 1, Tq = 1, Tk = 1, H = 1, G = 1, D = 64, Dv = 128;
-  bool shared_keys = false, lam_per_token = false, causal = false;
-  std::string str() const;  // "B=1 H=4 G=4 Tq=4096 Tk=4096 D=64 Dv=128"
-};
-
-// Contiguous random inputs, allocated outputs, saved statistics and gradients for one shape.
+// Contiguous seeded inputs of a case (make_inputs), allocated outputs, saved statistics and
+// gradients. A case with 16-bit K/V (kv_dtype) holds K and V only in that type (k and v
+// empty; kv16, which p reads) and no gradients: forward and decode only.
 struct Tensors {
-  ShapeSpec s;
+  AttnCase c;
   AttnParams p;  // points into the vectors below
   std::vector<float> q, k, v, lam, out, lse, o2, dout, dq, dk, dv, dlam;
+  std::unique_ptr<Kv16> kv16;  // kv_dtype != F32
 
   // with_grads: allocate dout and the gradients too (a forward-only run leaves them out).
-  explicit Tensors(const ShapeSpec& spec, uint32_t seed = 1, bool with_grads = true);
+  explicit Tensors(const AttnCase& c, uint32_t seed = 1, bool with_grads = true);
   Tensors(const Tensors&) = delete;
   Tensors& operator=(const Tensors&) = delete;
   AttnBwdParams bwd();  // writes the gradient buffers
-  double fwd_flops() const { return attention_fwd_flops(p); }
-  // Bytes of K and V one forward reads (each cache row once): the decode traffic.
-  double kv_bytes() const;
 };
-
-// The standard attention of equal parameters: 2H heads of size D (values of size D), keys
-// and values with 2G heads.
-ShapeSpec standard_equivalent(const ShapeSpec& diff);
-// DIFF V2 of the same model size as that standard peer: its 2H heads become 2H output heads of
-// 4H query heads (two maps each), keys and values keep the standard's 2G heads of size D and
-// are shared by both maps, lambda per token. Twice the standard's FLOPs, the same cache bytes.
-ShapeSpec v2_equivalent(const ShapeSpec& diff);
 
 // The upstream recipe (the Differential Transformer's reference code): split q and k into the
 // two maps' heads, two standard attention calls (our fused kernel), then out = o1 - lam o2.

@@ -1,6 +1,9 @@
 // `diffattn bench`: times the fused kernels beside their peers and this machine's limits, all
 // measured in one run, in interleaved rounds (every variant once per round, medians quoted),
-// so a drift of the machine's speed moves every figure alike and the ratios hold.
+// so a drift of the machine's speed moves every figure alike and the ratios hold. Each row is
+// an attention case (bench/cases/attn_case.h: shape, FLOPs, bytes), the cases the fused tests
+// check; with --check every timed fused case is first checked against the reference under the
+// tests' accuracy rule.
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -15,7 +18,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "bench/cases/attn_case.h"
 #include "bench/cases/bench_cases.h"
+#include "bench/cases/naive32.h"
 #include "cli/args.h"
 #include "cli/table.h"
 #include "diffattn/kernels/attention.h"
@@ -27,38 +32,56 @@ namespace diffattn::cli {
 
 namespace {
 
-using bench::ShapeSpec;
+using bench::AttnCase;
 using bench::Tensors;
 
-// One timed variant: what it is, how to run it once, and what one run does (FLOPs or bytes).
+// What --check does with a row: the fused kernels' forward (and backward) against the
+// reference, the upstream recipe's forward against the reference, or nothing (the reference
+// itself, the recipe's backward, which writes the two maps' gradients apart).
+enum class Check { None, Forward, Backward, RecipeForward };
+
+// One timed variant: the case it runs, how to run it once, and what one run does (FLOPs or
+// bytes, from the case).
 struct Variant {
   int group = 0;  // rows of one comparison (the same operator and problem)
-  std::string op, variant, shape;
-  bool causal = false;
+  std::string op, variant;
+  AttnCase c;
   double flops = 0;  // compute-bound rows
   double bytes = 0;  // memory-bound rows (decode): K/V bytes read
   std::function<void()> run;
+  Check check = Check::None;
   std::vector<double> times;
+  std::vector<bench::Comparison> checked;  // --check: the comparisons, at check_shape
+  std::string check_shape;
   double median() const {
     std::vector<double> t = times;
     std::sort(t.begin(), t.end());
     return t.empty() ? 0 : t[t.size() / 2];
   }
-};
-
-// A problem's K and V rounded to a 16-bit cache type (contiguous, as Tensors holds them).
-struct Cache16 {
-  std::vector<uint16_t> k, v;
-  AttnParams p;
-  Cache16(const Tensors& t, DType dt) : k(t.k.size()), v(t.v.size()), p(t.p) {
-    convert_from_f32(k.data(), t.k.data(), dt, static_cast<int64_t>(k.size()));
-    convert_from_f32(v.data(), t.v.data(), dt, static_cast<int64_t>(v.size()));
-    p.kv_dtype = dt;
-    p.k = p.v = nullptr;
-    p.k16 = k.data();
-    p.v16 = v.data();
+  // The largest error over what the rule allows, over the checked tensors (ok when <= 1).
+  double check_ratio() const {
+    double r = 0;
+    for (const bench::Comparison& c : checked) r = std::max(r, c.bound > 0 ? c.err / c.bound : c.err);
+    return r;
+  }
+  bool check_ok() const {
+    return std::all_of(checked.begin(), checked.end(), [](const bench::Comparison& c) { return c.ok(); });
   }
 };
+
+// The upstream recipe's forward of c at `seed` against the reference under the fused rule
+// (the recipe runs our fused kernel twice and subtracts in float32).
+std::vector<bench::Comparison> check_recipe_fwd(const AttnCase& c, uint32_t seed) {
+  Tensors t(c, seed, /*with_grads=*/false);
+  bench::UpstreamRecipe up(t);
+  up.forward();
+  const std::vector<float> got = t.out;
+  std::vector<float> ref(got.size(), NAN), lse(t.lse.size()), o2(t.o2.size());
+  AttnParams p = t.p;
+  p.out = ref.data(), p.lse = lse.data(), p.o2 = o2.data();
+  attention_fwd(p, Backend::Reference);
+  return {bench::compare("recipe out", got, ref, bench::naive_fwd(t.p))};
+}
 
 double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -79,7 +102,7 @@ double own_peak_rss_mb() {
 // already holds every other row's buffers): the child is this binary, `bench --rss-child T`,
 // which prints its own VmHWM (the high-water mark of its address space after exec; the
 // rusage of a spawned child would also count the parent's pages it started from).
-double child_peak_rss_mb(int64_t T, const ShapeSpec& base) {
+double child_peak_rss_mb(int64_t T, const AttnCase& base) {
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) return -1;
@@ -116,9 +139,8 @@ double child_peak_rss_mb(int64_t T, const ShapeSpec& base) {
   }
 }
 
-int rss_child(int64_t T, const ShapeSpec& base) {
-  ShapeSpec s = base;
-  s.Tq = s.Tk = T;
+int rss_child(int64_t T, const AttnCase& base) {
+  AttnCase s = base.with_lengths(T, T);
   s.causal = true;
   Tensors t(s, 1, /*with_grads=*/false);
   attention_fwd(t.p);
@@ -138,7 +160,14 @@ int run_bench(const std::vector<std::string>& argv) {
             "the reference (at --ref-T), and DIFF V2 of the same model size (2H output heads of\n"
             "4H query heads, 2G key/value heads of size D shared by both maps, lambda per token:\n"
             "twice the standard FLOPs, the same cache bytes). The decode rows are repeated with the\n"
-            "K/V cache stored as BF16 and F16 (\"... BF16 kv\": half the bytes read).");
+            "K/V cache stored as BF16 and F16 (\"... BF16 kv\": half the bytes read).\n"
+            "Every row is an attention case of bench/cases/attn_case.h, the cases the fused tests\n"
+            "check. --check first runs each timed fused case (and the recipe's forward) once\n"
+            "against the reference under the tests' accuracy rule (error at most 8x a naive\n"
+            "float32 computation's, plus 32 eps of the values' size; 16-bit K/V: at most 2x a\n"
+            "plain computation in that type), the forward/backward rows at --check-T, decode\n"
+            "rows at their own size, adds the column \"check\" (worst error / bound) and exits\n"
+            "with status 1 if a case fails.");
   args.option("--T", "N", "4096", "sequence length of the forward/backward rows")
       .option("--B", "N", "1", "batch")
       .option("--H", "N", "4", "differential pairs (the standard peer has 2H heads)")
@@ -152,10 +181,13 @@ int run_bench(const std::vector<std::string>& argv) {
       .option("--sgemm-n", "N", "2048", "size of the sgemm that measures the BLAS rate")
       .option("--bandwidth-mb", "N", "1024", "size of the buffer that measures read bandwidth")
       .option("--rss-child", "T", "0", "(internal) run one forward of length T and exit")
+      .option("--check-T", "N", "256", "with --check: length of the checked forward/backward cases")
+      .flag("--check", "check every timed fused case against the reference first (see above)")
       .flag("--no-backward", "skip the backward rows")
       .flag("--json", "print JSON instead of the table");
   if (!args.parse(argv)) return 0;
-  ShapeSpec base;
+  AttnCase base;
+  base.name = "diff";
   base.maps = 2;
   base.B = args.integer("--B");
   base.H = args.integer("--H");
@@ -168,21 +200,32 @@ int run_bench(const std::vector<std::string>& argv) {
   const int threads = num_threads();
   const int64_t T = args.integer("--T"), Td = args.integer("--decode-T"), Tr = args.integer("--ref-T");
   const int rounds = static_cast<int>(args.integer("--rounds"));
-  if (T < 1 || Td < 1 || Tr < 0 || rounds < 1) throw UsageError("sizes and --rounds must be >= 1");
+  const bool check = args.on("--check");
+  const int64_t Tc = args.integer("--check-T");
+  if (T < 1 || Td < 1 || Tr < 0 || rounds < 1 || Tc < 1) {
+    throw UsageError("sizes, --check-T and --rounds must be >= 1");
+  }
 
   std::vector<std::unique_ptr<Tensors>> owned;
   std::vector<std::unique_ptr<bench::UpstreamRecipe>> recipes;
-  std::vector<std::unique_ptr<Cache16>> caches16;
   std::vector<Variant> rows;
-  auto tensors = [&](ShapeSpec s) -> Tensors& {
-    owned.push_back(std::make_unique<Tensors>(s));
+  auto tensors = [&](const AttnCase& c) -> Tensors& {
+    owned.push_back(std::make_unique<Tensors>(c));
     return *owned.back();
   };
   int group = 0;
-  auto add = [&](const std::string& op, const std::string& variant, const Tensors& t,
-                 double flops, double bytes, std::function<void()> run) {
+  // FLOPs (fwd, bwd) or bytes (decode) of a row come from its case; `bytes` overrides them
+  // where a variant reads more than the case's K/V (the recipe reads V twice).
+  auto add = [&](const std::string& op, const std::string& variant, const Tensors& t, Check chk,
+                 std::function<void()> run, double bytes = 0) {
     if (variant == "diff fused") ++group;
-    rows.push_back({group, op, variant, t.s.str(), t.s.causal, flops, bytes, std::move(run), {}});
+    Variant v;
+    v.group = group, v.op = op, v.variant = variant, v.c = t.c;
+    v.flops = op == "fwd" ? t.c.fwd_flops() : op == "bwd" ? t.c.bwd_flops() : 0;
+    v.bytes = op == "decode" ? (bytes > 0 ? bytes : t.c.kv_bytes()) : 0;
+    v.run = std::move(run);
+    v.check = chk;
+    rows.push_back(std::move(v));
   };
 
   // Forward and backward: the differential operator, its standard peer of equal parameters,
@@ -191,59 +234,88 @@ int run_bench(const std::vector<std::string>& argv) {
   for (int64_t len : {T, Tr}) {
     if (len <= 0) continue;
     const bool with_ref = len == Tr;
-    ShapeSpec s = base;
-    s.Tq = s.Tk = len;
+    const AttnCase s = base.with_lengths(len, len);
     Tensors& d = tensors(s);
     Tensors& st = tensors(bench::standard_equivalent(s));
     recipes.push_back(std::make_unique<bench::UpstreamRecipe>(d));
     bench::UpstreamRecipe& up = *recipes.back();
-    const double fd = d.fwd_flops(), fs = st.fwd_flops();
-    add("fwd", "diff fused", d, fd, 0, [&d] { attention_fwd(d.p); });
-    add("fwd", "standard 2H heads", st, fs, 0, [&st] { attention_fwd(st.p); });
-    add("fwd", "upstream recipe", d, fd, 0, [&up] { up.forward(); });
-    if (with_ref) add("fwd", "reference", d, fd, 0, [&d] { attention_fwd(d.p, Backend::Reference); });
+    add("fwd", "diff fused", d, Check::Forward, [&d] { attention_fwd(d.p); });
+    add("fwd", "standard 2H heads", st, Check::Forward, [&st] { attention_fwd(st.p); });
+    add("fwd", "upstream recipe", d, Check::RecipeForward, [&up] { up.forward(); });
+    if (with_ref) add("fwd", "reference", d, Check::None, [&d] { attention_fwd(d.p, Backend::Reference); });
     Tensors* v2 = with_ref ? nullptr : &tensors(bench::v2_equivalent(s));
-    if (v2) add("fwd", "diff V2 fused", *v2, v2->fwd_flops(), 0, [v2] { attention_fwd(v2->p); });
+    if (v2) add("fwd", "diff V2 fused", *v2, Check::Forward, [v2] { attention_fwd(v2->p); });
     if (bwd) {
       const AttnBwdParams db = d.bwd(), sb = st.bwd();
-      add("bwd", "diff fused", d, 2.5 * fd, 0, [db] { attention_bwd(db); });
-      add("bwd", "standard 2H heads", st, 2.5 * fs, 0, [sb] { attention_bwd(sb); });
-      add("bwd", "upstream recipe", d, 2.5 * fd, 0, [&up] { up.backward(); });
+      add("bwd", "diff fused", d, Check::Backward, [db] { attention_bwd(db); });
+      add("bwd", "standard 2H heads", st, Check::Backward, [sb] { attention_bwd(sb); });
+      add("bwd", "upstream recipe", d, Check::None, [&up] { up.backward(); });
       if (v2) {
         const AttnBwdParams vb = v2->bwd();
-        add("bwd", "diff V2 fused", *v2, 2.5 * v2->fwd_flops(), 0, [vb] { attention_bwd(vb); });
+        add("bwd", "diff V2 fused", *v2, Check::Backward, [vb] { attention_bwd(vb); });
       }
       if (with_ref) {
-        add("bwd", "reference", d, 2.5 * fd, 0, [db] { attention_bwd(db, Backend::Reference); });
+        add("bwd", "reference", d, Check::None, [db] { attention_bwd(db, Backend::Reference); });
       }
     }
     if (T == Tr) break;
   }
   // Decode: one new token against a cache of Td keys.
   {
-    ShapeSpec s = base;
-    s.Tq = 1;
-    s.Tk = Td;
+    const AttnCase s = base.with_lengths(1, Td);
     Tensors& d = tensors(s);
     Tensors& st = tensors(bench::standard_equivalent(s));
     recipes.push_back(std::make_unique<bench::UpstreamRecipe>(d));
     bench::UpstreamRecipe& up = *recipes.back();
-    add("decode", "diff fused", d, 0, d.kv_bytes(), [&d] { attention_fwd(d.p); });
-    add("decode", "standard 2H heads", st, 0, st.kv_bytes(), [&st] { attention_fwd(st.p); });
+    add("decode", "diff fused", d, Check::Forward, [&d] { attention_fwd(d.p); });
+    add("decode", "standard 2H heads", st, Check::Forward, [&st] { attention_fwd(st.p); });
     // The recipe reads V twice: its traffic is counted as the bytes it moves.
-    add("decode", "upstream recipe", d, 0, d.kv_bytes() + d.p.B * Td * d.p.G * d.p.Dv * 4.0,
-        [&up] { up.forward(); });
-    add("decode", "reference", d, 0, d.kv_bytes(), [&d] { attention_fwd(d.p, Backend::Reference); });
+    add("decode", "upstream recipe", d, Check::RecipeForward, [&up] { up.forward(); },
+        s.kv_bytes() + s.v_bytes());
+    add("decode", "reference", d, Check::None, [&d] { attention_fwd(d.p, Backend::Reference); });
     Tensors& v2 = tensors(bench::v2_equivalent(s));
-    add("decode", "diff V2 fused", v2, 0, v2.kv_bytes(), [&v2] { attention_fwd(v2.p); });
+    add("decode", "diff V2 fused", v2, Check::Forward, [&v2] { attention_fwd(v2.p); });
     // The same caches stored as BF16 and F16 (half the bytes; float32 arithmetic).
     for (const DType dt : {DType::BF16, DType::F16}) {
-      for (Tensors* t : {&d, &st, &v2}) {
-        caches16.push_back(std::make_unique<Cache16>(*t, dt));
-        Cache16& c = *caches16.back();
+      for (const Tensors* t : {&d, &st, &v2}) {
+        AttnCase c = t->c;
+        c.kv_dtype = dt;
+        Tensors& t16 = tensors(c);
         const std::string name = t == &d ? "diff fused" : t == &st ? "standard 2H heads" : "diff V2 fused";
-        add("decode", name + " " + dtype_name(dt) + " kv", *t, 0, t->kv_bytes() / 2,
-            [&c] { attention_fwd(c.p); });
+        add("decode", name + " " + dtype_name(dt) + " kv", t16, Check::Forward,
+            [&t16] { attention_fwd(t16.p); });
+      }
+    }
+  }
+
+  // --check: each timed fused case once against the reference (the same case at most once),
+  // forward/backward cases at length Tc (the reference at T = 4096 takes minutes).
+  bool check_failed = false;
+  if (check) {
+    std::vector<std::pair<std::string, std::vector<bench::Comparison>>> done;
+    for (Variant& v : rows) {
+      if (v.check == Check::None) continue;
+      AttnCase c = v.c;
+      if (c.Tq > Tc) c = c.with_lengths(Tc, std::max<int64_t>(1, c.Tk - c.Tq + Tc));
+      const std::string key = std::to_string(static_cast<int>(v.check)) + c.str() +
+                              dtype_name(c.kv_dtype) + (c.maps == 2 && c.lam_per_token ? "t" : "");
+      auto it = std::find_if(done.begin(), done.end(), [&](const auto& x) { return x.first == key; });
+      if (it == done.end()) {
+        done.emplace_back(key, v.check == Check::RecipeForward
+                                   ? check_recipe_fwd(c, 1)
+                                   : bench::check_case(c, 1, v.check == Check::Backward));
+        it = done.end() - 1;
+      }
+      v.checked = it->second;
+      v.check_shape = c.str();
+      if (!v.check_ok()) {
+        check_failed = true;
+        for (const bench::Comparison& x : v.checked) {
+          if (!x.ok()) {
+            std::cerr << "check failed: " << v.op << " " << v.variant << " (" << c.str()
+                      << "): " << x.str() << "\n";
+          }
+        }
       }
     }
   }
@@ -307,8 +379,8 @@ int run_bench(const std::vector<std::string>& argv) {
     j["rows"] = nlohmann::json::array();
     for (const Variant& v : rows) {
       const double t = v.median();
-      nlohmann::json row = {{"op", v.op}, {"variant", v.variant}, {"shape", v.shape},
-                            {"causal", v.causal}, {"seconds", t},
+      nlohmann::json row = {{"op", v.op}, {"variant", v.variant}, {"shape", v.c.str()},
+                            {"causal", v.c.causal}, {"seconds", t},
                             {"seconds_all", v.times}, {"time_vs_diff_fused", vs_fused(v)}};
       if (v.flops > 0) {
         row["gflops"] = v.flops / t * 1e-9;
@@ -318,15 +390,22 @@ int run_bench(const std::vector<std::string>& argv) {
         row["gbs"] = v.bytes / t * 1e-9;
         row["x_bandwidth"] = x_limit(v);
       }
+      if (check && v.check != Check::None) {
+        nlohmann::json tensors = nlohmann::json::array();
+        for (const bench::Comparison& x : v.checked) {
+          tensors.push_back({{"name", x.name}, {"ok", x.ok()}, {"error", x.err}, {"bound", x.bound}});
+        }
+        row["check"] = {{"ok", v.check_ok()}, {"error_over_bound", v.check_ratio()},
+                        {"shape", v.check_shape}, {"tensors", tensors}};
+      }
       j["rows"].push_back(row);
     }
     if (rssT > 0) {
-      ShapeSpec rs = base;
-      rs.Tq = rs.Tk = rssT;
+      const AttnCase rs = base.with_lengths(rssT, rssT);
       j["peak_rss"] = {{"op", "fwd"}, {"causal", true}, {"shape", rs.str()}, {"mb", rss_mb}};
     }
     std::cout << j.dump(2) << "\n";
-    return 0;
+    return check_failed ? 1 : 0;
   }
   std::cout << "threads " << threads << ", SIMD target " << fused_simd_target()
             << ", medians of " << rounds << " interleaved rounds (ratios: per round, then median)\n"
@@ -336,17 +415,22 @@ int run_bench(const std::vector<std::string>& argv) {
   for (const Variant& v : rows) {
     const double t = v.median();
     const double rate = v.flops > 0 ? v.flops / t * 1e-9 : v.bytes / t * 1e-9;
-    body.push_back({v.op, v.variant, v.shape, v.causal ? "yes" : "no", fixed(t * 1e3, 2),
+    body.push_back({v.op, v.variant, v.c.str(), v.c.causal ? "yes" : "no", fixed(t * 1e3, 2),
                     fixed(rate, 1) + (v.flops > 0 ? " GFLOP/s" : " GB/s"),
                     fixed(x_limit(v), 2) + (v.flops > 0 ? " sgemm" : " bw"),
                     fixed(vs_fused(v), 2)});
+    if (check) {
+      body.back().push_back(v.check == Check::None ? "-"
+                                                   : (v.check_ok() ? "ok " : "FAIL ") +
+                                                         fixed(v.check_ratio(), 3));
+    }
   }
-  print_table(std::cout, {"op", "variant", "shape", "causal", "ms", "rate", "x limit",
-                          "time / diff fused"},
-              body);
+  std::vector<std::string> header{"op", "variant", "shape", "causal", "ms", "rate", "x limit",
+                                  "time / diff fused"};
+  if (check) header.push_back("check");
+  print_table(std::cout, header, body);
   if (rssT > 0) {
-    ShapeSpec rs = base;
-    rs.Tq = rs.Tk = rssT;
+    const AttnCase rs = base.with_lengths(rssT, rssT);
     std::cout << "\npeak RSS of a causal forward at T=" << rssT << " (" << rs.str()
               << ", inputs and outputs included, fresh process): "
               << (rss_mb >= 0 ? fixed(rss_mb, 1) + " MB" : std::string("not measured")) << "\n";
@@ -355,7 +439,13 @@ int run_bench(const std::vector<std::string>& argv) {
     std::cout << "\nThe reference (double accumulation, plain loops) is timed at T=" << Tr
               << " only: at T=" << T << " one call takes minutes.\n";
   }
-  return 0;
+  if (check) {
+    std::cout << "\ncheck: the largest error over the bound of the tests' accuracy rule (ok <= 1),"
+              << " forward/backward cases at Tq=Tk=" << std::min(T, Tc)
+              << ", decode cases at their size; "
+              << (check_failed ? "FAILED (details on stderr)" : "every checked case passes") << ".\n";
+  }
+  return check_failed ? 1 : 0;
 }
 
 const CommandRegistration reg({"bench", "time the fused kernels against sgemm, bandwidth and peers",

@@ -1,7 +1,8 @@
 // The fused CPU kernels (tiled forward, split-KV decode, backward) against the reference over
-// awkward shapes, layouts, strides and numerical edge cases. Tolerances are relative to the
-// error of a naive float32 computation of the same case (naive32.h), measured against the
-// reference: a fused result may be at most a few times as wrong as plain float32 arithmetic.
+// awkward shapes, layouts, strides and numerical edge cases. The shapes are the catalogue of
+// bench/cases/attn_case.h (which `diffattn bench --check` runs too) and so are the accuracy
+// rules: a fused result may be at most a few times as wrong as a naive float32 computation of
+// the same case (bench/cases/naive32.h), measured against the reference.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,17 +10,18 @@
 #include <limits>
 #include <string>
 
+#include "bench/cases/attn_case.h"
+#include "bench/cases/bench_cases.h"
+#include "bench/cases/naive32.h"
 #include "diffattn/kernels/attention.h"
 #include "diffattn/kernels/runtime.h"
-#include "naive32.h"
 #include "testing.h"
 
 namespace diffattn {
 namespace {
 
+using bench::AttnCase;
 using testing::Problem;
-
-constexpr double kEps32 = 1.1920928955078125e-07;
 
 double max_abs(const std::vector<float>& x) {
   double m = 0;
@@ -27,82 +29,49 @@ double max_abs(const std::vector<float>& x) {
   return m;
 }
 
-// got must be within 8x the naive float32 error (plus 32 eps of the values' size) of truth.
-// scale_floor: the size of the terms the values are made of, where the values themselves may
-// cancel to exactly 0 (the gradient of q with a single visible key).
+void expect_ok(const bench::Comparison& c) { EXPECT_TRUE(c.ok()) << c.str(); }
+void expect_ok(const std::vector<bench::Comparison>& cs) {
+  for (const bench::Comparison& c : cs) expect_ok(c);
+}
+
+// The fused rule (attn_case.h): got within 8x the naive float32 error (plus 32 eps of the
+// values' size) of truth. scale_floor: the size of the terms the values are made of, where the
+// values themselves may cancel to exactly 0 (the gradient of q with a single visible key).
 void expect_close(const char* name, const std::vector<float>& got, const std::vector<float>& truth,
                   const std::vector<float>& naive, double scale_floor = 1e-30) {
-  ASSERT_EQ(got.size(), truth.size()) << name;
-  double scale = scale_floor, err = 0, naive_err = 0;
-  for (size_t i = 0; i < truth.size(); ++i) {
-    scale = std::max(scale, std::abs(static_cast<double>(truth[i])));
-    err = std::max(err, std::abs(static_cast<double>(got[i]) - truth[i]));
-    naive_err = std::max(naive_err, std::abs(static_cast<double>(naive[i]) - truth[i]));
-  }
-  const double bound = 8.0 * naive_err + 32.0 * kEps32 * scale;
-  EXPECT_LE(err, bound) << name << ": max error " << err << " > bound " << bound
-                        << " (naive float32 error " << naive_err << ", scale " << scale << ")";
+  expect_ok(bench::compare(name, got, truth, naive, scale_floor));
 }
 
-// Saved log-sum-exp: +inf exactly where the reference has +inf, else close in absolute terms
-// relative to its size (lse is a log: its rounding is eps * |lse| plus the score errors).
+// Saved log-sum-exp: +inf exactly where the reference has +inf, else within 64 eps (1 + |lse|).
 void expect_lse_close(const std::vector<float>& got, const std::vector<float>& truth) {
-  ASSERT_EQ(got.size(), truth.size());
-  for (size_t i = 0; i < truth.size(); ++i) {
-    if (std::isinf(truth[i])) {
-      EXPECT_TRUE(std::isinf(got[i]) && got[i] > 0) << "lse[" << i << "] = " << got[i];
-    } else {
-      EXPECT_NEAR(got[i], truth[i], 64 * kEps32 * (1.0 + std::abs(truth[i]))) << "lse[" << i << "]";
-    }
-  }
+  expect_ok(bench::compare_lse(got, truth));
 }
 
-struct Case {
-  const char* name;
-  int maps;
-  int64_t B, Tq, Tk, H, G, D, Dv;
-  bool shared_keys, lam_per_token, causal;
-  float lam_lo = 0.1f, lam_hi = 0.9f;
-};
-
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
-
-Problem problem_of(const Case& c, uint32_t seed) {
+// The case's problem with its seeded inputs (bench::make_inputs).
+Problem problem_of(const AttnCase& c, uint32_t seed) {
   Problem pr;
   pr.maps = c.maps;
   pr.B = c.B, pr.Tq = c.Tq, pr.Tk = c.Tk, pr.H = c.H, pr.G = c.G, pr.D = c.D, pr.Dv = c.Dv;
   pr.shared_keys = c.shared_keys;
   pr.lam_per_token = c.lam_per_token;
   pr.causal = c.causal;
-  pr.randomize(seed, c.lam_lo, c.lam_hi);
+  pr.mode = c.mode;
+  bench::CaseInputs in = bench::make_inputs(c, seed);
+  pr.q = std::move(in.q), pr.k = std::move(in.k), pr.v = std::move(in.v);
+  pr.lam = std::move(in.lam);
   return pr;
 }
 
 void check_forward(const Problem& pr, const char* what) {
   SCOPED_TRACE(what);
-  const testing::FwdResult ref = testing::run_fwd(pr, Backend::Reference);
-  const testing::FwdResult got = testing::run_fwd(pr, Backend::Fused);
-  const std::vector<float> naive = testing::naive_fwd(pr.params());
-  expect_close("out", got.out, ref.out, naive);
-  expect_lse_close(got.lse, ref.lse);
-  if (pr.maps == 2) expect_close("o2", got.o2, ref.o2, naive);
+  expect_ok(bench::check_fwd(pr.params()));
 }
 
 void check_backward(const Problem& pr) {
-  const std::vector<float> dout = testing::randn(pr.B * pr.Tq * pr.H * pr.Dv, 77);
-  const testing::BwdResult ref = testing::run_bwd(pr, dout, Backend::Reference);
-  const testing::BwdResult got = testing::run_bwd(pr, dout, Backend::Fused);
-  const testing::NaiveGrads naive = testing::naive_bwd(pr.params(), dout.data());
-  // Gradients are sums of terms of the size of the largest gradient entry; dq and dk of a row
-  // with one visible key cancel exactly in exact arithmetic, not in float.
-  const double terms = std::max({max_abs(ref.dq), max_abs(ref.dk), max_abs(ref.dv)});
-  expect_close("dq", got.dq, ref.dq, naive.dq, terms);
-  expect_close("dk", got.dk, ref.dk, naive.dk, terms);
-  expect_close("dv", got.dv, ref.dv, naive.dv, terms);
-  if (pr.maps == 2) expect_close("dlam", got.dlam, ref.dlam, naive.dlam, terms);
+  expect_ok(bench::check_bwd(pr.params(), bench::randn(pr.B * pr.Tq * pr.H * pr.Dv, 77)));
 }
 
-class Fused : public ::testing::TestWithParam<Case> {};
+class Fused : public ::testing::TestWithParam<AttnCase> {};
 
 TEST_P(Fused, ForwardSignedMatchesReference) {
   check_forward(problem_of(GetParam(), 11), "signed");
@@ -119,7 +88,7 @@ TEST_P(Fused, BackwardMatchesReference) { check_backward(problem_of(GetParam(), 
 
 TEST_P(Fused, OneAndTwoThreadsAgreeAndRepeatExactly) {
   const Problem pr = problem_of(GetParam(), 14);
-  const std::vector<float> dout = testing::randn(pr.B * pr.Tq * pr.H * pr.Dv, 78);
+  const std::vector<float> dout = bench::randn(pr.B * pr.Tq * pr.H * pr.Dv, 78);
   const int saved = num_threads();
   set_num_threads(1);
   const testing::BwdResult one = testing::run_bwd(pr, dout, Backend::Fused);
@@ -135,45 +104,22 @@ TEST_P(Fused, OneAndTwoThreadsAgreeAndRepeatExactly) {
   EXPECT_EQ(std::memcmp(two.dv.data(), again.dv.data(), two.dv.size() * 4), 0);
   // 1 and 2 threads: the same within rounding (dQ partials sum in another order).
   const testing::BwdResult ref = testing::run_bwd(pr, dout, Backend::Reference);
-  const testing::NaiveGrads naive = testing::naive_bwd(pr.params(), dout.data());
+  const bench::NaiveGrads naive = bench::naive_bwd(pr.params(), dout.data());
   const double terms = std::max({max_abs(ref.dq), max_abs(ref.dk), max_abs(ref.dv)});
   expect_close("dq 1 vs 2 threads", one.dq, two.dq, naive.dq, terms);
   expect_close("dk 1 vs 2 threads", one.dk, two.dk, naive.dk, terms);
-  expect_close("out 1 vs 2 threads", f1.out, f2.out, testing::naive_fwd(pr.params()));
+  expect_close("out 1 vs 2 threads", f1.out, f2.out, bench::naive_fwd(pr.params()));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, Fused,
-    ::testing::Values(
-        // name, maps, B, Tq, Tk, H, G, D, Dv, shared keys (V2), lambda per token, causal
-        Case{"t1", 2, 1, 1, 1, 1, 1, 8, 16, false, false, false},
-        Case{"t2_causal", 2, 1, 2, 2, 1, 1, 3, 6, true, false, true},
-        Case{"t97_v1_causal", 2, 1, 97, 97, 2, 1, 16, 32, false, false, true},
-        Case{"t97_v2_token_lam", 2, 2, 97, 97, 2, 2, 8, 8, true, true, false},
-        Case{"t1025_causal", 2, 1, 1025, 1025, 1, 1, 8, 16, false, false, true},
-        Case{"odd_d", 2, 1, 37, 37, 2, 1, 5, 7, false, true, true},
-        Case{"tq_lt_tk_causal", 2, 1, 21, 150, 2, 1, 8, 16, false, false, true},
-        Case{"tq_gt_tk_causal", 2, 1, 150, 21, 2, 2, 8, 8, true, true, true},
-        Case{"tq_ne_tk", 2, 2, 7, 70, 3, 1, 4, 8, false, true, false},
-        Case{"gqa_4_pairs_1_group", 2, 1, 70, 70, 4, 1, 16, 32, false, false, true},
-        Case{"gqa_v2", 2, 1, 45, 45, 4, 2, 8, 8, true, true, true},
-        Case{"lambda_outside_unit", 2, 1, 40, 40, 2, 2, 8, 16, false, true, false, -0.9f, 1.8f},
-        Case{"standard", 1, 2, 70, 70, 4, 4, 16, 16, false, false, false},
-        Case{"standard_causal_gqa", 1, 1, 97, 97, 4, 1, 8, 12, false, false, true},
-        // big enough for the work-per-thread bound to give them two threads
-        Case{"t300_gqa_two_threads", 2, 2, 300, 300, 4, 2, 16, 32, false, true, true},
-        Case{"decode_two_threads", 2, 1, 1, 12000, 2, 1, 16, 32, false, false, true},
-        Case{"decode_v1", 2, 2, 1, 700, 2, 1, 16, 32, false, false, true},
-        Case{"decode_v2_tq3", 2, 1, 3, 600, 4, 2, 8, 8, true, true, true},
-        Case{"decode_standard_tq3", 1, 1, 3, 300, 4, 2, 8, 8, false, false, false}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Shapes, Fused, ::testing::ValuesIn(bench::fused_test_cases()),
+                         [](const auto& info) { return info.param.name; });
 
 // ---- decode entry point ----
 
 TEST(FusedDecode, ExplicitEntryWithManySplitsMatchesReference) {
   for (int64_t Tq : {1, 3}) {
     for (bool causal : {false, true}) {
-      Problem pr = problem_of(Case{"", 2, 2, Tq, 1000, 4, 2, 16, 32, false, true, causal}, 31);
+      Problem pr = problem_of(AttnCase{"", 2, 2, Tq, 1000, 4, 2, 16, 32, false, true, causal}, 31);
       AttnDecodeParams p(pr.params());
       p.key_chunk = 100;  // rounded up to whole tiles: 128 keys, 8 splits
       testing::FwdResult ref = testing::run_fwd(pr, Backend::Reference), got = ref;
@@ -183,7 +129,7 @@ TEST(FusedDecode, ExplicitEntryWithManySplitsMatchesReference) {
       p.lse = got.lse.data();
       p.o2 = got.o2.data();
       attention_decode(p);
-      const std::vector<float> naive = testing::naive_fwd(pr.params());
+      const std::vector<float> naive = bench::naive_fwd(pr.params());
       SCOPED_TRACE("Tq " + std::to_string(Tq) + (causal ? " causal" : ""));
       expect_close("out", got.out, ref.out, naive);
       expect_lse_close(got.lse, ref.lse);
@@ -193,23 +139,12 @@ TEST(FusedDecode, ExplicitEntryWithManySplitsMatchesReference) {
 
 // ---- 16-bit K/V (a BF16 or F16 KV cache) ----
 
-// pr's K/V rounded to dt and stored as 16 bits; params() reads them (k16/v16).
-struct Kv16 {
-  std::vector<uint16_t> k, v;
-  std::vector<float> k_rounded, v_rounded;  // the same values as float32
-  Kv16(const Problem& pr, DType dt) : k(pr.k.size()), v(pr.v.size()), k_rounded(pr.k.size()),
-                                      v_rounded(pr.v.size()) {
-    convert_from_f32(k.data(), pr.k.data(), dt, static_cast<int64_t>(k.size()));
-    convert_from_f32(v.data(), pr.v.data(), dt, static_cast<int64_t>(v.size()));
-    convert_to_f32(k_rounded.data(), k.data(), dt, static_cast<int64_t>(k.size()));
-    convert_to_f32(v_rounded.data(), v.data(), dt, static_cast<int64_t>(v.size()));
-  }
-  AttnParams params(const Problem& pr, DType dt, testing::FwdResult& res) const {
+// pr's K/V rounded to dt and stored as 16 bits (bench::Kv16); params() reads them (k16/v16).
+struct Kv16 : bench::Kv16 {
+  Kv16(const Problem& pr, DType dt) : bench::Kv16(pr.k, pr.v, dt) {}
+  AttnParams params(const Problem& pr, testing::FwdResult& res) const {
     AttnParams p = pr.params();
-    p.kv_dtype = dt;
-    p.k = p.v = nullptr;
-    p.k16 = k.data();
-    p.v16 = v.data();
+    use_in(p);
     res.out.assign(static_cast<size_t>(p.numel(p.out_shape())), NAN);
     res.lse.assign(static_cast<size_t>(p.numel(p.lse_shape())), NAN);
     p.out = res.out.data();
@@ -222,41 +157,17 @@ struct Kv16 {
   }
 };
 
-double max_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double e = 0;
-  for (size_t i = 0; i < a.size(); ++i) e = std::max(e, std::abs(static_cast<double>(a[i]) - b[i]));
-  return e;
-}
-
-// The tolerance rule of low-precision tests (FlashAttention's): against the float64 reference
-// on the unrounded inputs, the result may be at most 2x as wrong as a plain computation in
-// that dtype (K/V rounded to it, naive float32 arithmetic), plus float32 rounding of the size
-// of the values.
+// The tolerance rule of low-precision tests (FlashAttention's; attn_case.h): against the
+// float64 reference on the unrounded inputs, the result may be at most 2x as wrong as a plain
+// computation in that dtype (K/V rounded to it, naive float32 arithmetic), plus float32
+// rounding of the size of the values; a rounding that changed nothing fails (vacuous).
 void expect_within_dtype_error(const char* name, const std::vector<float>& got,
                                const std::vector<float>& truth64, const std::vector<float>& plain) {
-  ASSERT_EQ(got.size(), truth64.size()) << name;
-  const double plain_err = max_err(plain, truth64), err = max_err(got, truth64);
-  const double bound = 2.0 * plain_err + 32.0 * kEps32 * std::max(1e-30, max_abs(truth64));
-  EXPECT_LE(err, bound) << name << ": max error vs float64 " << err << " > bound " << bound
-                        << " (plain computation in the dtype: " << plain_err << ")";
-  EXPECT_GT(plain_err, 0.0) << name << ": rounding K/V changed nothing (a vacuous test)";
+  expect_ok(bench::compare_dtype(name, got, truth64, plain));
 }
 
 TEST(FusedDecode, Cache16MatchesFloat64ReferenceAndTheFloat32Path) {
-  // name, maps, B, Tq, Tk, H, G, D, Dv, shared keys (V2), lambda per token, causal
-  const Case cases[] = {
-      Case{"v1", 2, 2, 1, 777, 2, 1, 16, 32, false, false, true},
-      Case{"v1_tq3_gqa", 2, 1, 3, 301, 4, 2, 16, 32, false, false, true},
-      Case{"v2_tq3", 2, 1, 3, 613, 4, 2, 8, 8, true, true, true},
-      Case{"v2_not_causal", 2, 2, 1, 515, 2, 2, 16, 16, true, true, false},
-      Case{"standard_gqa", 1, 1, 1, 999, 4, 1, 16, 16, false, false, true},
-      Case{"standard_tq3", 1, 2, 3, 257, 2, 2, 8, 8, false, false, false},
-      Case{"odd_dims", 2, 1, 3, 389, 2, 1, 5, 7, false, false, true},
-      Case{"two_threads", 2, 1, 1, 12001, 2, 1, 16, 32, false, false, true},
-      Case{"short_cache", 2, 1, 3, 37, 2, 1, 8, 16, false, false, true},  // decode path below 256
-      Case{"prefill_tiled", 2, 1, 40, 40, 2, 1, 8, 16, false, false, true},
-  };
-  for (const Case& c : cases) {
+  for (const AttnCase& c : bench::cache16_test_cases()) {
     for (const DType dt : {DType::BF16, DType::F16}) {
       SCOPED_TRACE(std::string(c.name) + " " + dtype_name(dt));
       const Problem pr = problem_of(c, 61);
@@ -265,14 +176,14 @@ TEST(FusedDecode, Cache16MatchesFloat64ReferenceAndTheFloat32Path) {
       rounded.k = kv.k_rounded;
       rounded.v = kv.v_rounded;
       const testing::FwdResult truth64 = testing::run_fwd(pr, Backend::Reference);
-      const std::vector<float> plain = testing::naive_fwd(rounded.params());
+      const std::vector<float> plain = bench::naive_fwd(rounded.params());
       const testing::FwdResult truth_r = testing::run_fwd(rounded, Backend::Reference);
       const testing::FwdResult f32_r = testing::run_fwd(rounded, Backend::Fused);
       const std::vector<float> naive_r = plain;
       for (int route = 0; route < 3; ++route) {
         SCOPED_TRACE(route == 0 ? "auto" : route == 1 ? "attention_decode, 5 splits" : "reference");
         testing::FwdResult got;
-        AttnParams p = kv.params(pr, dt, got);
+        AttnParams p = kv.params(pr, got);
         if (route == 0) {
           attention_fwd(p);
         } else if (route == 1) {
@@ -294,10 +205,10 @@ TEST(FusedDecode, Cache16MatchesFloat64ReferenceAndTheFloat32Path) {
 }
 
 TEST(FusedDecode, Cache16RefusedWhereFloat32IsNeeded) {
-  const Problem pr = problem_of(Case{"", 2, 1, 1, 300, 2, 1, 8, 16, false, false, true}, 62);
+  const Problem pr = problem_of(AttnCase{"", 2, 1, 1, 300, 2, 1, 8, 16, false, false, true}, 62);
   const Kv16 kv(pr, DType::BF16);
   testing::FwdResult res;
-  AttnParams p = kv.params(pr, DType::BF16, res);
+  AttnParams p = kv.params(pr, res);
   AttnBwdParams bp(p);
   std::vector<float> dout(res.out.size(), 1.0f), dq(pr.q.size()), dk(pr.k.size()), dv(pr.v.size()),
       dlam(pr.lam.size());
@@ -332,7 +243,7 @@ TEST(FusedStrides, StridedViewsGiveTheContiguousResult) {
   const int64_t B = 2, Tq = 19, Tk = 83, H = 2, G = 1, D = 8, Dv = 16, Tcap = 101;
   for (bool causal : {false, true}) {
     SCOPED_TRACE(causal ? "causal" : "not causal");
-    const Problem pr = problem_of(Case{"", 2, B, Tq, Tk, H, G, D, Dv, false, false, causal}, 41);
+    const Problem pr = problem_of(AttnCase{"", 2, B, Tq, Tk, H, G, D, Dv, false, false, causal}, 41);
     const int64_t qrow = 2 * H * D + 5, krow = 2 * G * D + 3, vrow = G * Dv + 1,
                   orow = H * Dv + 4;
     std::vector<float> qbuf(B * Tq * qrow, NAN), kbuf(B * Tcap * krow, NAN),
@@ -345,7 +256,7 @@ TEST(FusedStrides, StridedViewsGiveTheContiguousResult) {
         std::copy_n(&pr.v[(b * Tk + t) * G * Dv], G * Dv, &vbuf[(b * Tcap + t) * vrow]);
       }
     }
-    const std::vector<float> dout = testing::randn(B * Tq * H * Dv, 5);
+    const std::vector<float> dout = bench::randn(B * Tq * H * Dv, 5);
     std::vector<float> dout_buf(B * Tq * orow, NAN);
     for (int64_t bt = 0; bt < B * Tq; ++bt)
       std::copy_n(&dout[bt * H * Dv], H * Dv, &dout_buf[bt * orow]);
@@ -418,7 +329,7 @@ TEST(FusedStrides, StridedViewsGiveTheContiguousResult) {
     pq.q.resize(B * 2 * 2 * H * D);
     for (int64_t b = 0; b < B; ++b)
       std::copy_n(&pr.q[b * Tq * 2 * H * D], 2 * 2 * H * D, &pq.q[b * 2 * 2 * H * D]);
-    std::vector<float> naive = testing::naive_fwd(pq.params()), naive_buf(ref_out.size(), 0.0f);
+    std::vector<float> naive = bench::naive_fwd(pq.params()), naive_buf(ref_out.size(), 0.0f);
     for (int64_t bt = 0; bt < B * 2; ++bt) std::copy_n(&naive[bt * H * Dv], H * Dv, &naive_buf[bt * orow]);
     expect_close("decode out", got_out, ref_out, naive_buf);
     expect_lse_close(got_lse, ref_lse);
@@ -428,14 +339,14 @@ TEST(FusedStrides, StridedViewsGiveTheContiguousResult) {
 // ---- numerical edge cases ----
 
 TEST(FusedEdgeCases, HugeLogits) {
-  Problem pr = problem_of(Case{"", 2, 1, 40, 40, 2, 1, 8, 16, false, true, true, -0.5f, 1.5f}, 51);
+  Problem pr = problem_of(AttnCase{"", 2, 1, 40, 40, 2, 1, 8, 16, false, true, true, -0.5f, 1.5f}, 51);
   for (float& x : pr.q) x *= 4e3f;  // scores around +-1e4
   const testing::FwdResult ref = testing::run_fwd(pr, Backend::Reference);
   const testing::FwdResult got = testing::run_fwd(pr, Backend::Fused);
   ASSERT_TRUE(testing::all_finite(got.out) && testing::all_finite(got.lse));
-  expect_close("out", got.out, ref.out, testing::naive_fwd(pr.params()));
+  expect_close("out", got.out, ref.out, bench::naive_fwd(pr.params()));
   const testing::BwdResult g =
-      testing::run_bwd(pr, testing::randn(ref.out.size(), 3), Backend::Fused);
+      testing::run_bwd(pr, bench::randn(ref.out.size(), 3), Backend::Fused);
   EXPECT_TRUE(testing::all_finite(g.dq) && testing::all_finite(g.dk) &&
               testing::all_finite(g.dv) && testing::all_finite(g.dlam));
 }
@@ -443,21 +354,21 @@ TEST(FusedEdgeCases, HugeLogits) {
 TEST(FusedEdgeCases, RowsThatSeeNoKeyAreZero) {
   // Causal with Tq > Tk: rows 0..Tq-Tk-1 see no key: out 0, lse +inf, gradients 0.
   for (int64_t Tk : {3, 300}) {
-    Problem pr = problem_of(Case{"", 2, 1, Tk + 5, Tk, 1, 1, 4, 8, false, false, true}, 52);
+    Problem pr = problem_of(AttnCase{"", 2, 1, Tk + 5, Tk, 1, 1, 4, 8, false, false, true}, 52);
     const testing::FwdResult got = testing::run_fwd(pr, Backend::Fused);
     for (int64_t i = 0; i < 5; ++i) {
       for (int64_t d = 0; d < 8; ++d) EXPECT_EQ(got.out[i * 8 + d], 0.0f);
       EXPECT_TRUE(std::isinf(got.lse[i]) && got.lse[i] > 0);
     }
     const testing::BwdResult g =
-        testing::run_bwd(pr, testing::randn(got.out.size(), 4), Backend::Fused);
+        testing::run_bwd(pr, bench::randn(got.out.size(), 4), Backend::Fused);
     for (int64_t x = 0; x < 5 * 2 * 4; ++x) EXPECT_EQ(g.dq[x], 0.0f);
     check_forward(pr, "masked rows");
   }
 }
 
 TEST(FusedEdgeCases, ClampRowThatClampsToAllZerosStaysZero) {
-  Problem pr = problem_of(Case{"", 2, 1, 30, 30, 1, 1, 3, 6, false, false, false}, 53);
+  Problem pr = problem_of(AttnCase{"", 2, 1, 30, 30, 1, 1, 3, 6, false, false, false}, 53);
   pr.mode = DiffMode::Clamp;
   for (int64_t t = 0; t < 30; ++t) {
     for (int64_t d = 0; d < 3; ++d) {
@@ -471,11 +382,11 @@ TEST(FusedEdgeCases, ClampRowThatClampsToAllZerosStaysZero) {
 }
 
 TEST(FusedEdgeCases, EmptyShapes) {
-  Problem pr = problem_of(Case{"", 2, 0, 5, 5, 1, 1, 4, 8, false, false, false}, 54);
+  Problem pr = problem_of(AttnCase{"", 2, 0, 5, 5, 1, 1, 4, 8, false, false, false}, 54);
   EXPECT_TRUE(testing::run_fwd(pr, Backend::Fused).out.empty());
-  pr = problem_of(Case{"", 2, 1, 0, 5, 1, 1, 4, 8, false, false, false}, 54);
+  pr = problem_of(AttnCase{"", 2, 1, 0, 5, 1, 1, 4, 8, false, false, false}, 54);
   EXPECT_TRUE(testing::run_fwd(pr, Backend::Fused).out.empty());
-  pr = problem_of(Case{"", 2, 1, 3, 0, 1, 1, 4, 8, false, false, false}, 54);
+  pr = problem_of(AttnCase{"", 2, 1, 3, 0, 1, 1, 4, 8, false, false, false}, 54);
   const testing::FwdResult f = testing::run_fwd(pr, Backend::Fused);
   for (float x : f.out) EXPECT_EQ(x, 0.0f);
 }
@@ -485,6 +396,101 @@ TEST(FusedDispatch, BackendNamesAndSimdTarget) {
   EXPECT_EQ(resolve_backend(Backend::Fused), Backend::Fused);
   const std::string target = fused_simd_target();
   EXPECT_FALSE(target.empty());
+}
+
+// ---- the case itself: what `diffattn bench` reports and the rules the tests above use ----
+
+AttnCase catalogue_case(const std::vector<AttnCase>& cases, const std::string& name) {
+  for (const AttnCase& c : cases) {
+    if (c.name == name) return c;
+  }
+  ADD_FAILURE() << "no case " << name << " in the catalogue";
+  return cases.front();
+}
+
+TEST(AttnCase, FlopsAndBytesAreTheKernelsCounts) {
+  // The default V1 row of `diffattn bench`: causal, 4096 x 4096, 4 pairs of D=64, Dv=128.
+  const AttnCase c{"v1", 2, 1, 4096, 4096, 4, 4, 64, 128, false, false, true};
+  const double pairs = 4096.0 * 4097.0 / 2;  // query i sees keys 0..i
+  EXPECT_DOUBLE_EQ(c.fwd_flops(), pairs * 4 * 2 * 2 * (64 + 128));
+  EXPECT_DOUBLE_EQ(c.bwd_flops(), 2.5 * c.fwd_flops());
+  const bench::Tensors t(c, 1, /*with_grads=*/false);
+  EXPECT_DOUBLE_EQ(c.fwd_flops(), attention_fwd_flops(t.p));
+  EXPECT_EQ(c.str(), "B=1 H=4 G=4 Tq=4096 Tk=4096 D=64 Dv=128 V1");
+  // Decode: K (2G heads of D) and V (G heads of Dv) once, 4 bytes each; half in 16 bits.
+  AttnCase d = c.with_lengths(1, 32768);
+  EXPECT_DOUBLE_EQ(d.kv_bytes(), 4.0 * 32768 * (8 * 64 + 4 * 128));
+  d.kv_dtype = DType::BF16;
+  EXPECT_DOUBLE_EQ(d.kv_bytes(), 2.0 * 32768 * (8 * 64 + 4 * 128));
+  // The peers: standard of equal parameters (2H heads of D, 2G groups) and V2 of that size.
+  const AttnCase s = bench::standard_equivalent(c), v2 = bench::v2_equivalent(c);
+  EXPECT_EQ(s.str(), "B=1 H=8 G=8 Tq=4096 Tk=4096 D=64 Dv=64");
+  EXPECT_EQ(v2.str(), "B=1 H=8 G=8 Tq=4096 Tk=4096 D=64 Dv=64 V2");
+  EXPECT_DOUBLE_EQ(v2.fwd_flops(), 2 * s.fwd_flops());
+  EXPECT_DOUBLE_EQ(v2.with_lengths(1, 100).kv_bytes(), s.with_lengths(1, 100).kv_bytes());
+}
+
+TEST(AttnCase, SeededInputsRepeatAndLambdaStaysInItsRange) {
+  const AttnCase c = catalogue_case(bench::fused_test_cases(), "lambda_outside_unit");  // [-0.9, 1.8]
+  const bench::CaseInputs a = bench::make_inputs(c, 5), b = bench::make_inputs(c, 5),
+                          other = bench::make_inputs(c, 6);
+  EXPECT_EQ(a.q, b.q);
+  EXPECT_EQ(a.lam, b.lam);
+  EXPECT_NE(a.q, other.q);
+  ASSERT_EQ(a.lam.size(), static_cast<size_t>(c.B * c.Tq * c.H));
+  bool below0 = false, above1 = false;
+  for (float x : a.lam) {
+    EXPECT_TRUE(x >= -0.9f && x <= 1.8f) << x;
+    below0 |= x < 0, above1 |= x > 1;
+  }
+  EXPECT_TRUE(below0 && above1);
+}
+
+TEST(AttnCase, RulesRejectWhatTheyShould) {
+  const std::vector<float> truth{1.0f, -2.0f, 0.5f}, naive{1.0f + 1e-6f, -2.0f, 0.5f};
+  // bound = 8 * 1e-6 (naive error, as float) + 32 eps * 2 (scale)
+  const double bound = 8.0 * std::abs(static_cast<double>(naive[0]) - 1.0) + 32 * bench::kEps32 * 2;
+  EXPECT_TRUE(bench::compare("x", truth, truth, naive).ok());
+  bench::Comparison inside = bench::compare("x", {1.0f, -2.0f, 0.5f + 7e-6f}, truth, naive);
+  EXPECT_TRUE(inside.ok()) << inside.str();
+  EXPECT_DOUBLE_EQ(inside.bound, bound);
+  EXPECT_EQ(inside.worst, 2);
+  EXPECT_FALSE(bench::compare("x", {1.0f, -2.0f, 0.5f + 2e-5f}, truth, naive).ok());
+  EXPECT_FALSE(bench::compare("x", {NAN, -2.0f, 0.5f}, truth, naive).ok());
+  EXPECT_FALSE(bench::compare("x", {1.0f, -2.0f}, truth, naive).ok());  // sizes differ
+  // The scale floor widens the bound where the values cancel.
+  EXPECT_FALSE(bench::compare("x", {1e-6f}, {0.0f}, {0.0f}).ok());
+  EXPECT_TRUE(bench::compare("x", {1e-6f}, {0.0f}, {0.0f}, 1000.0).ok());
+  // lse: +inf exactly where the reference has it; otherwise 64 eps (1 + |lse|).
+  const std::vector<float> lse{INFINITY, 3.0f};
+  EXPECT_TRUE(bench::compare_lse(lse, lse).ok());
+  EXPECT_FALSE(bench::compare_lse({3.0f, 3.0f}, lse).ok());
+  EXPECT_FALSE(bench::compare_lse({INFINITY, INFINITY}, lse).ok());
+  EXPECT_FALSE(bench::compare_lse({INFINITY, 3.0f + 1e-4f}, lse).ok());
+  EXPECT_EQ(bench::compare_lse({INFINITY, NAN}, lse).failures, 1);
+  // 16 bits: 2x the plain computation's error; a rounding that changed nothing is vacuous.
+  EXPECT_TRUE(bench::compare_dtype("x", {1.01f}, {1.0f}, {1.01f}).ok());
+  EXPECT_FALSE(bench::compare_dtype("x", {1.03f}, {1.0f}, {1.01f}).ok());
+  EXPECT_FALSE(bench::compare_dtype("x", {1.0f}, {1.0f}, {1.0f}).ok());
+}
+
+TEST(AttnCase, CheckCaseCatchesAWrongResult) {
+  // check_case runs what `diffattn bench --check` runs: on a good kernel every tensor passes,
+  // and the same comparison on a result nudged by 1e-3 fails.
+  const AttnCase c = catalogue_case(bench::fused_test_cases(), "t97_v1_causal");
+  for (const bench::Comparison& x : bench::check_case(c, 1, /*backward=*/true)) {
+    EXPECT_TRUE(x.ok()) << x.str();
+  }
+  AttnCase c16 = catalogue_case(bench::cache16_test_cases(), "v1_tq3_gqa");
+  c16.kv_dtype = DType::F16;
+  const std::vector<bench::Comparison> r16 = bench::check_case(c16, 1, false);
+  ASSERT_EQ(r16.size(), 4u);  // out vs float64, out, lse, o2
+  for (const bench::Comparison& x : r16) EXPECT_TRUE(x.ok()) << x.str();
+  Problem pr = problem_of(c, 1);
+  const testing::FwdResult ref = testing::run_fwd(pr, Backend::Reference);
+  std::vector<float> wrong = testing::run_fwd(pr, Backend::Fused).out;
+  wrong[wrong.size() / 2] += 1e-3f;
+  EXPECT_FALSE(bench::compare("out", wrong, ref.out, bench::naive_fwd(pr.params())).ok());
 }
 
 }  // namespace

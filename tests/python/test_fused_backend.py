@@ -1,7 +1,8 @@
 """The Python operators run the fused kernels by default; backend="reference" or the
 environment variable DIFFATTN_BACKEND=reference force the reference. (Their agreement with
 PyTorch over every shape is in test_operator_torch.py, which runs the default backend.)
-Also: `diffattn bench --json` runs and reports every row with its rates."""
+Also: `diffattn bench --json` runs and reports every row with its rates, and `--check` checks
+every timed fused case against the reference under the C++ tests' accuracy rule."""
 
 import io
 import json
@@ -98,3 +99,40 @@ def test_bench_json_reports_every_row():
         else:
             assert r["gflops"] > 0 and r["x_sgemm"] > 0
     assert 0 < report["peak_rss"]["mb"] < 1024
+
+
+@pytest.mark.skipif(not os.path.exists(TOOL), reason="needs build/diffattn")
+def test_bench_check_reports_every_fused_row():
+    cmd = [TOOL, "--threads", "1", "bench", "--json", "--check", "--T", "64", "--ref-T", "32",
+           "--decode-T", "300", "--rss-T", "0", "--rounds", "1", "--sgemm-n", "64",
+           "--bandwidth-mb", "8", "--check-T", "40"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    rows = json.loads(run.stdout)["rows"]
+    checked = 0
+    for r in rows:
+        if r["variant"] == "reference" or (r["op"] == "bwd" and r["variant"] == "upstream recipe"):
+            assert "check" not in r
+            continue
+        c = r["check"]
+        assert c["ok"] and 0 <= c["error_over_bound"] <= 1, r
+        names = {t["name"] for t in c["tensors"]}
+        if r["variant"] == "upstream recipe":
+            assert names == {"recipe out"}
+        else:
+            assert {"out", "lse"} <= names
+            if r["op"] == "bwd":
+                assert {"dq", "dk", "dv"} <= names
+            if "kv" in r["variant"]:
+                assert "out vs float64 on unrounded K/V" in names
+        # forward/backward rows longer than --check-T are checked at it, the others (decode
+        # rows, the T=32 rows) at their own size
+        if "Tq=64 " in r["shape"]:
+            assert c["shape"] == r["shape"].replace("Tq=64 Tk=64", "Tq=40 Tk=40")
+        else:
+            assert c["shape"] == r["shape"]
+        checked += 1
+    assert checked >= 20
+    bad = subprocess.run([TOOL, "bench", "--check", "--check-T", "0"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode != 0 and "--check-T" in bad.stderr

@@ -11,7 +11,7 @@
 #include "diffattn/kernels/attention.h"
 #include "kernels/indexing.h"
 
-namespace diffattn::testing {
+namespace diffattn::bench {
 
 // One row's softmax over its n visible keys, in float; probs sized Tk (zeros beyond n).
 inline void naive_row(const Rows& r, int64_t b, int64_t i, int64_t h, int m, int64_t n,
@@ -122,4 +122,4 @@ inline NaiveGrads naive_bwd(const AttnParams& p, const float* dout /* (B, Tq, H,
   return g;
 }
 
-}  // namespace diffattn::testing
+}  // namespace diffattn::bench
