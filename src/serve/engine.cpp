@@ -101,6 +101,7 @@ Engine::Engine(Model& model, const EngineOptions& o)
   if (o.max_batch < 1 || o.max_waiting < 0 || o.prefill_chunk < 1) {
     throw InvalidArgument("engine: max_batch and prefill_chunk must be >= 1, max_waiting >= 0");
   }
+  pools_ = m_.kv_pools(o.n_blocks, o.block_size, o.kv_dtype);
   stats_.total_blocks = stats_.free_blocks = alloc_.total();
   thread_ = std::thread([this] { loop(); });
 }
@@ -172,8 +173,6 @@ void Engine::finish(Running& r, Finish f, const std::string& error) {
   }
   r.seq->cv_.notify_all();
   alloc_.release(r.blocks);
-  r.cache.clear();
-  r.cache.shrink_to_fit();
 }
 
 bool Engine::take(Running& r, const float* logits) {
@@ -250,8 +249,8 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
     stats_.waiting = static_cast<int64_t>(waiting_.size());
   }
   // 3. Advance each running sequence by a decode step or a prompt chunk: the decode steps of
-  // all sequences past their prompt together (one infer_rows: the FFN and the output head over
-  // the batch), the prompt chunks one sequence at a time.
+  // all sequences past their prompt together (one decode_paged: the products over the batch,
+  // one paged attention call per layer), the prompt chunks one sequence at a time.
   int64_t budget = o_.prefill_chunk, advanced = 0, prompt_done = 0;
   std::vector<Running*> decoding;
   for (auto& r : running) {
@@ -262,16 +261,26 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
   if (!decoding.empty()) {
     const int64_t n = static_cast<int64_t>(decoding.size()), V = m_.config().vocab_size;
     std::vector<int32_t> toks(static_cast<size_t>(n));
-    std::vector<std::vector<nn::KVCache>*> caches(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) {
-      toks[static_cast<size_t>(i)] = decoding[static_cast<size_t>(i)]->last;
-      caches[static_cast<size_t>(i)] = &decoding[static_cast<size_t>(i)]->cache;
+    int64_t stride = 1;
+    for (const Running* r : decoding) {
+      stride = std::max<int64_t>(stride, static_cast<int64_t>(r->blocks.size()));
     }
+    tables_.assign(static_cast<size_t>(n * stride), -1);  // entries past a table: never read
+    lens_.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const Running& r = *decoding[static_cast<size_t>(i)];
+      toks[static_cast<size_t>(i)] = r.last;
+      std::copy(r.blocks.begin(), r.blocks.end(), tables_.begin() + i * stride);
+      lens_[static_cast<size_t>(i)] = r.pos + 1;  // the new token's position + 1
+    }
+    const nn::PagedSeqs seqs{n, tables_.data(), stride, lens_.data()};
     batch_logits_.resize(static_cast<size_t>(n * V));
     try {
-      m_.infer_rows(toks.data(), n, caches.data(), batch_logits_.data());
+      m_.decode_paged(toks.data(), pools_, seqs, batch_logits_.data());
       for (int64_t i = 0; i < n; ++i) {
-        take(*decoding[static_cast<size_t>(i)], &batch_logits_[static_cast<size_t>(i * V)]);
+        Running& r = *decoding[static_cast<size_t>(i)];
+        ++r.pos;
+        take(r, &batch_logits_[static_cast<size_t>(i * V)]);
       }
     } catch (const std::exception& e) {
       for (Running* r : decoding) {
@@ -283,19 +292,13 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
   for (auto& r : running) {
     const int64_t P = static_cast<int64_t>(r->req.prompt.size());
     try {
-      if (r->prefilled < P) {
+      if (r->prefilled < P && !r->blocks.empty()) {
         if (budget <= 0) continue;
-        if (r->cache.empty()) {
-          // A fresh cache for this sequence's span, built by the model and swapped out.
-          const int64_t span = P + r->req.max_tokens;
-          m_.cache_reset(1, span);
-          m_.cache_swap(r->cache);
-        }
         const int64_t n = std::min(budget, P - r->prefilled);
-        m_.cache_swap(r->cache);
-        m_.infer(r->req.prompt.data() + r->prefilled, 1, n, logits.data());
-        m_.cache_swap(r->cache);
+        m_.prefill_paged(r->req.prompt.data() + r->prefilled, n, pools_, r->blocks.data(),
+                         static_cast<int64_t>(r->blocks.size()), r->pos, logits.data());
         r->prefilled += n;
+        r->pos += n;
         budget -= n;
         prompt_done += n;
         ++advanced;
