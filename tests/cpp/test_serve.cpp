@@ -175,40 +175,46 @@ TEST_P(EngineKinds, DecodePagedEqualsInferAlone) {
 // Sequences of different prompt lengths, joining while others run, each give the ids that
 // generate_ids gives for it alone (greedy), and sampled ones the same ids for the same seed.
 TEST_P(EngineKinds, BatchedSequencesMatchGenerateAlone) {
-  Model m = tiny_model(GetParam(), 3);
-  Model ref = tiny_model(GetParam(), 3);
-  const int64_t V = m.config().vocab_size;
-  EngineOptions eo;
-  eo.block_size = 4;
-  eo.n_blocks = 200;
-  eo.prefill_chunk = 7;  // prompts of up to 30 tokens go in several chunks between decode steps
-  Engine e(m, eo);
-  std::vector<std::shared_ptr<Sequence>> seqs;
-  std::vector<SeqRequest> reqs;
-  for (int i = 0; i < 6; ++i) {
-    SeqRequest r;
-    r.prompt = prompt_of(1 + i * 5, i, V);
-    r.max_tokens = 20 + i;
-    r.sampler.temperature = i % 2 == 0 ? 0.0 : 0.9;
-    r.sampler.seed = 100 + static_cast<uint64_t>(i);
-    reqs.push_back(r);
-    seqs.push_back(e.submit(r));
-    if (i == 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // join mid-run
+  // The pool in float32 and in BF16 (against generate_ids with a BF16 cache of its own).
+  for (const DType dt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Model m = tiny_model(GetParam(), 3);
+    Model ref = tiny_model(GetParam(), 3);
+    const int64_t V = m.config().vocab_size;
+    EngineOptions eo;
+    eo.block_size = 4;
+    eo.n_blocks = 200;
+    eo.prefill_chunk = 7;  // prompts of up to 30 tokens go in several chunks between decode steps
+    eo.kv_dtype = dt;
+    Engine e(m, eo);
+    std::vector<std::shared_ptr<Sequence>> seqs;
+    std::vector<SeqRequest> reqs;
+    for (int i = 0; i < 6; ++i) {
+      SeqRequest r;
+      r.prompt = prompt_of(1 + i * 5, i, V);
+      r.max_tokens = 20 + i;
+      r.sampler.temperature = i % 2 == 0 ? 0.0 : 0.9;
+      r.sampler.seed = 100 + static_cast<uint64_t>(i);
+      reqs.push_back(r);
+      seqs.push_back(e.submit(r));
+      if (i == 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // join mid-run
+    }
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      Finish how = Finish::kNone;
+      const std::vector<int32_t> got = drain(*seqs[i], &how);
+      data::GenerateOptions go;
+      go.max_new = reqs[i].max_tokens;
+      go.sampler = reqs[i].sampler;
+      go.kv_dtype = dt;
+      const std::vector<int32_t> want = data::generate_ids(ref, reqs[i].prompt, go);
+      EXPECT_EQ(got, want) << "sequence " << i;
+      EXPECT_EQ(how, Finish::kLength);
+      EXPECT_EQ(seqs[i]->prompt_tokens(), static_cast<int64_t>(reqs[i].prompt.size()));
+    }
+    const EngineStats s = e.stats();
+    EXPECT_EQ(s.free_blocks, s.total_blocks);
+    EXPECT_EQ(s.running, 0);
   }
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    Finish how = Finish::kNone;
-    const std::vector<int32_t> got = drain(*seqs[i], &how);
-    data::GenerateOptions go;
-    go.max_new = reqs[i].max_tokens;
-    go.sampler = reqs[i].sampler;
-    const std::vector<int32_t> want = data::generate_ids(ref, reqs[i].prompt, go);
-    EXPECT_EQ(got, want) << "sequence " << i;
-    EXPECT_EQ(how, Finish::kLength);
-    EXPECT_EQ(seqs[i]->prompt_tokens(), static_cast<int64_t>(reqs[i].prompt.size()));
-  }
-  const EngineStats s = e.stats();
-  EXPECT_EQ(s.free_blocks, s.total_blocks);
-  EXPECT_EQ(s.running, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, EngineKinds,
