@@ -389,7 +389,8 @@ struct DecodeWork {
 };
 
 // Runs every (slot, group slice) of w and merges each sequence's slots into p.out (lse, o2).
-// kv(E-tag, b) gives sequence b's rows: ContiguousKV or PagedKV.
+// KV<E>(src, b) addresses sequence b's rows: ContiguousKV (src: the problem) or PagedKV (src:
+// the paged params).
 template <template <typename> class KV, typename Src>
 void RunDecode(const AttnDecodeParams& p, const DecodeLayout& f, int threads, const DecodeWork& w,
                const Src& src) {

@@ -308,23 +308,27 @@ void attn_layer_fwd_paged(float* out, AttnLayerActs& acts, const float* inp,
           static_cast<size_t>(scratch.capacity * s.n_k())) {
     scratch.reset(s, 1, pos0 + T, pool.kv_dtype);
   }
-  const bool f32 = pool.kv_dtype == DType::F32;
+  // n rows of `row` elements from block position `at` of a pool array to row j0 of the copy.
+  auto copy_rows = [](auto* dst, const auto* src, int64_t j0, int64_t at, int64_t n, int64_t row) {
+    std::memcpy(dst + j0 * row, src + at * row, sizeof(*dst) * static_cast<size_t>(n * row));
+  };
   const int64_t bs = pool.block_size;
   for (int64_t j0 = 0; j0 < pos0; j0 += bs) {
     const int64_t n = std::min(bs, pos0 - j0), at = static_cast<int64_t>(table[j0 / bs]) * bs;
-    const size_t nk = static_cast<size_t>(n * s.n_k()), nv = static_cast<size_t>(n * s.n_v());
-    if (f32) {
-      std::memcpy(&scratch.k[static_cast<size_t>(j0 * s.n_k())], &pool.k[static_cast<size_t>(at * s.n_k())], nk * sizeof(float));
-      std::memcpy(&scratch.v[static_cast<size_t>(j0 * s.n_v())], &pool.v[static_cast<size_t>(at * s.n_v())], nv * sizeof(float));
+    if (pool.kv_dtype == DType::F32) {
+      copy_rows(scratch.k.data(), pool.k.get(), j0, at, n, s.n_k());
+      copy_rows(scratch.v.data(), pool.v.get(), j0, at, n, s.n_v());
     } else {
-      std::memcpy(&scratch.k16[static_cast<size_t>(j0 * s.n_k())], &pool.k16[static_cast<size_t>(at * s.n_k())], nk * 2);
-      std::memcpy(&scratch.v16[static_cast<size_t>(j0 * s.n_v())], &pool.v16[static_cast<size_t>(at * s.n_v())], nv * 2);
+      copy_rows(scratch.k16.data(), pool.k16.get(), j0, at, n, s.n_k());
+      copy_rows(scratch.v16.data(), pool.v16.get(), j0, at, n, s.n_v());
     }
   }
   scratch.len = pos0;
   attn_layer_fwd(out, acts, inp, w, s, 1, T, cos_t, sin_t, &scratch, false);
   // The chunk's K/V rows (after RoPE, in acts.proj) into the sequence's blocks.
-  for (int64_t t = 0; t < T; ++t) append_kv(pool, s, table, pos0 + t, acts.proj.data() + t * s.n_proj());
+  for (int64_t t = 0; t < T; ++t) {
+    append_kv(pool, s, table, pos0 + t, acts.proj.data() + t * s.n_proj());
+  }
 }
 
 AttnBwdParams attn_layer_params(const AttnLayerActs& acts, const AttnLayerShape& s, int64_t B,
