@@ -540,6 +540,40 @@ TEST(FusedDecodePaged, OneAndTwoThreadsAndTheReferenceBackend) {
   EXPECT_EQ(std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)), 0);
 }
 
+// Calls big enough for two threads (>= 1 MiB of K/V a thread): one long sequence of 8 KiB key
+// rows cut into 5 key splits, fewer than the 8 items two threads want, so each split is also
+// cut into head-group slices; and 16 short sequences, one split each. Slices and splits
+// change who computes a row, not its arithmetic: bit for bit what one thread computes, and
+// what attention_decode computes for each sequence alone.
+TEST(FusedDecodePaged, TwoThreadsSplitSequencesKeysAndHeadGroupsBitForBit) {
+  const PagedVariant wide{"v1_wide", 2, 8, 8, 64, 128, false, false};
+  const std::vector<std::vector<int64_t>> shapes = {
+      {2100}, {40, 33, 17, 64, 5, 48, 40, 1, 16, 32, 40, 40, 39, 41, 60, 70}};
+  const int saved = num_threads();
+  for (const std::vector<int64_t>& lens : shapes) {
+    SCOPED_TRACE(std::to_string(lens.size()) + " sequences");
+    const PagedCase pc(wide, 16, DType::F32, lens, 75);
+    std::vector<float> one, two;
+    PagedDecodeParams p1 = pc.params(one), p2 = pc.params(two);
+    p1.key_chunk = p2.key_chunk = 512;
+    set_num_threads(1);
+    attention_decode_paged(p1);
+    set_num_threads(2);
+    attention_decode_paged(p2);
+    set_num_threads(saved);
+    EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0);
+    const int64_t n = wide.H * wide.Dv;
+    for (int64_t b = 0; b < static_cast<int64_t>(lens.size()); ++b) {
+      const std::vector<float> alone = pc.contiguous_decode(b, 512);
+      EXPECT_EQ(std::memcmp(&two[static_cast<size_t>(b * n)], alone.data(), alone.size() * 4), 0)
+          << "sequence " << b;
+    }
+    const Problem& r = pc.rounded[0];
+    expect_close("out of sequence 0", slice(two, 0, n), testing::run_fwd(r, Backend::Reference).out,
+                 testing::naive_fwd(r.params()));
+  }
+}
+
 // Strided q and out (q rows of a fused projection buffer, out rows with padding).
 TEST(FusedDecodePaged, StridedQueryAndOutput) {
   const PagedCase pc(kPagedVariants[1], 16, DType::F32, {5, 40, 33}, 73);
