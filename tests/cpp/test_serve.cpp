@@ -251,6 +251,12 @@ TEST(Engine, FullPoolQueuesThenRefusesBeyondTheQueue) {
   eo.block_size = 8;
   eo.n_blocks = 5;  // 40 positions: one sequence of 10 + 25
   eo.max_waiting = 2;
+  // The engine holds before its second step until every submission is in: without the hold a
+  // fast engine can finish the first sequence (and admit a waiting one) during the submissions.
+  std::atomic<bool> submitted{false};
+  eo.before_step = [&](int64_t step) {
+    while (step >= 1 && !submitted.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
   Engine e(m, eo);
   SeqRequest r;
   r.prompt = prompt_of(10, 2, 61);
@@ -272,6 +278,7 @@ TEST(Engine, FullPoolQueuesThenRefusesBeyondTheQueue) {
       EXPECT_NE(std::string(q.what()).find("at capacity"), std::string::npos);
     }
   }
+  submitted = true;
   EXPECT_GE(refused, 3);
   EXPECT_LE(seqs.size(), 3u);
   for (auto& s : seqs) EXPECT_EQ(drain(*s), want);
