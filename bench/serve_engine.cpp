@@ -2,7 +2,8 @@
 // serve::Engine, each a short prompt and --max-tokens sampled tokens, timed to the last token.
 // Reports aggregate generated tokens/s per N, and the same N sequences decoded one after another
 // with data::generate_ids (one sequence at a time, the model's own KV cache) for reference.
-//   build/bench/bench_serve_engine MODEL_DIR [max_tokens=128] [N,N,...=1,4,16,64]
+//   build/bench/bench_serve_engine MODEL_DIR [max_tokens=128] [N,N,...=1,4,16,64] [engine]
+// (a fourth argument "engine" skips the one-at-a-time runs: for profiling the engine alone)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -19,7 +20,7 @@ using Clock = std::chrono::steady_clock;
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: bench_serve_engine MODEL_DIR [max_tokens] [N,N,...]\n");
+    std::fprintf(stderr, "usage: bench_serve_engine MODEL_DIR [max_tokens] [N,N,...] [engine]\n");
     return 2;
   }
   try {
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
     std::stringstream list(argc > 3 ? argv[3] : "1,4,16,64");
     for (std::string x; std::getline(list, x, ',');) ns.push_back(std::atoll(x.c_str()));
     const int64_t V = m.config().vocab_size;
+    const bool engine_only = argc > 4 && std::string(argv[4]) == "engine";
     auto prompt = [&](int64_t i) {
       std::vector<int32_t> p;
       for (int64_t t = 0; t < 16; ++t) p.push_back(static_cast<int32_t>((i * 31 + t * 7 + 1) % V));
@@ -62,6 +64,11 @@ int main(int argc, char** argv) {
       }
       const double engine_s = std::chrono::duration<double>(Clock::now() - t0).count();
       e.shutdown();
+      if (engine_only) {
+        std::printf("%8lld %16.1f\n", static_cast<long long>(n), tokens / engine_s);
+        std::fflush(stdout);
+        continue;
+      }
       const auto t1 = Clock::now();
       int64_t alone_tokens = 0;
       for (int64_t i = 0; i < n; ++i) {

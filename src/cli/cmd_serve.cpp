@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "cli/args.h"
+#include "diffattn/base/dtype.h"
 #include "serve/server.h"
 
 namespace diffattn::cli {
@@ -34,6 +35,9 @@ int run_serve(const std::vector<std::string>& argv) {
       .option("--max-waiting", "N", "256", "sequences waiting for the batch or KV blocks (more: 503)")
       .option("--kv-blocks", "N", "4096", "blocks in the KV pool")
       .option("--block-size", "N", "16", "KV positions per block")
+      .option("--kv-dtype", "T", "f32",
+              "the KV pool's storage: f32, bf16 or f16 (half the bytes, rounded once when\n"
+              "      written; attention still computes in float32)")
       .option("--prefill-chunk", "N", "512", "prompt tokens prefilled per step, over all sequences")
       .option("--workers", "N", "128", "connections served at once (each stream holds one)");
   if (!args.parse(argv)) return 0;
@@ -51,6 +55,7 @@ int run_serve(const std::vector<std::string>& argv) {
   o.engine.max_waiting = args.integer("--max-waiting", 0, 1 << 20);
   o.engine.n_blocks = args.integer("--kv-blocks", 1, int64_t{1} << 30);
   o.engine.block_size = args.integer("--block-size", 1, 4096);
+  o.engine.kv_dtype = parse_dtype(args.str("--kv-dtype"), "--kv-dtype");
   o.engine.prefill_chunk = args.integer("--prefill-chunk", 1, 1 << 20);
   o.workers = static_cast<int>(args.integer("--workers", 1, 4096));
   serve::run_server(o, [](const std::string& host, int port) {

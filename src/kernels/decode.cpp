@@ -219,83 +219,111 @@ HWY_INLINE void PrefetchSpan(const void* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 2);
 }
 
-// The cache of batch b as elements of type E (float: p.k/p.v; 16-bit: p.k16/p.v16).
+// Where key row j of one sequence's cache lies, as elements of type E (float: p.k/p.v;
+// 16-bit: k16/v16). Contiguous: row j at base + j * row stride (a KV cache with spare
+// capacity). Paged: row j % bs of block table[j / bs] of a pool. run(j): how many rows from j
+// on lie at the row stride from row j (a P V product over rows may not cross a block end).
 template <typename E>
-struct CacheRows {
+HWY_INLINE const E* AsE(const float* f, const uint16_t* h) {
+  if constexpr (std::is_same_v<E, float>) {
+    return f;
+  } else {
+    return reinterpret_cast<const E*>(h);
+  }
+}
+
+template <typename E>
+struct ContiguousKV {
   const E* k;
   const E* v;
-  int64_t k_rs, k_hs, v_rs, v_hs;
-  int64_t k_span, v_span;  // bytes from a row's first head to its last element
-  CacheRows(const AttnProblem& p, int64_t b) {
-    if constexpr (std::is_same_v<E, float>) {
-      k = p.k;
-      v = p.v;
-    } else {
-      k = reinterpret_cast<const E*>(p.k16);
-      v = reinterpret_cast<const E*>(p.v16);
-    }
-    k += b * p.k_batch_stride;
-    v += b * p.v_batch_stride;
-    k_rs = p.k_row_stride, k_hs = p.k_head_stride, v_rs = p.v_row_stride, v_hs = p.v_head_stride;
-    k_span = static_cast<int64_t>(sizeof(E)) * ((p.key_heads() - 1) * k_hs + p.D);
-    v_span = static_cast<int64_t>(sizeof(E)) * ((p.G - 1) * v_hs + p.Dv);
-  }
+  int64_t k_rs, v_rs, k_hs, v_hs;
+  ContiguousKV(const AttnProblem& p, int64_t b)
+      : k(AsE<E>(p.k, p.k16) + b * p.k_batch_stride),
+        v(AsE<E>(p.v, p.v16) + b * p.v_batch_stride),
+        k_rs(p.k_row_stride), v_rs(p.v_row_stride), k_hs(p.k_head_stride), v_hs(p.v_head_stride) {}
+  HWY_INLINE const E* krow(int64_t j) const { return k + j * k_rs; }
+  HWY_INLINE const E* vrow(int64_t j) const { return v + j * v_rs; }
+  HWY_INLINE int64_t run(int64_t) const { return std::numeric_limits<int64_t>::max(); }
 };
 
-// One chunk of keys of batch b for every group: partial m (M), l (L) and O of each row.
-// s: (G * Rg, Bk) scores of one tile. K and V are read in place as E (float, or a 16-bit
-// cache widened to float32 in registers as each vector is loaded).
 template <typename E>
-void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, int64_t ch,
-                 float* s, float* M, float* L, float* O) {
+struct PagedKV {
+  const E* k;  // the pools: (n_blocks, bs, key_heads, D), (n_blocks, bs, G, Dv)
+  const E* v;
+  const int32_t* table;  // this sequence's block ids
+  int64_t bs, k_rs, v_rs, k_hs, v_hs, k_block, v_block;
+  PagedKV(const PagedDecodeParams& pp, int64_t b)
+      : k(AsE<E>(pp.k_pool, pp.k16_pool)),
+        v(AsE<E>(pp.v_pool, pp.v16_pool)),
+        table(pp.block_tables + b * pp.table_stride),
+        bs(pp.block_size),
+        k_rs(pp.key_heads() * pp.D), v_rs(pp.G * pp.Dv), k_hs(pp.D), v_hs(pp.Dv),
+        k_block(pp.block_size * pp.key_heads() * pp.D), v_block(pp.block_size * pp.G * pp.Dv) {}
+  HWY_INLINE const E* krow(int64_t j) const {
+    return k + static_cast<int64_t>(table[j / bs]) * k_block + (j % bs) * k_rs;
+  }
+  HWY_INLINE const E* vrow(int64_t j) const {
+    return v + static_cast<int64_t>(table[j / bs]) * v_block + (j % bs) * v_rs;
+  }
+  HWY_INLINE int64_t run(int64_t j) const { return bs - j % bs; }
+};
+
+// Keys [j_begin, j_end) of sequence b for the groups [g0, g1): partial m (M), l (L) and O of
+// each of their rows (M, L: (G, Rg); O: (G, Rg, Dvp); only the groups' rows are written).
+// s: (G * Rg, Bk) scores of one tile. K and V are read in place as E (float, or a 16-bit
+// cache widened to float32 in registers as each vector is loaded), row by row through kv.
+template <typename E, typename KV>
+void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, int64_t g0,
+                 int64_t g1, int64_t j_begin, int64_t j_end, const KV& kv, float* s, float* M,
+                 float* L, float* O) {
   const Rows r(p);
-  const CacheRows<E> c(p, b);
-  const int64_t Bk = DecodeTiles::kBk, Rg = f.Rg, R = p.G * Rg;
-  const int64_t kend = p.causal ? std::clamp<int64_t>(p.last_key(p.Tq - 1) + 1, 0, p.Tk) : p.Tk;
-  const int64_t j_begin = ch * f.chunk, j_end = std::min(kend, j_begin + f.chunk);
-  std::fill(M, M + R, kNegInf);
-  std::fill(L, L + R, 0.0f);
-  std::fill(O, O + R * f.Dvp, 0.0f);
+  const int64_t Bk = DecodeTiles::kBk, Rg = f.Rg, r0 = g0 * Rg, r1 = g1 * Rg;
+  std::fill(M + r0, M + r1, kNegInf);
+  std::fill(L + r0, L + r1, 0.0f);
+  std::fill(O + r0 * f.Dvp, O + r1 * f.Dvp, 0.0f);
   // Row row = g * Rg + rr, rr = (hh * maps + m) * Tq + t (map m of pair g * gs + hh, query
   // row t): its query and its key head, worked out once per chunk, not per key.
-  const float** const rq = static_cast<const float**>(alloca(sizeof(float*) * R));
-  int64_t* const rk = static_cast<int64_t*>(alloca(sizeof(int64_t) * R));
-  for (int64_t row = 0; row < R; ++row) {
+  const float** const rq = static_cast<const float**>(alloca(sizeof(float*) * r1));
+  int64_t* const rk = static_cast<int64_t*>(alloca(sizeof(int64_t) * r1));
+  for (int64_t row = r0; row < r1; ++row) {
     const int64_t g = row / Rg, rr = row % Rg, t = rr % p.Tq, hm = rr / p.Tq;
     const int64_t h = g * f.gs + hm / p.maps;
     const int m = static_cast<int>(hm % p.maps);
     rq[row] = r.q(b, t, r.q_head(h, m));
-    rk[row] = r.key_head(h, m) * c.k_hs;
+    rk[row] = r.key_head(h, m) * kv.k_hs;
   }
+  // The key heads and value heads the groups read: what to ask the memory for, per row.
+  const int64_t kh0 = r.key_head(g0 * f.gs, 0), kh1 = r.key_head((g1 - 1) * f.gs, p.maps - 1);
+  const int64_t k_off = kh0 * kv.k_hs, v_off = g0 * kv.v_hs;
+  const int64_t k_span = static_cast<int64_t>(sizeof(E)) * ((kh1 - kh0) * kv.k_hs + p.D);
+  const int64_t v_span = static_cast<int64_t>(sizeof(E)) * ((g1 - 1 - g0) * kv.v_hs + p.Dv);
   const bool direct = p.Dv % static_cast<int64_t>(hn::Lanes(DF())) == 0;
   // Four rows per score step when a key head is a whole number of vectors of >= 4 lanes.
   const bool dot4 = hn::Lanes(DF()) >= 4 && p.D % static_cast<int64_t>(hn::Lanes(DF())) == 0;
   constexpr int64_t kSub = 16;  // keys per P V product between two rounds of prefetches
   for (int64_t j0 = j_begin; j0 < j_end; j0 += Bk) {
     const int64_t nk = std::min(Bk, j_end - j0);
-    const E* const kt = c.k + j0 * c.k_rs;
-    const E* const vt = c.v + j0 * c.v_rs;
     // Scores key by key, every head of the key row in turn: the cache streams front to back.
     // Meanwhile the next tile's key rows are asked for, one per key (and, in the first tile,
     // this tile's value rows); the next tile's value rows are asked for during the P V
     // product below. The requests are spread over all the tile's compute, so the memory
     // system always has lines in flight.
     for (int64_t j = 0; j < nk; ++j) {
-      if (j0 == j_begin) PrefetchSpan(vt + j * c.v_rs, c.v_span);
-      if (j0 + Bk + j < j_end) PrefetchSpan(kt + (Bk + j) * c.k_rs, c.k_span);
-      const E* kr = kt + j * c.k_rs;
-      int64_t row = 0;
-      for (; dot4 && row + 4 <= R; row += 4) {  // the key row's heads in order
+      if (j0 == j_begin) PrefetchSpan(kv.vrow(j0 + j) + v_off, v_span);
+      if (j0 + Bk + j < j_end) PrefetchSpan(kv.krow(j0 + Bk + j) + k_off, k_span);
+      const E* kr = kv.krow(j0 + j);
+      int64_t row = r0;
+      for (; dot4 && row + 4 <= r1; row += 4) {  // the key row's heads in order
         const E* k4[4] = {kr + rk[row], kr + rk[row + 1], kr + rk[row + 2], kr + rk[row + 3]};
         float sc[4];
         Dot4(rq + row, k4, static_cast<size_t>(p.D), sc);
         for (int i = 0; i < 4; ++i) s[(row + i) * Bk + j] = sc[i];
       }
-      for (; row < R; ++row) {
+      for (; row < r1; ++row) {
         s[row * Bk + j] = DotWide(rq[row], kr + rk[row], static_cast<size_t>(p.D));
       }
     }
-    for (int64_t row = 0; row < R; ++row) {
+    for (int64_t row = r0; row < r1; ++row) {
       float* srow = s + row * Bk;
       std::fill(srow + nk, srow + Bk, 0.0f);
       const int64_t t = (row % Rg) % p.Tq;
@@ -307,24 +335,28 @@ void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, in
       }
     }
     // O += P V, each value row read once for all the rows of its group: when a value row is
-    // a whole number of vectors, with the rows' accumulators in registers across the keys.
+    // a whole number of vectors, with the rows' accumulators in registers across the keys
+    // (over the keys of one block at a time: a paged cache's rows are strided only within it).
     for (int64_t js = 0; js < nk; js += kSub) {
       const int64_t ns = std::min(kSub, nk - js);
       for (int64_t j = js; j < js + ns && j0 + Bk + j < j_end; ++j) {
-        PrefetchSpan(vt + (Bk + j) * c.v_rs, c.v_span);
+        PrefetchSpan(kv.vrow(j0 + Bk + j) + v_off, v_span);
       }
-      for (int64_t g = 0; g < p.G; ++g) {
+      for (int64_t g = g0; g < g1; ++g) {
         const float* pg = s + g * Rg * Bk + js;
         float* og = O + g * Rg * f.Dvp;
-        const E* vg = vt + js * c.v_rs + g * c.v_hs;
         if (direct) {
-          PvTile(static_cast<size_t>(Rg), static_cast<size_t>(p.Dv), static_cast<size_t>(ns), pg,
-                 static_cast<size_t>(Bk), vg, static_cast<size_t>(c.v_rs), og,
-                 static_cast<size_t>(f.Dvp));
+          for (int64_t a = 0; a < ns;) {
+            const int64_t n = std::min(ns - a, kv.run(j0 + js + a));
+            PvTile(static_cast<size_t>(Rg), static_cast<size_t>(p.Dv), static_cast<size_t>(n),
+                   pg + a, static_cast<size_t>(Bk), kv.vrow(j0 + js + a) + g * kv.v_hs,
+                   static_cast<size_t>(kv.v_rs), og, static_cast<size_t>(f.Dvp));
+            a += n;
+          }
           continue;
         }
         for (int64_t j = 0; j < ns; ++j) {
-          AccumulateRows(vg + j * c.v_rs, static_cast<size_t>(p.Dv), pg + j,
+          AccumulateRows(kv.vrow(j0 + js + j) + g * kv.v_hs, static_cast<size_t>(p.Dv), pg + j,
                          static_cast<size_t>(Bk), static_cast<size_t>(Rg), og,
                          static_cast<size_t>(f.Dvp));
         }
@@ -333,63 +365,96 @@ void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, in
   }
 }
 
-}  // namespace
+// The work of one call: slot i is (sequence slot_b[i], keys [slot_j0[i], slot_j1[i])); the
+// slots of sequence b are first[b] .. first[b + 1] - 1, in key order. Each slot is cut into
+// gsplit slices of key/value-head groups, so a call with few slots (one short sequence, a few)
+// still has work for every thread. Kept per thread and reused: no allocation per token.
+struct DecodeWork {
+  std::vector<int64_t> slot_b, slot_j0, slot_j1, first;
+  int64_t gsplit = 1;
+  void add_sequence(int64_t b, int64_t kend, int64_t nch, int64_t chunk) {
+    first.push_back(static_cast<int64_t>(slot_b.size()));
+    for (int64_t ch = 0; ch < nch; ++ch) {
+      slot_b.push_back(b);
+      slot_j0.push_back(ch * chunk);
+      slot_j1.push_back(std::min(kend, (ch + 1) * chunk));
+    }
+  }
+  int64_t slots() const { return static_cast<int64_t>(slot_b.size()); }
+  // Slices of head groups for `threads` threads: whole slots when they are enough.
+  void split_groups(int64_t G, int threads) {
+    const int64_t want = DecodeTiles::kSplitsPerThread * threads, n = slots();
+    gsplit = (threads > 1 && n < want) ? std::min<int64_t>(G, (want + n - 1) / n) : 1;
+  }
+};
 
-void FusedDecode(const AttnDecodeParams& p) {
-  if (p.B == 0 || p.Tq == 0) return;
-  const double bytes =
-      static_cast<double>(dtype_size(p.kv_dtype)) * static_cast<double>(p.B * p.Tk) * static_cast<double>(p.key_heads() * p.D + p.G * p.Dv);
-  const int threads =
-      fused::Parallel::threads_for(bytes, fused::Parallel::kMinBytesPerThread, num_threads());
-  const DecodeLayout f(p, threads);
-  const int64_t Rg = f.Rg, G = p.G, items = p.B * f.nch;
-  // Partial states of every (batch, chunk): M, L (B, nch, G, Rg), O (B, nch, G, Rg, Dvp).
+// Runs every (slot, group slice) of w and merges each sequence's slots into p.out (lse, o2).
+// KV<E>(src, b) addresses sequence b's rows: ContiguousKV (src: the problem) or PagedKV (src:
+// the paged params).
+template <template <typename> class KV, typename Src>
+void RunDecode(const AttnDecodeParams& p, const DecodeLayout& f, int threads, const DecodeWork& w,
+               const Src& src) {
+  const int64_t Rg = f.Rg, G = p.G, slots = w.slots(), items = slots * w.gsplit;
+  // Partial states of every slot: M, L (slots, G, Rg), O (slots, G, Rg, Dvp).
   // Per-thread scratch that grows once (fused::scratch): no allocation per decoded token.
-  float* const M = fused::scratch(0, items * G * Rg);
-  float* const L = fused::scratch(1, items * G * Rg);
-  float* const O = fused::scratch(2, items * G * Rg * f.Dvp);
+  float* const M = fused::scratch(0, slots * G * Rg);
+  float* const L = fused::scratch(1, slots * G * Rg);
+  float* const O = fused::scratch(2, slots * G * Rg * f.Dvp);
 #pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(threads, items)))
   {
     float* const s = fused::scratch(3, G * Rg * DecodeTiles::kBk);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
-      const int64_t b = it / f.nch, ch = it % f.nch;
-      float* const Mi = M + it * G * Rg;
-      float* const Li = L + it * G * Rg;
-      float* const Oi = O + it * G * Rg * f.Dvp;
+      const int64_t i = it / w.gsplit, gi = it % w.gsplit;
+      const int64_t g0 = gi * G / w.gsplit, g1 = (gi + 1) * G / w.gsplit;
+      if (g0 == g1) continue;
+      const int64_t b = w.slot_b[static_cast<size_t>(i)];
+      const int64_t j0 = w.slot_j0[static_cast<size_t>(i)], j1 = w.slot_j1[static_cast<size_t>(i)];
+      float* const Mi = M + i * G * Rg;
+      float* const Li = L + i * G * Rg;
+      float* const Oi = O + i * G * Rg * f.Dvp;
       switch (p.kv_dtype) {
-        case DType::F32: DecodeChunk<float>(p, f, b, ch, s, Mi, Li, Oi); break;
-        case DType::BF16: DecodeChunk<hwy::bfloat16_t>(p, f, b, ch, s, Mi, Li, Oi); break;
-        case DType::F16: DecodeChunk<hwy::float16_t>(p, f, b, ch, s, Mi, Li, Oi); break;
+        case DType::F32:
+          DecodeChunk<float>(p, f, b, g0, g1, j0, j1, KV<float>(src, b), s, Mi, Li, Oi);
+          break;
+        case DType::BF16:
+          DecodeChunk<hwy::bfloat16_t>(p, f, b, g0, g1, j0, j1, KV<hwy::bfloat16_t>(src, b), s,
+                                       Mi, Li, Oi);
+          break;
+        case DType::F16:
+          DecodeChunk<hwy::float16_t>(p, f, b, g0, g1, j0, j1, KV<hwy::float16_t>(src, b), s,
+                                      Mi, Li, Oi);
+          break;
       }
     }
   }
-  // Merge, chunk by chunk in order (deterministic): with Mx the max of the chunks' m,
-  // l = sum_c l_c 2^(m_c - Mx) and O = sum_c O_c 2^(m_c - Mx); a chunk that saw no key has
+  // Merge, slot by slot in key order (deterministic): with Mx the max of the slots' m,
+  // l = sum_c l_c 2^(m_c - Mx) and O = sum_c O_c 2^(m_c - Mx); a slot that saw no key has
   // m_c = -inf and weighs 0.
   const Rows r(p);
   const int64_t nbg = p.B * G;
 #pragma omp parallel for num_threads(static_cast<int>(std::min<int64_t>(threads, nbg))) schedule(static)
   for (int64_t bg = 0; bg < nbg; ++bg) {
     const int64_t b = bg / G, g = bg % G;
+    const int64_t c0 = w.first[static_cast<size_t>(b)], c1 = w.first[static_cast<size_t>(b) + 1];
     float* const acc = fused::scratch(4, Rg * f.Dvp);
     float* const lsum = fused::scratch(5, Rg);
     float* const mx = fused::scratch(6, Rg);
     for (int64_t rr = 0; rr < Rg; ++rr) {
       float m = kNegInf;
-      for (int64_t ch = 0; ch < f.nch; ++ch) m = std::max(m, M[((b * f.nch + ch) * G + g) * Rg + rr]);
+      for (int64_t ch = c0; ch < c1; ++ch) m = std::max(m, M[(ch * G + g) * Rg + rr]);
       mx[rr] = m;
       float l = 0;
       float* a = &acc[rr * f.Dvp];
       std::fill(a, a + p.Dv, 0.0f);
       if (m != kNegInf) {
-        for (int64_t ch = 0; ch < f.nch; ++ch) {
-          const int64_t base = ((b * f.nch + ch) * G + g) * Rg + rr;
+        for (int64_t ch = c0; ch < c1; ++ch) {
+          const int64_t base = (ch * G + g) * Rg + rr;
           if (M[base] == kNegInf) continue;
-          const float w = std::exp2(M[base] - m);
-          l += L[base] * w;
+          const float wt = std::exp2(M[base] - m);
+          l += L[base] * wt;
           const float* o = O + base * f.Dvp;
-          for (int64_t d = 0; d < p.Dv; ++d) a[d] += w * o[d];
+          for (int64_t d = 0; d < p.Dv; ++d) a[d] += wt * o[d];
         }
       }
       lsum[rr] = l;
@@ -425,6 +490,64 @@ void FusedDecode(const AttnDecodeParams& p) {
   }
 }
 
+}  // namespace
+
+void FusedDecode(const AttnDecodeParams& p) {
+  if (p.B == 0 || p.Tq == 0) return;
+  const double bytes = static_cast<double>(dtype_size(p.kv_dtype)) *
+                       static_cast<double>(p.B * p.Tk) *
+                       static_cast<double>(p.key_heads() * p.D + p.G * p.Dv);
+  const int threads =
+      fused::Parallel::threads_for(bytes, fused::Parallel::kMinBytesPerThread, num_threads());
+  const DecodeLayout f(p, threads);
+  // Every batch the same f.nch splits, up to the last key the last query row sees.
+  const int64_t kend = p.causal ? std::clamp<int64_t>(p.last_key(p.Tq - 1) + 1, 0, p.Tk) : p.Tk;
+  thread_local DecodeWork w;
+  w.slot_b.clear(), w.slot_j0.clear(), w.slot_j1.clear(), w.first.clear();
+  for (int64_t b = 0; b < p.B; ++b) w.add_sequence(b, kend, f.nch, f.chunk);
+  w.first.push_back(w.slots());
+  w.split_groups(p.G, threads);
+  RunDecode<ContiguousKV>(p, f, threads, w, static_cast<const AttnProblem&>(p));
+}
+
+void FusedDecodePaged(const PagedDecodeParams& pp) {
+  if (pp.B == 0) return;
+  // The call as a decode of B one-row sequences whose keys all count (causal is implied: the
+  // new row's key is the last one); q, lam and out are addressed as a forward's, K/V by block.
+  AttnDecodeParams p;
+  p.B = pp.B, p.Tq = 1, p.H = pp.H, p.G = pp.G, p.D = pp.D, p.Dv = pp.Dv, p.maps = pp.maps;
+  p.shared_keys = pp.shared_keys, p.lam_per_token = pp.lam_per_token, p.causal = false;
+  p.scale = pp.scale, p.mode = DiffMode::Signed, p.kv_dtype = pp.kv_dtype;
+  p.q = pp.q, p.lam = pp.lam, p.out = pp.out;
+  p.q_batch_stride = pp.q_batch_stride, p.q_head_stride = pp.q_head_stride;
+  p.q_row_stride = pp.q_batch_stride;
+  p.o_batch_stride = pp.o_batch_stride, p.o_head_stride = pp.o_head_stride;
+  p.o_row_stride = pp.o_batch_stride;
+  p.key_chunk = pp.key_chunk;
+  int64_t keys = 0;
+  for (int64_t b = 0; b < pp.B; ++b) {
+    keys += pp.seq_lens[b];
+    p.Tk = std::max(p.Tk, pp.seq_lens[b]);
+  }
+  const double bytes = static_cast<double>(dtype_size(pp.kv_dtype)) * static_cast<double>(keys) *
+                       static_cast<double>(pp.key_heads() * pp.D + pp.G * pp.Dv);
+  const int threads =
+      fused::Parallel::threads_for(bytes, fused::Parallel::kMinBytesPerThread, num_threads());
+  // The split size the longest sequence would get as a contiguous decode of batch B; each
+  // sequence takes as many splits of that size as its length needs (at least one, so a
+  // sequence with no key gets its zero output from the merge).
+  const DecodeLayout f(p, threads);
+  thread_local DecodeWork w;
+  w.slot_b.clear(), w.slot_j0.clear(), w.slot_j1.clear(), w.first.clear();
+  for (int64_t b = 0; b < pp.B; ++b) {
+    const int64_t len = pp.seq_lens[b];
+    w.add_sequence(b, len, std::max<int64_t>(1, (len + f.chunk - 1) / f.chunk), f.chunk);
+  }
+  w.first.push_back(w.slots());
+  w.split_groups(pp.G, threads);
+  RunDecode<PagedKV>(p, f, threads, w, pp);
+}
+
 }  // namespace diffattn::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -432,8 +555,12 @@ HWY_AFTER_NAMESPACE();
 namespace diffattn {
 
 HWY_EXPORT(FusedDecode);
+HWY_EXPORT(FusedDecodePaged);
 
 void attention_decode_fused(const AttnDecodeParams& p) { HWY_DYNAMIC_DISPATCH(FusedDecode)(p); }
+void attention_decode_paged_fused(const PagedDecodeParams& p) {
+  HWY_DYNAMIC_DISPATCH(FusedDecodePaged)(p);
+}
 
 }  // namespace diffattn
 #endif

@@ -41,11 +41,13 @@ Backend env_backend() {
   return b;
 }
 
-std::atomic<uint64_t> g_forward{0}, g_backward{0}, g_decode{0};
+std::atomic<uint64_t> g_forward{0}, g_backward{0}, g_decode{0}, g_decode_paged{0};
 
 }  // namespace
 
-KernelCalls kernel_calls() { return {g_forward.load(), g_backward.load(), g_decode.load()}; }
+KernelCalls kernel_calls() {
+  return {g_forward.load(), g_backward.load(), g_decode.load(), g_decode_paged.load()};
+}
 
 Backend resolve_backend(Backend requested) {
   return requested != Backend::Auto ? requested : env_backend();
@@ -135,6 +137,62 @@ void attention_decode(const AttnDecodeParams& p, Backend backend) {
   }
   if (p.causal && p.Tq > 1 && !values_finite(p)) return attention_fwd_ref(p);
   attention_decode_fused(p);
+}
+
+namespace {
+
+// The paged call as B reference calls, one per sequence over its blocks gathered into a
+// contiguous (1, len, heads, dim) copy: the oracle of attention_decode_paged.
+void paged_decode_ref(const PagedDecodeParams& pp) {
+  const int64_t KH = pp.key_heads(), es = static_cast<int64_t>(dtype_size(pp.kv_dtype));
+  const int64_t krow = KH * pp.D, vrow = pp.G * pp.Dv;
+  std::vector<char> k, v;
+  for (int64_t b = 0; b < pp.B; ++b) {
+    const int64_t len = pp.seq_lens[b];
+    k.resize(static_cast<size_t>(std::max<int64_t>(len, 1) * krow * es));
+    v.resize(static_cast<size_t>(std::max<int64_t>(len, 1) * vrow * es));
+    const char* kp = pp.kv_dtype == DType::F32 ? reinterpret_cast<const char*>(pp.k_pool)
+                                               : reinterpret_cast<const char*>(pp.k16_pool);
+    const char* vp = pp.kv_dtype == DType::F32 ? reinterpret_cast<const char*>(pp.v_pool)
+                                               : reinterpret_cast<const char*>(pp.v16_pool);
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t blk = pp.block_tables[b * pp.table_stride + j / pp.block_size];
+      const int64_t at = blk * pp.block_size + j % pp.block_size;
+      std::memcpy(&k[static_cast<size_t>(j * krow * es)], kp + at * krow * es,
+                  static_cast<size_t>(krow * es));
+      std::memcpy(&v[static_cast<size_t>(j * vrow * es)], vp + at * vrow * es,
+                  static_cast<size_t>(vrow * es));
+    }
+    AttnParams p;
+    p.B = 1, p.Tq = 1, p.Tk = len, p.H = pp.H, p.G = pp.G, p.D = pp.D, p.Dv = pp.Dv;
+    p.maps = pp.maps, p.shared_keys = pp.shared_keys, p.lam_per_token = pp.lam_per_token;
+    p.causal = false, p.scale = pp.scale, p.mode = DiffMode::Signed;
+    p.set_contiguous_strides();
+    p.q = pp.q + b * pp.q_batch_stride;
+    p.q_head_stride = pp.q_head_stride;
+    p.lam = pp.maps == 2 ? pp.lam + (pp.lam_per_token ? b * pp.H : 0) : nullptr;
+    p.kv_dtype = pp.kv_dtype;
+    if (pp.kv_dtype == DType::F32) {
+      p.k = reinterpret_cast<const float*>(k.data());
+      p.v = reinterpret_cast<const float*>(v.data());
+    } else {
+      p.k16 = reinterpret_cast<const uint16_t*>(k.data());
+      p.v16 = reinterpret_cast<const uint16_t*>(v.data());
+    }
+    p.out = pp.out + b * pp.o_batch_stride;
+    p.o_head_stride = pp.o_head_stride;
+    attention_fwd_ref(p);
+  }
+}
+
+}  // namespace
+
+void attention_decode_paged(const PagedDecodeParams& p, Backend backend) {
+  const char* op = p.maps == 2 ? "diff_attention_decode_paged" : "attention_decode_paged";
+  g_decode_paged.fetch_add(1, std::memory_order_relaxed);
+  check_params(p, op);
+  if (resolve_backend(backend) == Backend::Reference) return paged_decode_ref(p);
+  attention_decode_paged_fused(p);
 }
 
 void attention_bwd(const AttnBwdParams& p, Backend backend) {

@@ -23,6 +23,8 @@ namespace diffattn {
 bool attention_fwd_fused(const AttnParams& p);
 // The split-KV forward for a few query rows against a long cache (signed or standard).
 void attention_decode_fused(const AttnDecodeParams& p);
+// The paged decode of B sequences (decode.cpp), params already checked.
+void attention_decode_paged_fused(const PagedDecodeParams& p);
 // The FlashAttention-2 style backward (signed differential or standard attention).
 void attention_bwd_fused(const AttnBwdParams& p);
 

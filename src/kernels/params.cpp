@@ -364,6 +364,73 @@ void check_params(const AttnBwdParams& p, const char* op) {
   }
 }
 
+void check_params(const PagedDecodeParams& p, const char* op) {
+  if (p.maps != 1 && p.maps != 2) fail(op, "maps must be 1 or 2, got " + std::to_string(p.maps));
+  if (p.B < 0) fail(op, "B (sequences) must be >= 0, got " + std::to_string(p.B));
+  need_positive(op, "H", p.H);
+  need_positive(op, "G", p.G);
+  need_positive(op, "D", p.D);
+  need_positive(op, "Dv", p.Dv);
+  if (p.H % p.G != 0) {
+    fail(op, "H = " + std::to_string(p.H) + " is not divisible by G = " + std::to_string(p.G));
+  }
+  if (!std::isfinite(p.scale) || p.scale == 0.0f) {
+    fail(op, "scale must be finite and nonzero (it is not defaulted here), got " +
+                 std::to_string(p.scale));
+  }
+  need_positive(op, "n_blocks", p.n_blocks);
+  need_positive(op, "block_size", p.block_size);
+  if (p.n_blocks > (int64_t{1} << 31)) {
+    fail(op, "n_blocks = " + std::to_string(p.n_blocks) + " is beyond int32 block ids");
+  }
+  if (p.key_chunk < 0) {
+    fail(op, "key_chunk must be >= 0 (0 picks), got " + std::to_string(p.key_chunk));
+  }
+  check_layout(op, "q", false, p.B, 1, p.maps * p.H, p.D, p.q_batch_stride, 0, p.q_head_stride);
+  check_layout(op, "out", true, p.B, 1, p.H, p.Dv, p.o_batch_stride, 0, p.o_head_stride);
+  if (p.B == 0) return;
+  need_positive(op, "table_stride (entries per block-table row)", p.table_stride);
+  need_data(op, "q", p.q, 1);
+  need_data(op, "out", p.out, 1);
+  need_data(op, "block_tables", p.block_tables, 1);
+  need_data(op, "seq_lens", p.seq_lens, 1);
+  if (p.maps == 2) need_data(op, "lam", p.lam, 1);
+  if (p.kv_dtype == DType::F32) {
+    need_data(op, "k_pool", p.k_pool, 1);
+    need_data(op, "v_pool", p.v_pool, 1);
+  } else if (p.kv_dtype == DType::BF16 || p.kv_dtype == DType::F16) {
+    if (p.k_pool != nullptr || p.v_pool != nullptr) {
+      fail(op, std::string("kv_dtype is ") + dtype_name(p.kv_dtype) +
+                   ": k_pool and v_pool must be null (the 16-bit pools are k16_pool, v16_pool)");
+    }
+    need_data(op, "k16_pool", p.k16_pool, 1);
+    need_data(op, "v16_pool", p.v16_pool, 1);
+  } else {
+    fail(op, "kv_dtype is not F32, BF16 or F16");
+  }
+  // The tables: each sequence's length fits its row, and every block it reads is in the pool.
+  const int64_t cap = p.table_stride * p.block_size;
+  for (int64_t b = 0; b < p.B; ++b) {
+    const int64_t len = p.seq_lens[b];
+    if (len < 0 || len > cap) {
+      std::ostringstream os;
+      os << "seq_lens[" << b << "] = " << len << " is outside 0.." << cap << " (its block table has "
+         << p.table_stride << " entries of " << p.block_size << " positions)";
+      fail(op, os.str());
+    }
+    const int64_t used = (len + p.block_size - 1) / p.block_size;
+    for (int64_t i = 0; i < used; ++i) {
+      const int32_t id = p.block_tables[b * p.table_stride + i];
+      if (id < 0 || id >= p.n_blocks) {
+        std::ostringstream os;
+        os << "block_tables[" << b << "][" << i << "] = " << id << " is outside the pool of "
+           << p.n_blocks << " blocks (sequence " << b << " has " << len << " positions)";
+        fail(op, os.str());
+      }
+    }
+  }
+}
+
 AttnParams with_f32_kv(const AttnParams& p, std::vector<float>& k, std::vector<float>& v) {
   AttnParams f = p;
   const int64_t KH = p.key_heads();

@@ -426,26 +426,85 @@ void Model::infer(const int32_t* tokens, int64_t B, int64_t Tn, float* logits_la
   nn::linear_fwd(logits_last, s.normed.data(), wt(head_), B, C, V);
 }
 
-void Model::infer_rows(const int32_t* tokens, int64_t B, std::vector<nn::KVCache>* const* caches,
-                       float* logits) {
-  if (B < 1) throw InvalidArgument("infer_rows: B must be >= 1, got " + std::to_string(B));
+std::vector<nn::KVPool> Model::kv_pools(int64_t n_blocks, int64_t block_size, DType kv_dtype) const {
+  double bytes = 0;
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    const nn::AttnLayerShape s = cfg_.attn_shape(l);
+    bytes += static_cast<double>(n_blocks) * static_cast<double>(block_size) *
+             static_cast<double>(s.n_k() + s.n_v()) * static_cast<double>(dtype_size(kv_dtype));
+  }
+  check_fits_in_memory(bytes, "the KV pool (" + std::to_string(n_blocks) + " blocks of " +
+                                  std::to_string(block_size) + " positions, " +
+                                  std::to_string(cfg_.n_layers) + " layers)");
+  std::vector<nn::KVPool> pools(static_cast<size_t>(cfg_.n_layers));
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    pools[static_cast<size_t>(l)].reset(cfg_.attn_shape(l), n_blocks, block_size, kv_dtype);
+  }
+  return pools;
+}
+
+void Model::prefill_paged(const int32_t* tokens, int64_t Tn, std::vector<nn::KVPool>& pools,
+                          const int32_t* table, int64_t table_len, int64_t pos0,
+                          float* logits_last) {
   const int64_t C = cfg_.d_model, V = cfg_.vocab_size, L = cfg_.n_layers;
+  if (Tn < 1 || pos0 < 0 || pos0 + Tn > cfg_.max_seq_len) {
+    throw InvalidArgument("prefill_paged: " + std::to_string(Tn) + " tokens at position " +
+                          std::to_string(pos0) + " do not fit the model's context of " +
+                          std::to_string(cfg_.max_seq_len));
+  }
+  if (static_cast<int64_t>(pools.size()) != L) {
+    throw InvalidArgument("prefill_paged: " + std::to_string(pools.size()) + " KV pools for " +
+                          std::to_string(L) + " layers (make them with kv_pools)");
+  }
+  InferScratch& s = infer_;
+  const size_t half = static_cast<size_t>(cfg_.head_dim / 2);
+  s.cos.resize(static_cast<size_t>(Tn) * half);
+  s.sin.resize(s.cos.size());
+  nn::rope_table(s.cos.data(), s.sin.data(), pos0, Tn, cfg_.head_dim, inv_freq_);
+  const size_t nx = static_cast<size_t>(Tn * C);
+  s.x.resize(nx);
+  nn::embedding_fwd(s.x.data(), tokens, wt(embed_), Tn, C, V);
+  LayerActs& a = s.layer;
+  for (int64_t l = 0; l < L; ++l) {
+    // x_mid = x + attn(rmsnorm(x)) over the chunk, K/V into the blocks; then the FFN
+    a.an.resize(nx);
+    a.an_rstd.resize(static_cast<size_t>(Tn));
+    nn::rmsnorm_fwd(a.an.data(), a.an_rstd.data(), s.x.data(),
+                    wf(lt_[static_cast<size_t>(l)].attn_norm), Tn, C, cfg_.norm_eps);
+    a.attn_out.resize(nx);
+    nn::attn_layer_fwd_paged(a.attn_out.data(), a.attn, a.an.data(), attn_weights(l),
+                             cfg_.attn_shape(l), Tn, s.cos.data(), s.sin.data(),
+                             pools[static_cast<size_t>(l)], table, table_len, pos0, s.gathered);
+    a.x_mid.resize(nx);
+    add3(a.x_mid.data(), s.x.data(), a.attn_out.data(), Tn * C);
+    ffn_fwd(l, a, s.x.data(), Tn);
+  }
+  s.normed.resize(static_cast<size_t>(C));
+  s.rstd.resize(1);
+  nn::rmsnorm_fwd(s.normed.data(), s.rstd.data(), &s.x[static_cast<size_t>((Tn - 1) * C)],
+                  wf(norm_), 1, C, cfg_.norm_eps);
+  nn::linear_fwd(logits_last, s.normed.data(), wt(head_), 1, C, V);
+}
+
+void Model::decode_paged(const int32_t* tokens, std::vector<nn::KVPool>& pools,
+                         const nn::PagedSeqs& seqs, float* logits) {
+  const int64_t B = seqs.B, C = cfg_.d_model, V = cfg_.vocab_size, L = cfg_.n_layers;
+  if (B < 1) throw InvalidArgument("decode_paged: B must be >= 1, got " + std::to_string(B));
+  if (static_cast<int64_t>(pools.size()) != L) {
+    throw InvalidArgument("decode_paged: " + std::to_string(pools.size()) + " KV pools for " +
+                          std::to_string(L) + " layers (make them with kv_pools)");
+  }
   const size_t half = static_cast<size_t>(cfg_.head_dim / 2);
   InferScratch& s = infer_;
-  // Each sequence's RoPE angles at its own next position: cos/sin (B, D/2).
+  // Each sequence's RoPE angles at its own new position: cos/sin (B, D/2).
   s.cos.resize(static_cast<size_t>(B) * half);
   s.sin.resize(s.cos.size());
   for (int64_t b = 0; b < B; ++b) {
-    const std::vector<nn::KVCache>* c = caches[b];
-    if (c == nullptr || static_cast<int64_t>(c->size()) != L || (*c)[0].B != 1) {
-      throw InvalidArgument("infer_rows: sequence " + std::to_string(b) +
-                            " needs its own caches of batch 1 for each of the " +
-                            std::to_string(L) + " layers");
-    }
-    const int64_t pos = (*c)[0].len;
-    if (pos + 1 > (*c)[0].capacity) {
-      throw InvalidArgument("infer_rows: sequence " + std::to_string(b) + "'s cache is full (" +
-                            std::to_string((*c)[0].capacity) + " positions)");
+    const int64_t pos = seqs.lens[b] - 1;
+    if (pos < 0 || pos >= cfg_.max_seq_len) {
+      throw InvalidArgument("decode_paged: sequence " + std::to_string(b) + "'s new position " +
+                            std::to_string(pos) + " is outside the model's context of " +
+                            std::to_string(cfg_.max_seq_len));
     }
     nn::rope_table(&s.cos[static_cast<size_t>(b) * half], &s.sin[static_cast<size_t>(b) * half],
                    pos, 1, cfg_.head_dim, inv_freq_);
@@ -454,21 +513,17 @@ void Model::infer_rows(const int32_t* tokens, int64_t B, std::vector<nn::KVCache
   s.x.resize(nx);
   nn::embedding_fwd(s.x.data(), tokens, wt(embed_), B, C, V);
   LayerActs& a = s.layer;
-  std::vector<nn::KVCache*> row_caches;
   for (int64_t l = 0; l < L; ++l) {
-    // x_mid = x + attn(rmsnorm(x)): the norm and the projections over the B rows, RoPE, the
-    // cache and the decode attention per sequence
+    // x_mid = x + attn(rmsnorm(x)): the norm and the projections over the B rows, RoPE and the
+    // K/V append per sequence, one paged decode call over all of them
     a.an.resize(nx);
     a.an_rstd.resize(static_cast<size_t>(B));
     nn::rmsnorm_fwd(a.an.data(), a.an_rstd.data(), s.x.data(), wf(lt_[static_cast<size_t>(l)].attn_norm),
                     B, C, cfg_.norm_eps);
     a.attn_out.resize(nx);
-    const nn::AttnLayerWeights w = attn_weights(l);
-    const nn::AttnLayerShape shape = cfg_.attn_shape(l);
-    row_caches.resize(static_cast<size_t>(B));
-    for (int64_t b = 0; b < B; ++b) row_caches[static_cast<size_t>(b)] = &(*caches[b])[static_cast<size_t>(l)];
-    nn::attn_layer_decode_rows(a.attn_out.data(), s.row_attn, a.an.data(), w, shape, B, s.cos.data(),
-                               s.sin.data(), row_caches.data());
+    nn::attn_layer_decode_paged(a.attn_out.data(), a.attn, a.an.data(), attn_weights(l),
+                                cfg_.attn_shape(l), s.cos.data(), s.sin.data(),
+                                pools[static_cast<size_t>(l)], seqs);
     a.x_mid.resize(nx);
     add3(a.x_mid.data(), s.x.data(), a.attn_out.data(), B * C);
     ffn_fwd(l, a, s.x.data(), B);  // the FFN over the B rows

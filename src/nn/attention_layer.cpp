@@ -33,6 +33,33 @@ void KVCache::reset(const AttnLayerShape& s, int64_t batch, int64_t cap, DType d
   v16.assign(f32 ? 0 : static_cast<size_t>(B * cap * s.n_v()), 0);
 }
 
+void KVPool::reset(const AttnLayerShape& s, int64_t blocks, int64_t bsize, DType dtype) {
+  if (blocks < 1 || bsize < 1 || blocks > (int64_t{1} << 31) / bsize) {
+    throw InvalidArgument("KV pool: " + std::to_string(blocks) + " blocks of " +
+                          std::to_string(bsize) +
+                          " positions; both must be >= 1 and their product below 2^31");
+  }
+  if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16) {
+    throw InvalidArgument("KV pool: the KV dtype must be f32, bf16 or f16");
+  }
+  n_blocks = blocks;
+  block_size = bsize;
+  n_k = s.n_k();
+  n_v = s.n_v();
+  kv_dtype = dtype;
+  const size_t nk = static_cast<size_t>(blocks * bsize * n_k), nv = static_cast<size_t>(blocks * bsize * n_v);
+  // new T[n] (no value-initialisation): the pool's pages stay untouched until written.
+  const bool f32 = dtype == DType::F32;
+  k.reset(f32 ? new float[nk] : nullptr);
+  v.reset(f32 ? new float[nv] : nullptr);
+  k16.reset(f32 ? nullptr : new uint16_t[nk]);
+  v16.reset(f32 ? nullptr : new uint16_t[nv]);
+}
+
+int64_t KVPool::bytes() const {
+  return n_blocks * block_size * (n_k + n_v) * static_cast<int64_t>(dtype_size(kv_dtype));
+}
+
 double v1_lambda(const AttnLayerWeights& w, const AttnLayerShape& s, double* e1, double* e2) {
   double d1 = 0, d2 = 0;
   for (int64_t i = 0; i < s.D; ++i) {
@@ -88,18 +115,62 @@ AttnParams make_params(const AttnLayerShape& s, int64_t B, int64_t Tq, const flo
   return p;
 }
 
-// Position `at` (batch * capacity + t) of the cache gets the k and v columns of a projection
-// row, rounded once to the cache's type when it is 16-bit.
-void append_kv(KVCache& c, const AttnLayerShape& s, int64_t at, const float* row) {
-  if (c.kv_dtype == DType::F32) {
-    std::memcpy(&c.k[static_cast<size_t>(at * s.n_k())], row + s.n_q(),
-                sizeof(float) * static_cast<size_t>(s.n_k()));
-    std::memcpy(&c.v[static_cast<size_t>(at * s.n_v())], row + s.n_q() + s.n_k(),
-                sizeof(float) * static_cast<size_t>(s.n_v()));
+// The k and v columns of a projection row into one cache position (k: n_k, v: n_v elements),
+// rounded once to the cache's type when it is 16-bit.
+void store_kv(DType dt, float* k, float* v, uint16_t* k16, uint16_t* v16, const AttnLayerShape& s,
+              const float* row) {
+  if (dt == DType::F32) {
+    std::memcpy(k, row + s.n_q(), sizeof(float) * static_cast<size_t>(s.n_k()));
+    std::memcpy(v, row + s.n_q() + s.n_k(), sizeof(float) * static_cast<size_t>(s.n_v()));
   } else {
-    convert_from_f32(&c.k16[static_cast<size_t>(at * s.n_k())], row + s.n_q(), c.kv_dtype, s.n_k());
-    convert_from_f32(&c.v16[static_cast<size_t>(at * s.n_v())], row + s.n_q() + s.n_k(), c.kv_dtype,
-                     s.n_v());
+    convert_from_f32(k16, row + s.n_q(), dt, s.n_k());
+    convert_from_f32(v16, row + s.n_q() + s.n_k(), dt, s.n_v());
+  }
+}
+
+// Position `at` (batch * capacity + t) of the cache gets the k and v columns of a projection row.
+void append_kv(KVCache& c, const AttnLayerShape& s, int64_t at, const float* row) {
+  const bool f32 = c.kv_dtype == DType::F32;
+  const size_t ik = static_cast<size_t>(at * s.n_k()), iv = static_cast<size_t>(at * s.n_v());
+  store_kv(c.kv_dtype, f32 ? &c.k[ik] : nullptr, f32 ? &c.v[iv] : nullptr,
+           f32 ? nullptr : &c.k16[ik], f32 ? nullptr : &c.v16[iv], s, row);
+}
+
+// Position pos of a sequence with block table `table` gets the k and v columns of a row.
+void append_kv(KVPool& pool, const AttnLayerShape& s, const int32_t* table, int64_t pos,
+               const float* row) {
+  const int64_t at = static_cast<int64_t>(table[pos / pool.block_size]) * pool.block_size +
+                     pos % pool.block_size;
+  const size_t ik = static_cast<size_t>(at * s.n_k()), iv = static_cast<size_t>(at * s.n_v());
+  const bool f32 = pool.kv_dtype == DType::F32;
+  store_kv(pool.kv_dtype, f32 ? &pool.k[ik] : nullptr, f32 ? &pool.v[iv] : nullptr,
+           f32 ? nullptr : &pool.k16[ik], f32 ? nullptr : &pool.v16[iv], s, row);
+}
+
+// A pool made for this layer's shape, and a sequence's positions [0, len) inside its table of
+// table_len ids of the pool: else InvalidArgument naming the sequence (before any write).
+void check_pool(const KVPool& pool, const AttnLayerShape& s) {
+  if (pool.n_k != s.n_k() || pool.n_v != s.n_v() || pool.n_blocks < 1) {
+    throw InvalidArgument("attention layer: the KV pool was made for another layer shape (" +
+                          std::to_string(pool.n_k) + " + " + std::to_string(pool.n_v) +
+                          " floats a position, this layer has " + std::to_string(s.n_k()) +
+                          " + " + std::to_string(s.n_v()) + ")");
+  }
+}
+void check_table(const KVPool& pool, const int32_t* table, int64_t table_len, int64_t len,
+                 int64_t seq) {
+  const std::string who = "attention layer: sequence " + std::to_string(seq);
+  if (len < 1 || table == nullptr || len > table_len * pool.block_size) {
+    throw InvalidArgument(who + " has " + std::to_string(len) + " positions, its block table " +
+                          std::to_string(table_len) + " blocks of " +
+                          std::to_string(pool.block_size));
+  }
+  for (int64_t i = 0; i < (len + pool.block_size - 1) / pool.block_size; ++i) {
+    if (table[i] < 0 || table[i] >= pool.n_blocks) {
+      throw InvalidArgument(who + ": block table entry " + std::to_string(i) + " = " +
+                            std::to_string(table[i]) + " is outside the pool of " +
+                            std::to_string(pool.n_blocks) + " blocks");
+    }
   }
 }
 
@@ -185,30 +256,79 @@ void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
   output(out, acts, w, s, BT);
 }
 
-void attn_layer_decode_rows(float* out, AttnLayerActs& acts, const float* inp,
-                            const AttnLayerWeights& w, const AttnLayerShape& s, int64_t B,
-                            const float* cos_rows, const float* sin_rows, KVCache* const* caches) {
-  const int64_t np = s.n_proj(), half = s.D / 2;
+void attn_layer_decode_paged(float* out, AttnLayerActs& acts, const float* inp,
+                             const AttnLayerWeights& w, const AttnLayerShape& s,
+                             const float* cos_rows, const float* sin_rows, KVPool& pool,
+                             const PagedSeqs& seqs) {
+  const int64_t B = seqs.B, np = s.n_proj(), half = s.D / 2;
+  check_pool(pool, s);
+  for (int64_t b = 0; b < B; ++b) {
+    check_table(pool, seqs.tables + b * seqs.table_stride, seqs.table_stride, seqs.lens[b], b);
+  }
   float* proj = project(acts, inp, w, s, B);
-  acts.att.resize(static_cast<size_t>(B * s.n_out()));
   for (int64_t b = 0; b < B; ++b) {
     float* row = proj + b * np;
-    KVCache* cache = caches[b];
-    if (cache == nullptr || cache->B != 1 || cache->len + 1 > cache->capacity) {
-      throw InvalidArgument("attention layer: sequence " + std::to_string(b) +
-                            " has no cache of batch 1 with room for one more position");
-    }
     rope_apply(row, cos_rows + b * half, sin_rows + b * half, 1, 1, s.q_heads(), s.D, np, np, false);
     rope_apply(row + s.n_q(), cos_rows + b * half, sin_rows + b * half, 1, 1, s.k_heads(), s.D, np,
                np, false);
-    append_kv(*cache, s, cache->len, row);
-    cache->len += 1;
-    const float* lam = s.kind == AttnKind::DiffV2 ? acts.lam.data() + b * s.H : acts.lam.data();
-    AttnParams p = make_params(s, 1, 1, row, lam, cache);
-    p.out = acts.att.data() + b * s.n_out();
-    attention_fwd(p);
+    append_kv(pool, s, seqs.tables + b * seqs.table_stride, seqs.lens[b] - 1, row);
   }
+  // One call over the B sequences: q rows of the projection (stride n_proj), the pool's blocks.
+  acts.att.resize(static_cast<size_t>(B * s.n_out()));
+  PagedDecodeParams p;
+  p.B = B, p.H = s.H, p.G = s.G, p.D = s.D, p.Dv = s.Dv(), p.maps = s.maps();
+  p.shared_keys = s.kind == AttnKind::DiffV2;
+  p.lam_per_token = s.kind == AttnKind::DiffV2;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+  p.n_blocks = pool.n_blocks, p.block_size = pool.block_size, p.table_stride = seqs.table_stride;
+  p.q = proj;
+  p.lam = s.maps() == 2 ? acts.lam.data() : nullptr;
+  p.kv_dtype = pool.kv_dtype;
+  p.k_pool = pool.k.get(), p.v_pool = pool.v.get();
+  p.k16_pool = pool.k16.get(), p.v16_pool = pool.v16.get();
+  p.block_tables = seqs.tables;
+  p.seq_lens = seqs.lens;
+  p.set_contiguous_strides();
+  p.q_batch_stride = np;
+  p.out = acts.att.data();
+  attention_decode_paged(p);
   output(out, acts, w, s, B);
+}
+
+void attn_layer_fwd_paged(float* out, AttnLayerActs& acts, const float* inp,
+                          const AttnLayerWeights& w, const AttnLayerShape& s, int64_t T,
+                          const float* cos_t, const float* sin_t, KVPool& pool,
+                          const int32_t* table, int64_t table_len, int64_t pos0,
+                          KVCache& scratch) {
+  check_pool(pool, s);
+  check_table(pool, table, table_len, pos0 + T, 0);
+  // The cached positions, gathered block by block (raw: a 16-bit pool stays 16-bit).
+  if (scratch.B != 1 || scratch.capacity < pos0 + T || scratch.kv_dtype != pool.kv_dtype ||
+      (pool.kv_dtype == DType::F32 ? scratch.k.size() : scratch.k16.size()) !=
+          static_cast<size_t>(scratch.capacity * s.n_k())) {
+    scratch.reset(s, 1, pos0 + T, pool.kv_dtype);
+  }
+  // n rows of `row` elements from block position `at` of a pool array to row j0 of the copy.
+  auto copy_rows = [](auto* dst, const auto* src, int64_t j0, int64_t at, int64_t n, int64_t row) {
+    std::memcpy(dst + j0 * row, src + at * row, sizeof(*dst) * static_cast<size_t>(n * row));
+  };
+  const int64_t bs = pool.block_size;
+  for (int64_t j0 = 0; j0 < pos0; j0 += bs) {
+    const int64_t n = std::min(bs, pos0 - j0), at = static_cast<int64_t>(table[j0 / bs]) * bs;
+    if (pool.kv_dtype == DType::F32) {
+      copy_rows(scratch.k.data(), pool.k.get(), j0, at, n, s.n_k());
+      copy_rows(scratch.v.data(), pool.v.get(), j0, at, n, s.n_v());
+    } else {
+      copy_rows(scratch.k16.data(), pool.k16.get(), j0, at, n, s.n_k());
+      copy_rows(scratch.v16.data(), pool.v16.get(), j0, at, n, s.n_v());
+    }
+  }
+  scratch.len = pos0;
+  attn_layer_fwd(out, acts, inp, w, s, 1, T, cos_t, sin_t, &scratch, false);
+  // The chunk's K/V rows (after RoPE, in acts.proj) into the sequence's blocks.
+  for (int64_t t = 0; t < T; ++t) {
+    append_kv(pool, s, table, pos0 + t, acts.proj.data() + t * s.n_proj());
+  }
 }
 
 AttnBwdParams attn_layer_params(const AttnLayerActs& acts, const AttnLayerShape& s, int64_t B,

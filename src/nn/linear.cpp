@@ -60,9 +60,19 @@ class SmallProductThreads {
 
 }  // namespace
 
+// out (N, OC) = inp (N, C) @ weight^T for a few rows by the multi-row matrix-vector kernel of
+// linear_lowp.cpp (float32 weights): each weight row read once for all N rows, no packing.
+void linear_fwd_few_rows(float* out, const float* inp, const float* weight, int64_t N,
+                         int64_t C, int64_t OC, int64_t ldo);
+
 void linear_fwd(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
                 int64_t OC, int64_t ldo) {
   if (N == 0) return;
+  if (N >= 2 && N <= kF32GemvMaxN && C > 0 && OC > 0) {
+    // A few rows (a batched decode step): sgemm would pack (copy) the whole weight per call,
+    // which costs more than the product itself at these N.
+    return linear_fwd_few_rows(out, inp, weight, N, C, OC, ldo);
+  }
   const SmallProductThreads threads(static_cast<double>(N) * static_cast<double>(C) * static_cast<double>(OC));
   if (N == 1) {
     // One row (a decode step): a matrix-vector product, which reads the weight once, as gemm

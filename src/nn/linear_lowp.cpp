@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "diffattn/kernels/runtime.h"
@@ -25,10 +26,16 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
+// How a weight of type T is stored: float32 as float, BF16 and F16 as their 16 bits.
+template <DType T>
+using WElem = std::conditional_t<T == DType::F32, float, uint16_t>;
+
 // Lanes(DF) weights from p (any alignment) widened to float32.
 template <DType T>
-HWY_INLINE VF LoadWeights(DF df, const uint16_t* HWY_RESTRICT p) {
-  if constexpr (T == DType::BF16) {
+HWY_INLINE VF LoadWeights(DF df, const WElem<T>* HWY_RESTRICT p) {
+  if constexpr (T == DType::F32) {
+    return hn::LoadU(df, p);
+  } else if constexpr (T == DType::BF16) {
     const hn::RebindToUnsigned<DF> du32;
     const hn::Rebind<uint16_t, DF> du16;
     return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, p))));
@@ -39,7 +46,8 @@ HWY_INLINE VF LoadWeights(DF df, const uint16_t* HWY_RESTRICT p) {
 }
 
 template <DType T>
-HWY_INLINE float WidenOne(const uint16_t* p) {
+HWY_INLINE float WidenOne(const WElem<T>* p) {
+  if constexpr (T == DType::F32) return *p;
   uint16_t h;
   std::memcpy(&h, p, 2);
   return T == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
@@ -57,7 +65,7 @@ struct GemvTiles {
 // x (M, C) rows at stride C. Each weight vector is widened once and used for all M rows.
 template <DType T, int R, int M>
 HWY_NOINLINE void GemvTile(float* HWY_RESTRICT out, int64_t ldo, const float* HWY_RESTRICT x,
-                           const uint16_t* HWY_RESTRICT W, int64_t C) {
+                           const WElem<T>* HWY_RESTRICT W, int64_t C) {
   const DF df;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
   VF acc[R][M];
@@ -85,11 +93,11 @@ HWY_NOINLINE void GemvTile(float* HWY_RESTRICT out, int64_t ldo, const float* HW
 // sequential stream; four accumulators hide the FMA latency.
 template <DType T>
 HWY_NOINLINE void GemvOneRow(float* HWY_RESTRICT out, const float* HWY_RESTRICT x,
-                             const uint16_t* HWY_RESTRICT W, int64_t C, int64_t r0, int64_t r1) {
+                             const WElem<T>* HWY_RESTRICT W, int64_t C, int64_t r0, int64_t r1) {
   const DF df;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
   for (int64_t r = r0; r < r1; ++r) {
-    const uint16_t* w = W + r * C;
+    const WElem<T>* w = W + r * C;
     VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0;
     int64_t c = 0;
     for (; c + 4 * L <= C; c += 4 * L) {
@@ -109,13 +117,13 @@ HWY_NOINLINE void GemvOneRow(float* HWY_RESTRICT out, const float* HWY_RESTRICT 
 // weight rows (R * C * 2 bytes) come from memory once and from cache for the later groups of kM
 // input rows.
 template <DType T>
-void GemvRows(float* out, int64_t ldo, const float* x, const uint16_t* W, int64_t N, int64_t C,
+void GemvRows(float* out, int64_t ldo, const float* x, const WElem<T>* W, int64_t N, int64_t C,
               int64_t r0, int64_t r1) {
   constexpr int kR = GemvTiles::kR, kM = GemvTiles::kM;
   if (N == 1) return GemvOneRow<T>(out, x, W, C, r0, r1);
   auto tile = [&](auto r_const, int64_t r) {
     constexpr int R = decltype(r_const)::value;
-    const uint16_t* w = W + r * C;
+    const WElem<T>* w = W + r * C;
     int64_t m = 0;
     for (; m + kM <= N; m += kM) GemvTile<T, R, kM>(out + m * ldo + r, ldo, x + m * C, w, C);
     switch (N - m) {
@@ -132,6 +140,7 @@ void GemvRows(float* out, int64_t ldo, const float* x, const uint16_t* W, int64_
 
 void Gemv(float* out, int64_t ldo, const float* x, const void* W, DType t, int64_t N, int64_t C,
           int64_t r0, int64_t r1) {
+  if (t == DType::F32) return GemvRows<DType::F32>(out, ldo, x, static_cast<const float*>(W), N, C, r0, r1);
   const auto* w = static_cast<const uint16_t*>(W);
   if (t == DType::BF16) {
     GemvRows<DType::BF16>(out, ldo, x, w, N, C, r0, r1);
@@ -224,6 +233,19 @@ void linear_fwd(float* out, const float* inp, TypedPtr weight, int64_t N, int64_
                   static_cast<int>(rows), static_cast<int>(C), 1.0f, inp, static_cast<int>(C),
                   panel.data(), static_cast<int>(C), 0.0f, out + r0, static_cast<int>(ldo));
     }
+  }
+}
+
+void linear_fwd_few_rows(float* out, const float* inp, const float* weight, int64_t N,
+                         int64_t C, int64_t OC, int64_t ldo) {
+  if (ldo == 0) ldo = OC;
+  const int64_t blocks = (OC + kGemvRowBlock - 1) / kGemvRowBlock;
+  const double work = static_cast<double>(OC) * static_cast<double>(C) * static_cast<double>(N);
+  const int nt = static_cast<int>(std::min<int64_t>(threads_for(work), blocks));
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t r0 = b * kGemvRowBlock, r1 = std::min(OC, r0 + kGemvRowBlock);
+    HWY_DYNAMIC_DISPATCH(Gemv)(out, ldo, inp, weight, DType::F32, N, C, r0, r1);
   }
 }
 

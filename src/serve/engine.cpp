@@ -101,6 +101,7 @@ Engine::Engine(Model& model, const EngineOptions& o)
   if (o.max_batch < 1 || o.max_waiting < 0 || o.prefill_chunk < 1) {
     throw InvalidArgument("engine: max_batch and prefill_chunk must be >= 1, max_waiting >= 0");
   }
+  pools_ = m_.kv_pools(o.n_blocks, o.block_size, o.kv_dtype);
   stats_.total_blocks = stats_.free_blocks = alloc_.total();
   thread_ = std::thread([this] { loop(); });
 }
@@ -163,17 +164,22 @@ std::shared_ptr<Sequence> Engine::submit(SeqRequest r) {
 }
 
 void Engine::finish(Running& r, Finish f, const std::string& error) {
-  {
-    std::lock_guard<std::mutex> lock(r.seq->mu_);
-    if (r.seq->finish_ == Finish::kNone) {
-      r.seq->finish_ = f;
-      r.seq->error_ = error;
-    }
-  }
-  r.seq->cv_.notify_all();
   alloc_.release(r.blocks);
-  r.cache.clear();
-  r.cache.shrink_to_fit();
+  ended_.push_back({r.seq, f, error});
+}
+
+void Engine::publish_ended() {
+  for (Ended& e : ended_) {
+    {
+      std::lock_guard<std::mutex> lock(e.seq->mu_);
+      if (e.seq->finish_ == Finish::kNone) {
+        e.seq->finish_ = e.how;
+        e.seq->error_ = std::move(e.error);
+      }
+    }
+    e.seq->cv_.notify_all();
+  }
+  ended_.clear();
 }
 
 bool Engine::take(Running& r, const float* logits) {
@@ -250,8 +256,8 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
     stats_.waiting = static_cast<int64_t>(waiting_.size());
   }
   // 3. Advance each running sequence by a decode step or a prompt chunk: the decode steps of
-  // all sequences past their prompt together (one infer_rows: the FFN and the output head over
-  // the batch), the prompt chunks one sequence at a time.
+  // all sequences past their prompt together (one decode_paged: the products over the batch,
+  // one paged attention call per layer), the prompt chunks one sequence at a time.
   int64_t budget = o_.prefill_chunk, advanced = 0, prompt_done = 0;
   std::vector<Running*> decoding;
   for (auto& r : running) {
@@ -262,16 +268,26 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
   if (!decoding.empty()) {
     const int64_t n = static_cast<int64_t>(decoding.size()), V = m_.config().vocab_size;
     std::vector<int32_t> toks(static_cast<size_t>(n));
-    std::vector<std::vector<nn::KVCache>*> caches(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) {
-      toks[static_cast<size_t>(i)] = decoding[static_cast<size_t>(i)]->last;
-      caches[static_cast<size_t>(i)] = &decoding[static_cast<size_t>(i)]->cache;
+    int64_t stride = 1;
+    for (const Running* r : decoding) {
+      stride = std::max<int64_t>(stride, static_cast<int64_t>(r->blocks.size()));
     }
+    tables_.assign(static_cast<size_t>(n * stride), -1);  // entries past a table: never read
+    lens_.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const Running& r = *decoding[static_cast<size_t>(i)];
+      toks[static_cast<size_t>(i)] = r.last;
+      std::copy(r.blocks.begin(), r.blocks.end(), tables_.begin() + i * stride);
+      lens_[static_cast<size_t>(i)] = r.pos + 1;  // the new token's position + 1
+    }
+    const nn::PagedSeqs seqs{n, tables_.data(), stride, lens_.data()};
     batch_logits_.resize(static_cast<size_t>(n * V));
     try {
-      m_.infer_rows(toks.data(), n, caches.data(), batch_logits_.data());
+      m_.decode_paged(toks.data(), pools_, seqs, batch_logits_.data());
       for (int64_t i = 0; i < n; ++i) {
-        take(*decoding[static_cast<size_t>(i)], &batch_logits_[static_cast<size_t>(i * V)]);
+        Running& r = *decoding[static_cast<size_t>(i)];
+        ++r.pos;
+        take(r, &batch_logits_[static_cast<size_t>(i * V)]);
       }
     } catch (const std::exception& e) {
       for (Running* r : decoding) {
@@ -283,19 +299,13 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
   for (auto& r : running) {
     const int64_t P = static_cast<int64_t>(r->req.prompt.size());
     try {
-      if (r->prefilled < P) {
+      if (r->prefilled < P && !r->blocks.empty()) {
         if (budget <= 0) continue;
-        if (r->cache.empty()) {
-          // A fresh cache for this sequence's span, built by the model and swapped out.
-          const int64_t span = P + r->req.max_tokens;
-          m_.cache_reset(1, span);
-          m_.cache_swap(r->cache);
-        }
         const int64_t n = std::min(budget, P - r->prefilled);
-        m_.cache_swap(r->cache);
-        m_.infer(r->req.prompt.data() + r->prefilled, 1, n, logits.data());
-        m_.cache_swap(r->cache);
+        m_.prefill_paged(r->req.prompt.data() + r->prefilled, n, pools_, r->blocks.data(),
+                         static_cast<int64_t>(r->blocks.size()), r->pos, logits.data());
         r->prefilled += n;
+        r->pos += n;
         budget -= n;
         prompt_done += n;
         ++advanced;
@@ -308,12 +318,15 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
   running.erase(std::remove_if(running.begin(), running.end(),
                                [](const auto& r) { return r->blocks.empty(); }),
                 running.end());
-  std::lock_guard<std::mutex> lock(mu_);
-  ++stats_.steps;
-  stats_.prompt_tokens += prompt_done;
-  stats_.running = static_cast<int64_t>(running.size());
-  stats_.free_blocks = alloc_.free_blocks();
-  stats_.last_batch = static_cast<double>(advanced);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.steps;
+    stats_.prompt_tokens += prompt_done;
+    stats_.running = static_cast<int64_t>(running.size());
+    stats_.free_blocks = alloc_.free_blocks();
+    stats_.last_batch = static_cast<double>(advanced);
+  }
+  publish_ended();
 }
 
 void Engine::loop() {
@@ -331,6 +344,7 @@ void Engine::loop() {
   }
   // Shutdown: everything queued or running is cancelled.
   for (auto& r : running) finish(*r, Finish::kCancelled);
+  publish_ended();
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [seq, req] : waiting_) {
     {

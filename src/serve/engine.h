@@ -1,7 +1,8 @@
 // The generation engine behind `diffattn serve`: a scheduler with continuous batching over one
-// model, and a block allocator that bounds the KV memory of the running sequences.
+// model, and a paged KV cache: one pool of fixed-size blocks per layer (Model::kv_pools), each
+// running sequence holding a table of block ids that the BlockAllocator hands out.
 //
-// One thread (the engine's) owns the model. Each step it
+// One thread (the engine's) owns the model and the pools. Each step it
 //   1. drops sequences that finished, were cancelled (client gone) or ran out of time, returning
 //      their blocks to the pool;
 //   2. admits waiting sequences, first come first served, while the batch has room and the pool
@@ -13,13 +14,13 @@
 // Requests join and leave between steps. Submitting beyond max_waiting waiting sequences throws
 // QueueFull (the server answers 503).
 //
-// The decode steps of a step run as one Model::infer_rows call: every matrix product (attention
-// projections, FFN, output head) is over the batch, so each weight is read once per step. What is
-// not batched yet: the decode attention itself runs once per sequence, each over its own
-// contiguous per-layer KV cache; the block tables account for that memory rather than address it
-// (the decode kernel reads a contiguous cache, not paged blocks). Prompt chunks run through
-// Model::infer with the sequence's cache swapped in. The interface (submit / tokens /
-// cancel) does not change when the attention becomes one batched paged call.
+// The decode steps of a step run as one Model::decode_paged call: every matrix product
+// (attention projections, FFN, output head) is over the batch, so each weight is read once per
+// step, and each layer's attention is one attention_decode_paged call over all the decoding
+// sequences, of different lengths, reading K/V in place from their blocks (no gather copy).
+// A prompt chunk (Model::prefill_paged) writes its K/V into the sequence's blocks; its
+// attention gathers the sequence's earlier positions into a contiguous copy and runs the tiled
+// forward (prompt chunks are few and compute bound; decode steps are many and memory bound).
 #pragma once
 
 #include <chrono>
@@ -108,6 +109,7 @@ struct EngineOptions {
   int64_t max_batch = 64;         // running sequences
   int64_t max_waiting = 256;      // waiting sequences; more: QueueFull
   int64_t prefill_chunk = 512;    // prompt tokens per step, over all sequences
+  DType kv_dtype = DType::F32;    // the pools' storage (BF16/F16: half the memory and traffic)
   // Called by the engine's thread before each step (0, 1, ...); tests hold the engine here to
   // make an interleaving (a cancel between two steps) certain instead of likely.
   std::function<void(int64_t step)> before_step;
@@ -140,28 +142,42 @@ class Engine {
   struct Running {
     std::shared_ptr<Sequence> seq;
     SeqRequest req;
-    std::vector<int32_t> blocks;
-    std::vector<nn::KVCache> cache;
+    std::vector<int32_t> blocks;  // its block table (every pool: the same ids)
     int64_t prefilled = 0;  // prompt tokens in the cache
+    int64_t pos = 0;        // positions in its blocks
     int64_t generated = 0;
     int32_t last = -1;      // the token to feed next (after the prefill)
     std::unique_ptr<Sampler> sampler;
   };
   void loop();
   void step(std::vector<std::unique_ptr<Running>>& running, std::vector<float>& logits);
+  // Ends r: its blocks go back to the pool at once; the sequence learns of it in
+  // publish_ended(), after the step has updated the stats, so a client that sees its sequence
+  // end also sees its blocks free in stats().
   void finish(Running& r, Finish f, const std::string& error = "");
+  void publish_ended();
   // Samples from logits, records the token; returns false when the sequence ended.
   bool take(Running& r, const float* logits);
 
   Model& m_;
   EngineOptions o_;
   BlockAllocator alloc_;
+  std::vector<nn::KVPool> pools_;  // one per layer, (n_blocks, block_size, ...) each
+  // decode_paged's inputs, reused each step: (batch, table_stride) block ids and lengths
+  std::vector<int32_t> tables_;
+  std::vector<int64_t> lens_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::pair<std::shared_ptr<Sequence>, SeqRequest>> waiting_;
   bool stop_ = false;
   EngineStats stats_;
   std::vector<float> batch_logits_;  // (batch, V) of a decode step
+  struct Ended {
+    std::shared_ptr<Sequence> seq;
+    Finish how;
+    std::string error;
+  };
+  std::vector<Ended> ended_;  // finished in this step, not yet told (engine thread only)
   std::thread thread_;
 };
 

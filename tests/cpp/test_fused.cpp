@@ -7,7 +7,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <limits>
+#include <random>
 #include <string>
 
 #include "bench/cases/attn_case.h"
@@ -231,6 +233,342 @@ TEST(FusedDecode, Cache16RefusedWhereFloat32IsNeeded) {
   AttnParams missing = p;
   missing.v16 = nullptr;
   EXPECT_THROW(attention_fwd(missing), InvalidArgument);
+}
+
+// ---- paged decode: B sequences of different lengths, K/V in blocks of one pool ----
+
+// One variant of the operator, as the paged tests walk them.
+struct PagedVariant {
+  const char* name;
+  int maps;
+  int64_t H, G, D, Dv;
+  bool shared_keys, lam_per_token;
+};
+
+// B sequences, each a one-row causal decode problem of its own length (the oracle's input),
+// and the same K/V written into a pool of blocks in shuffled order, with the block tables
+// and lengths a paged call reads. 16-bit: the pools hold K/V rounded to dt, and the
+// per-sequence problems `rounded` the same values as float32.
+struct PagedCase {
+  PagedVariant var;
+  int64_t bs;
+  DType dt;
+  std::vector<Problem> seqs, rounded;
+  std::vector<float> q, lam, kpool, vpool;
+  std::vector<uint16_t> k16, v16;
+  std::vector<int32_t> tables;
+  std::vector<int64_t> lens;
+  int64_t n_blocks = 0, stride = 0;
+
+  PagedCase(const PagedVariant& v, int64_t block_size, DType dtype,
+            const std::vector<int64_t>& lengths, uint32_t seed)
+      : var(v), bs(block_size), dt(dtype), lens(lengths) {
+    const int64_t B = static_cast<int64_t>(lens.size()), KH = key_heads();
+    const int64_t krow = KH * v.D, vrow = v.G * v.Dv;
+    std::vector<float> shared_lam;
+    for (int64_t b = 0; b < B; ++b) {
+      Problem pr = problem_of(AttnCase{"", v.maps, 1, 1, lens[static_cast<size_t>(b)], v.H, v.G, v.D,
+                                   v.Dv, v.shared_keys, v.lam_per_token, true},
+                              seed + 10 * static_cast<uint32_t>(b));
+      if (v.maps == 2 && !v.lam_per_token) {  // one lambda (H) for the whole call
+        if (b == 0) shared_lam = pr.lam;
+        pr.lam = shared_lam;
+      }
+      q.insert(q.end(), pr.q.begin(), pr.q.end());
+      if (v.maps == 2 && (v.lam_per_token || b == 0)) lam.insert(lam.end(), pr.lam.begin(), pr.lam.end());
+      Problem r = pr;
+      if (dt != DType::F32) {  // the values the 16-bit pool holds
+        std::vector<uint16_t> tmp(std::max(pr.k.size(), pr.v.size()));
+        convert_from_f32(tmp.data(), pr.k.data(), dt, static_cast<int64_t>(pr.k.size()));
+        convert_to_f32(r.k.data(), tmp.data(), dt, static_cast<int64_t>(pr.k.size()));
+        convert_from_f32(tmp.data(), pr.v.data(), dt, static_cast<int64_t>(pr.v.size()));
+        convert_to_f32(r.v.data(), tmp.data(), dt, static_cast<int64_t>(pr.v.size()));
+      }
+      seqs.push_back(std::move(pr));
+      rounded.push_back(std::move(r));
+    }
+    // Block ids: every sequence's blocks drawn from a shuffled pool with spare blocks, so no
+    // table is contiguous or in order; unused table entries hold -1 (never read).
+    int64_t need = 0;
+    for (int64_t len : lens) {
+      need += (len + bs - 1) / bs;
+      stride = std::max(stride, (len + bs - 1) / bs);
+    }
+    stride += 2;
+    n_blocks = need + 5;
+    std::vector<int32_t> ids(static_cast<size_t>(n_blocks));
+    for (int64_t i = 0; i < n_blocks; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    std::mt19937 rng(seed);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    tables.assign(static_cast<size_t>(B * stride), -1);
+    kpool.assign(static_cast<size_t>(n_blocks * bs * krow), NAN);  // unused rows: NaN
+    vpool.assign(static_cast<size_t>(n_blocks * bs * vrow), NAN);
+    size_t next = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t len = lens[static_cast<size_t>(b)];
+      for (int64_t i = 0; i < (len + bs - 1) / bs; ++i) {
+        tables[static_cast<size_t>(b * stride + i)] = ids[next++];
+      }
+      const Problem& r = rounded[static_cast<size_t>(b)];
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t at = tables[static_cast<size_t>(b * stride + j / bs)] * bs + j % bs;
+        std::copy_n(&r.k[static_cast<size_t>(j * krow)], krow, &kpool[static_cast<size_t>(at * krow)]);
+        std::copy_n(&r.v[static_cast<size_t>(j * vrow)], vrow, &vpool[static_cast<size_t>(at * vrow)]);
+      }
+    }
+    if (dt != DType::F32) {  // exact: the pool's floats are already rounded to dt
+      k16.resize(kpool.size());
+      v16.resize(vpool.size());
+      convert_from_f32(k16.data(), kpool.data(), dt, static_cast<int64_t>(kpool.size()));
+      convert_from_f32(v16.data(), vpool.data(), dt, static_cast<int64_t>(vpool.size()));
+    }
+  }
+  int64_t key_heads() const { return (var.maps == 2 && !var.shared_keys) ? 2 * var.G : var.G; }
+
+  PagedDecodeParams params(std::vector<float>& out) const {
+    PagedDecodeParams p;
+    p.B = static_cast<int64_t>(lens.size());
+    p.H = var.H, p.G = var.G, p.D = var.D, p.Dv = var.Dv, p.maps = var.maps;
+    p.shared_keys = var.shared_keys, p.lam_per_token = var.lam_per_token;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(var.D));
+    p.n_blocks = n_blocks, p.block_size = bs, p.table_stride = stride;
+    p.q = q.data();
+    p.lam = var.maps == 2 ? lam.data() : nullptr;
+    p.kv_dtype = dt;
+    if (dt == DType::F32) {
+      p.k_pool = kpool.data(), p.v_pool = vpool.data();
+    } else {
+      p.k16_pool = k16.data(), p.v16_pool = v16.data();
+    }
+    p.block_tables = tables.data();
+    p.seq_lens = lens.data();
+    p.set_contiguous_strides();
+    out.assign(static_cast<size_t>(p.B * var.H * var.Dv), NAN);
+    p.out = out.data();
+    return p;
+  }
+
+  // Sequence b alone through the contiguous split-KV decode (attention_decode), K/V as the
+  // pool holds them (16-bit read in place), with key_chunk: out (H, Dv).
+  std::vector<float> contiguous_decode(int64_t b, int64_t key_chunk) const {
+    const Problem& pr = seqs[static_cast<size_t>(b)];
+    std::vector<uint16_t> k(pr.k.size()), v(pr.v.size());
+    AttnDecodeParams p(rounded[static_cast<size_t>(b)].params());
+    if (dt != DType::F32) {
+      convert_from_f32(k.data(), pr.k.data(), dt, static_cast<int64_t>(k.size()));
+      convert_from_f32(v.data(), pr.v.data(), dt, static_cast<int64_t>(v.size()));
+      p.kv_dtype = dt;
+      p.k = p.v = nullptr;
+      p.k16 = k.data();
+      p.v16 = v.data();
+    }
+    std::vector<float> out(static_cast<size_t>(var.H * var.Dv), NAN);
+    p.out = out.data();
+    p.key_chunk = key_chunk;
+    attention_decode(p);
+    return out;
+  }
+};
+
+const PagedVariant kPagedVariants[] = {
+    // name, maps, H, G, D, Dv, shared keys (V2), lambda per token
+    {"v1", 2, 4, 2, 16, 32, false, false},
+    {"v2", 2, 4, 4, 16, 16, true, true},
+    {"standard", 1, 4, 2, 16, 16, false, false},
+    {"v1_odd_dims", 2, 2, 1, 5, 7, false, false},  // neither D nor Dv a whole vector
+};
+
+std::vector<int64_t> paged_lengths(int64_t bs) { return {1, bs - 1, bs, bs + 1, 700, 37}; }
+
+std::vector<float> slice(const std::vector<float>& x, int64_t b, int64_t n) {
+  return {x.begin() + b * n, x.begin() + (b + 1) * n};
+}
+
+// Against the reference and the naive float32 computation of each sequence alone (K/V as the
+// pool holds them): the fused-kernel tolerance. With blocks of 16 positions (the P V products
+// never straddle a block end) the paged call is attention_decode's arithmetic on each sequence:
+// bit for bit, at any thread count.
+TEST(FusedDecodePaged, MatchesEachSequenceAloneForEveryVariantDtypeAndBlockSize) {
+  for (const PagedVariant& var : kPagedVariants) {
+    for (const DType dt : {DType::F32, DType::BF16, DType::F16}) {
+      for (const int64_t bs : {16, 7, 32}) {
+        SCOPED_TRACE(std::string(var.name) + " " + dtype_name(dt) + " block " + std::to_string(bs));
+        const PagedCase pc(var, bs, dt, paged_lengths(bs), 71);
+        const int64_t B = static_cast<int64_t>(pc.lens.size()), n = var.H * var.Dv;
+        for (const int64_t chunk : {0, 128}) {
+          SCOPED_TRACE("key_chunk " + std::to_string(chunk));
+          std::vector<float> out;
+          PagedDecodeParams p = pc.params(out);
+          p.key_chunk = chunk;
+          attention_decode_paged(p);
+          for (int64_t b = 0; b < B; ++b) {
+            SCOPED_TRACE("sequence " + std::to_string(b) + " of length " +
+                         std::to_string(pc.lens[static_cast<size_t>(b)]));
+            const Problem& r = pc.rounded[static_cast<size_t>(b)];
+            const std::vector<float> got = slice(out, b, n);
+            expect_close("out", got, testing::run_fwd(r, Backend::Reference).out,
+                         bench::naive_fwd(r.params()));
+            if (chunk > 0 && bs % 16 == 0) {
+              const std::vector<float> alone = pc.contiguous_decode(b, chunk);
+              EXPECT_EQ(std::memcmp(got.data(), alone.data(), got.size() * sizeof(float)), 0)
+                  << "not bit for bit the contiguous decode";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(FusedDecodePaged, OneAndTwoThreadsAndTheReferenceBackend) {
+  const PagedCase pc(kPagedVariants[0], 16, DType::F32, {3, 700, 1, 300, 15, 16, 17, 64}, 72);
+  const int saved = num_threads();
+  std::vector<float> one, two, ref;
+  set_num_threads(1);
+  attention_decode_paged(pc.params(one));
+  set_num_threads(2);
+  attention_decode_paged(pc.params(two));
+  set_num_threads(saved);
+  // Threads split sequences, head groups and keys; the splits and their merge order are fixed
+  // by the lengths and key_chunk alone... except key_chunk = 0 picks from the thread count,
+  // so compare within rounding, and bit for bit with a fixed key_chunk.
+  std::vector<float> naive;
+  for (size_t b = 0; b < pc.lens.size(); ++b) {
+    const std::vector<float> nb = bench::naive_fwd(pc.rounded[b].params());
+    naive.insert(naive.end(), nb.begin(), nb.end());
+  }
+  attention_decode_paged(pc.params(ref), Backend::Reference);
+  expect_close("1 thread", one, ref, naive);
+  expect_close("2 threads", two, ref, naive);
+  std::vector<float> c1, c2;
+  PagedDecodeParams p1 = pc.params(c1), p2 = pc.params(c2);
+  p1.key_chunk = p2.key_chunk = 64;
+  set_num_threads(1);
+  attention_decode_paged(p1);
+  set_num_threads(2);
+  attention_decode_paged(p2);
+  set_num_threads(saved);
+  EXPECT_EQ(std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)), 0);
+}
+
+// Calls big enough for two threads (>= 1 MiB of K/V a thread): one long sequence of 8 KiB key
+// rows cut into 5 key splits, fewer than the 8 items two threads want, so each split is also
+// cut into head-group slices; and 16 short sequences, one split each. Slices and splits
+// change who computes a row, not its arithmetic: bit for bit what one thread computes, and
+// what attention_decode computes for each sequence alone.
+TEST(FusedDecodePaged, TwoThreadsSplitSequencesKeysAndHeadGroupsBitForBit) {
+  const PagedVariant wide{"v1_wide", 2, 8, 8, 64, 128, false, false};
+  const std::vector<std::vector<int64_t>> shapes = {
+      {2100}, {40, 33, 17, 64, 5, 48, 40, 1, 16, 32, 40, 40, 39, 41, 60, 70}};
+  const int saved = num_threads();
+  for (const std::vector<int64_t>& lens : shapes) {
+    SCOPED_TRACE(std::to_string(lens.size()) + " sequences");
+    const PagedCase pc(wide, 16, DType::F32, lens, 75);
+    std::vector<float> one, two;
+    PagedDecodeParams p1 = pc.params(one), p2 = pc.params(two);
+    p1.key_chunk = p2.key_chunk = 512;
+    set_num_threads(1);
+    attention_decode_paged(p1);
+    set_num_threads(2);
+    attention_decode_paged(p2);
+    set_num_threads(saved);
+    EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0);
+    const int64_t n = wide.H * wide.Dv;
+    for (int64_t b = 0; b < static_cast<int64_t>(lens.size()); ++b) {
+      const std::vector<float> alone = pc.contiguous_decode(b, 512);
+      EXPECT_EQ(std::memcmp(&two[static_cast<size_t>(b * n)], alone.data(), alone.size() * 4), 0)
+          << "sequence " << b;
+    }
+    const Problem& r = pc.rounded[0];
+    expect_close("out of sequence 0", slice(two, 0, n), testing::run_fwd(r, Backend::Reference).out,
+                 bench::naive_fwd(r.params()));
+  }
+}
+
+// Strided q and out (q rows of a fused projection buffer, out rows with padding).
+TEST(FusedDecodePaged, StridedQueryAndOutput) {
+  const PagedCase pc(kPagedVariants[1], 16, DType::F32, {5, 40, 33}, 73);
+  const int64_t B = 3, qh = 2 * pc.var.H, D = pc.var.D, H = pc.var.H, Dv = pc.var.Dv;
+  std::vector<float> want;
+  attention_decode_paged(pc.params(want));
+  const int64_t qrow = qh * D + 11, orow = H * (Dv + 3) + 5;
+  std::vector<float> q(static_cast<size_t>(B * qrow), NAN), out(static_cast<size_t>(B * orow), -7.0f);
+  for (int64_t b = 0; b < B; ++b) {
+    std::copy_n(&pc.q[static_cast<size_t>(b * qh * D)], qh * D, &q[static_cast<size_t>(b * qrow)]);
+  }
+  std::vector<float> unused;
+  PagedDecodeParams p = pc.params(unused);
+  p.q = q.data();
+  p.q_batch_stride = qrow;
+  p.out = out.data();
+  p.o_batch_stride = orow;
+  p.o_head_stride = Dv + 3;
+  attention_decode_paged(p);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t d = 0; d < Dv; ++d) {
+        ASSERT_EQ(out[static_cast<size_t>(b * orow + h * (Dv + 3) + d)],
+                  want[static_cast<size_t>((b * H + h) * Dv + d)]);
+      }
+      EXPECT_EQ(out[static_cast<size_t>(b * orow + h * (Dv + 3) + Dv)], -7.0f);  // padding kept
+    }
+  }
+}
+
+// Bad params are refused before anything is read, naming the field.
+TEST(FusedDecodePaged, RefusesBadParamsNamingTheField) {
+  const PagedCase pc(kPagedVariants[0], 16, DType::F32, {5, 40, 33}, 74);
+  std::vector<float> out;
+  auto refused = [&](const PagedDecodeParams& p, const std::string& what) {
+    try {
+      attention_decode_paged(p);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  std::vector<int32_t> tables = pc.tables;
+  tables[static_cast<size_t>(1 * pc.stride + 2)] = static_cast<int32_t>(pc.n_blocks);
+  PagedDecodeParams p = pc.params(out);
+  p.block_tables = tables.data();
+  refused(p, "block_tables[1][2]");
+  tables = pc.tables;
+  tables[static_cast<size_t>(2 * pc.stride)] = -1;
+  refused(p, "block_tables[2][0]");
+  std::vector<int64_t> lens = pc.lens;
+  lens[2] = pc.stride * 16 + 1;
+  p = pc.params(out);
+  p.seq_lens = lens.data();
+  refused(p, "seq_lens[2]");
+  lens[2] = -1;
+  refused(p, "seq_lens[2]");
+  p = pc.params(out);
+  p.k_pool = nullptr;
+  refused(p, "k_pool");
+  p = pc.params(out);
+  p.k16_pool = pc.k16.data();  // F32 pools with a 16-bit type: ambiguous
+  p.kv_dtype = DType::BF16;
+  refused(p, "k_pool and v_pool must be null");
+  p = pc.params(out);
+  p.lam = nullptr;
+  refused(p, "lam");
+  p = pc.params(out);
+  p.block_size = 0;
+  refused(p, "block_size");
+  p = pc.params(out);
+  p.scale = 0.0f;
+  refused(p, "scale");
+  p = pc.params(out);
+  p.o_head_stride = 0;  // every head onto the same row
+  refused(p, "out");
+  p = pc.params(out);
+  p.H = 3;
+  refused(p, "not divisible");
+  // The table entries past a sequence's length are never read (they hold -1 here).
+  p = pc.params(out);
+  EXPECT_NO_THROW(attention_decode_paged(p));
+  p.B = 0;  // nothing to do
+  EXPECT_NO_THROW(attention_decode_paged(p));
 }
 
 // ---- strided views: a fused QKV buffer and a KV cache with spare capacity ----

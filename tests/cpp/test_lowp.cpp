@@ -229,9 +229,11 @@ void check_linear(DType t, const LinearCase& k, uint32_t seed) {
   const std::vector<float> x = testing::randn(N * C, seed);
   const std::vector<float> w0 = testing::randn(OC * C, seed + 1, 0.05f);
   std::vector<uint16_t> wq(w0.size());
-  convert_from_f32(wq.data(), w0.data(), t, OC * C);
-  std::vector<float> w(w0.size());  // the rounded weights, as float32
-  convert_to_f32(w.data(), wq.data(), t, OC * C);
+  std::vector<float> w(w0);  // the rounded weights, as float32 (F32: the weights themselves)
+  if (t != DType::F32) {
+    convert_from_f32(wq.data(), w0.data(), t, OC * C);
+    convert_to_f32(w.data(), wq.data(), t, OC * C);
+  }
   // A zero weight row: its output must be exactly 0 (the absolute floor covers only this).
   if (OC > 2) {
     std::fill(w.begin() + C, w.begin() + 2 * C, 0.0f);
@@ -240,7 +242,11 @@ void check_linear(DType t, const LinearCase& k, uint32_t seed) {
 
   const float kPad = 12345.0f;
   std::vector<float> out(static_cast<size_t>(N * ldo), kPad);
-  nn::linear_fwd(out.data(), x.data(), TypedPtr{wq.data(), t}, N, C, OC, ldo);
+  if (t == DType::F32) {  // the float32 product: sgemv, the few-rows kernel or sgemm by N
+    nn::linear_fwd(out.data(), x.data(), w.data(), N, C, OC, ldo);
+  } else {
+    nn::linear_fwd(out.data(), x.data(), TypedPtr{wq.data(), t}, N, C, OC, ldo);
+  }
 
   double err = 0, err32 = 0, scale = 0;
   for (int64_t n = 0; n < N; ++n) {
@@ -271,7 +277,7 @@ void check_linear(DType t, const LinearCase& k, uint32_t seed) {
 
 TEST(LinearLowp, MatchesFloat64Reference) {
   std::vector<LinearCase> cases;
-  for (int64_t N : {1, 2, 3, 7, 8, 9, 64, 513}) {
+  for (int64_t N : {1, 2, 3, 7, 8, 9, 16, 32, 33, 64, 513}) {
     for (int64_t C : {37, 1000}) {
       for (int64_t OC : {1, 31, 130}) cases.push_back({N, C, OC});
     }
@@ -283,7 +289,7 @@ TEST(LinearLowp, MatchesFloat64Reference) {
   cases.push_back({513, 1000, 300});
   cases.push_back({513, 2048, 257});
   uint32_t seed = 100;
-  for (DType t : {DType::BF16, DType::F16}) {
+  for (DType t : {DType::BF16, DType::F16, DType::F32}) {
     for (const LinearCase& k : cases) check_linear(t, k, seed += 7);
   }
 }
@@ -292,9 +298,9 @@ TEST(LinearLowp, MatchesFloat64Reference) {
 TEST(LinearLowp, EveryTarget) {
   for_each_target([] {
     uint32_t seed = 500;
-    for (DType t : {DType::BF16, DType::F16}) {
+    for (DType t : {DType::BF16, DType::F16, DType::F32}) {
       for (LinearCase k : {LinearCase{1, 37, 31}, LinearCase{3, 1000, 9}, LinearCase{8, 70, 130},
-                           LinearCase{9, 37, 200}, LinearCase{1, 4100, 7}}) {
+                           LinearCase{9, 37, 200}, LinearCase{1, 4100, 7}, LinearCase{16, 70, 65}}) {
         check_linear(t, k, seed += 7);
       }
     }

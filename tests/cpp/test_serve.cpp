@@ -10,6 +10,7 @@
 #include <limits>
 #include <cstdlib>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -97,88 +98,128 @@ TEST(BlockAllocator, AllocatesReleasesAndRefusesWhatItDoesNotHave) {
 
 class EngineKinds : public ::testing::TestWithParam<nn::AttnKind> {};
 
-// One decode step of sequences of different lengths through infer_rows (the batched FFN and head)
-// against infer() on each sequence alone with a copy of its caches: the same logits up to the
-// order of the sums in the batched products (bounded by a few float32 roundings of the longest
-// dot product), the same caches after.
-TEST_P(EngineKinds, InferRowsEqualsInferAlone) {
+// One decode step of sequences of different lengths through decode_paged (the products over
+// the batch, one paged attention call per layer), their prompts prefilled in two chunks into
+// shuffled blocks of the pools (the second chunk gathers the first), against infer() on each
+// sequence alone with a contiguous cache: the same logits up to the order of the sums (the
+// batched products; the split-KV decode's, where infer's short cache takes the tiled forward),
+// bounded by a few float32 roundings of the longest dot product.
+TEST_P(EngineKinds, DecodePagedEqualsInferAlone) {
   Model m = tiny_model(GetParam(), 11);
   const int64_t V = m.config().vocab_size, C = m.config().d_model, F = m.config().ffn_dim;
   const int B = 5;
-  std::vector<std::vector<nn::KVCache>> caches(B);
-  std::vector<int32_t> next(B);
-  std::vector<float> logits(static_cast<size_t>(V));
+  const int64_t bs = 4, per_seq = 6, n_blocks = B * per_seq + 3;
+  std::vector<nn::KVPool> pools = m.kv_pools(n_blocks, bs);
+  std::vector<int32_t> ids(static_cast<size_t>(n_blocks));
+  for (int64_t i = 0; i < n_blocks; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  std::mt19937 rng(5);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<int32_t> tables(static_cast<size_t>(B * per_seq), -1), next(B);
+  std::vector<int64_t> lens(B);
+  std::vector<float> logits(static_cast<size_t>(V)), alone(static_cast<size_t>(B * V)),
+      prefill(static_cast<size_t>(V)), alone_prefill(static_cast<size_t>(V));
+  auto tol_of = [&](const float* x) {
+    float scale = 0;
+    for (int64_t v = 0; v < V; ++v) scale = std::max(scale, std::fabs(x[v]));
+    return 8.0f * std::numeric_limits<float>::epsilon() *
+           std::sqrt(static_cast<float>(std::max(C, F))) * scale;
+  };
   for (int b = 0; b < B; ++b) {
     const std::vector<int32_t> p = prompt_of(1 + 4 * b, b, V);
-    m.cache_reset(1, 40);
-    m.infer(p.data(), 1, static_cast<int64_t>(p.size()), logits.data());
-    m.cache_swap(caches[static_cast<size_t>(b)]);
+    const int64_t P = static_cast<int64_t>(p.size()), n1 = std::max<int64_t>(1, P / 2);
     next[static_cast<size_t>(b)] = static_cast<int32_t>((b * 5 + 2) % V);
-  }
-  std::vector<std::vector<nn::KVCache>> alone = caches;  // copies
-  std::vector<std::vector<nn::KVCache>*> ptrs;
-  for (auto& c : caches) ptrs.push_back(&c);
-  std::vector<float> rows(static_cast<size_t>(B * V));
-  m.infer_rows(next.data(), B, ptrs.data(), rows.data());
-  for (int b = 0; b < B; ++b) {
-    m.cache_swap(alone[static_cast<size_t>(b)]);
-    m.infer(&next[static_cast<size_t>(b)], 1, 1, logits.data());
-    m.cache_swap(alone[static_cast<size_t>(b)]);
-    float scale = 0;
-    for (float x : logits) scale = std::max(scale, std::fabs(x));
-    const float tol = 8.0f * std::numeric_limits<float>::epsilon() *
-                      std::sqrt(static_cast<float>(std::max(C, F))) * scale;
+    // alone: a contiguous cache of its own
+    m.cache_reset(1, 40);
+    m.infer(p.data(), 1, P, alone_prefill.data());
+    m.infer(&next[static_cast<size_t>(b)], 1, 1, &alone[static_cast<size_t>(b * V)]);
+    // paged: this sequence's blocks, its prompt in two chunks
+    int32_t* table = &tables[static_cast<size_t>(b * per_seq)];
+    std::copy_n(ids.begin() + b * per_seq, per_seq, table);
+    m.prefill_paged(p.data(), n1, pools, table, per_seq, 0, prefill.data());
+    if (n1 < P) m.prefill_paged(p.data() + n1, P - n1, pools, table, per_seq, n1, prefill.data());
+    const float tol = tol_of(alone_prefill.data());
     for (int64_t v = 0; v < V; ++v) {
-      ASSERT_NEAR(rows[static_cast<size_t>(b * V + v)], logits[static_cast<size_t>(v)], tol)
+      ASSERT_NEAR(prefill[static_cast<size_t>(v)], alone_prefill[static_cast<size_t>(v)], tol)
+          << "prefill of sequence " << b << " logit " << v;
+    }
+    lens[static_cast<size_t>(b)] = P + 1;
+  }
+  std::vector<float> rows(static_cast<size_t>(B * V));
+  const nn::PagedSeqs seqs{B, tables.data(), per_seq, lens.data()};
+  m.decode_paged(next.data(), pools, seqs, rows.data());
+  for (int b = 0; b < B; ++b) {
+    const float tol = tol_of(&alone[static_cast<size_t>(b * V)]);
+    for (int64_t v = 0; v < V; ++v) {
+      ASSERT_NEAR(rows[static_cast<size_t>(b * V + v)], alone[static_cast<size_t>(b * V + v)], tol)
           << "sequence " << b << " logit " << v;
     }
-    for (size_t l = 0; l < caches[static_cast<size_t>(b)].size(); ++l) {
-      EXPECT_EQ(caches[static_cast<size_t>(b)][l].len, alone[static_cast<size_t>(b)][l].len);
-    }
   }
-  // A sequence without caches of its own is refused, naming it.
-  std::vector<nn::KVCache> none;
-  ptrs[2] = &none;
-  EXPECT_THROW(m.infer_rows(next.data(), B, ptrs.data(), rows.data()), InvalidArgument);
+  // A block id outside the pool, or more positions than the table holds, is refused before
+  // anything is written, naming the sequence.
+  std::vector<int32_t> bad = tables;
+  bad[static_cast<size_t>(2 * per_seq)] = static_cast<int32_t>(n_blocks);
+  const nn::PagedSeqs bad_block{B, bad.data(), per_seq, lens.data()};
+  try {
+    m.decode_paged(next.data(), pools, bad_block, rows.data());
+    ADD_FAILURE() << "a block outside the pool was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("sequence 2"), std::string::npos) << e.what();
+  }
+  std::vector<int64_t> long_lens = lens;
+  long_lens[3] = per_seq * bs + 1;
+  const nn::PagedSeqs too_long{B, tables.data(), per_seq, long_lens.data()};
+  EXPECT_THROW(m.decode_paged(next.data(), pools, too_long, rows.data()), InvalidArgument);
+  EXPECT_THROW(m.kv_pools(0, bs), InvalidArgument);
 }
 
 // Sequences of different prompt lengths, joining while others run, each give the ids that
 // generate_ids gives for it alone (greedy), and sampled ones the same ids for the same seed.
 TEST_P(EngineKinds, BatchedSequencesMatchGenerateAlone) {
-  Model m = tiny_model(GetParam(), 3);
-  Model ref = tiny_model(GetParam(), 3);
-  const int64_t V = m.config().vocab_size;
-  EngineOptions eo;
-  eo.block_size = 4;
-  eo.n_blocks = 200;
-  eo.prefill_chunk = 7;  // prompts of up to 30 tokens go in several chunks between decode steps
-  Engine e(m, eo);
-  std::vector<std::shared_ptr<Sequence>> seqs;
-  std::vector<SeqRequest> reqs;
-  for (int i = 0; i < 6; ++i) {
-    SeqRequest r;
-    r.prompt = prompt_of(1 + i * 5, i, V);
-    r.max_tokens = 20 + i;
-    r.sampler.temperature = i % 2 == 0 ? 0.0 : 0.9;
-    r.sampler.seed = 100 + static_cast<uint64_t>(i);
-    reqs.push_back(r);
-    seqs.push_back(e.submit(r));
-    if (i == 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // join mid-run
+  // The pool in float32 and in BF16 (against generate_ids with a BF16 cache of its own).
+  for (const DType dt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Model m = tiny_model(GetParam(), 3);
+    Model ref = tiny_model(GetParam(), 3);
+    const int64_t V = m.config().vocab_size;
+    EngineOptions eo;
+    eo.block_size = 4;
+    eo.n_blocks = 200;
+    eo.prefill_chunk = 7;  // prompts of up to 30 tokens go in several chunks between decode steps
+    eo.kv_dtype = dt;
+    // The oracle's answers first: the reference model never runs beside the engine's thread
+    // (two models computing at once on two threads is not what this test is about).
+    std::vector<SeqRequest> reqs;
+    std::vector<std::vector<int32_t>> wants;
+    for (int i = 0; i < 6; ++i) {
+      SeqRequest r;
+      r.prompt = prompt_of(1 + i * 5, i, V);
+      r.max_tokens = 20 + i;
+      r.sampler.temperature = i % 2 == 0 ? 0.0 : 0.9;
+      r.sampler.seed = 100 + static_cast<uint64_t>(i);
+      reqs.push_back(r);
+      data::GenerateOptions go;
+      go.max_new = r.max_tokens;
+      go.sampler = r.sampler;
+      go.kv_dtype = dt;
+      wants.push_back(data::generate_ids(ref, r.prompt, go));
+    }
+    Engine e(m, eo);
+    std::vector<std::shared_ptr<Sequence>> seqs;
+    for (int i = 0; i < 6; ++i) {
+      seqs.push_back(e.submit(reqs[static_cast<size_t>(i)]));
+      if (i == 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // join mid-run
+    }
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      Finish how = Finish::kNone;
+      const std::vector<int32_t> got = drain(*seqs[i], &how);
+      EXPECT_EQ(got, wants[i]) << "sequence " << i;
+      EXPECT_EQ(how, Finish::kLength);
+      EXPECT_EQ(seqs[i]->prompt_tokens(), static_cast<int64_t>(reqs[i].prompt.size()));
+    }
+    const EngineStats s = e.stats();
+    EXPECT_EQ(s.free_blocks, s.total_blocks);
+    EXPECT_EQ(s.running, 0);
   }
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    Finish how = Finish::kNone;
-    const std::vector<int32_t> got = drain(*seqs[i], &how);
-    data::GenerateOptions go;
-    go.max_new = reqs[i].max_tokens;
-    go.sampler = reqs[i].sampler;
-    const std::vector<int32_t> want = data::generate_ids(ref, reqs[i].prompt, go);
-    EXPECT_EQ(got, want) << "sequence " << i;
-    EXPECT_EQ(how, Finish::kLength);
-    EXPECT_EQ(seqs[i]->prompt_tokens(), static_cast<int64_t>(reqs[i].prompt.size()));
-  }
-  const EngineStats s = e.stats();
-  EXPECT_EQ(s.free_blocks, s.total_blocks);
-  EXPECT_EQ(s.running, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, EngineKinds,
@@ -215,6 +256,12 @@ TEST(Engine, FullPoolQueuesThenRefusesBeyondTheQueue) {
   eo.block_size = 8;
   eo.n_blocks = 5;  // 40 positions: one sequence of 10 + 25
   eo.max_waiting = 2;
+  // The engine holds before its second step until every submission is in: without the hold a
+  // fast engine can finish the first sequence (and admit a waiting one) during the submissions.
+  std::atomic<bool> submitted{false};
+  eo.before_step = [&](int64_t step) {
+    while (step >= 1 && !submitted.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
   Engine e(m, eo);
   SeqRequest r;
   r.prompt = prompt_of(10, 2, 61);
@@ -236,6 +283,7 @@ TEST(Engine, FullPoolQueuesThenRefusesBeyondTheQueue) {
       EXPECT_NE(std::string(q.what()).find("at capacity"), std::string::npos);
     }
   }
+  submitted = true;
   EXPECT_GE(refused, 3);
   EXPECT_LE(seqs.size(), 3u);
   for (auto& s : seqs) EXPECT_EQ(drain(*s), want);
@@ -263,11 +311,15 @@ TEST(Engine, CancelFreesTheBlocksAndOthersGoOn) {
   eo.before_step = [&](int64_t step) {
     while (step >= 2 && !cancelled.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   };
-  Engine e(m, eo);
   SeqRequest r;
   r.prompt = prompt_of(6, 4, 61);
   r.max_tokens = 80;
   r.sampler.temperature = 0;
+  data::GenerateOptions go;
+  go.max_new = 80;
+  go.sampler = r.sampler;
+  const std::vector<int32_t> want = data::generate_ids(ref, r.prompt, go);
+  Engine e(m, eo);
   auto a = e.submit(r);
   auto b = e.submit(r);
   std::vector<int32_t> some;
@@ -278,10 +330,7 @@ TEST(Engine, CancelFreesTheBlocksAndOthersGoOn) {
   std::vector<int32_t> got = drain(*a, &how);
   EXPECT_EQ(how, Finish::kCancelled);
   EXPECT_LT(got.size(), 80u);
-  data::GenerateOptions go;
-  go.max_new = 80;
-  go.sampler = r.sampler;
-  EXPECT_EQ(drain(*b), data::generate_ids(ref, r.prompt, go));
+  EXPECT_EQ(drain(*b), want);
   for (int i = 0; i < 100 && e.stats().free_blocks != e.stats().total_blocks; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

@@ -376,3 +376,24 @@ def test_a_request_past_its_timeout_gets_504(slow_model):
         assert metric(s.port, "diffattn_kv_blocks_free") == total
     finally:
         s.stop()
+
+
+def test_kv_dtype_and_pool_size(model):
+    """--kv-dtype bf16 with blocks of 5 positions (a prompt's blocks straddle its chunks): greedy
+    answers equal `generate --kv-dtype bf16`; a pool larger than the machine is refused at start
+    with its size, not allocated."""
+    s = sh.Server(model, "--kv-dtype", "bf16", "--block-size", "5", "--prefill-chunk", "7")
+    try:
+        for prompt in ["In the beginning", "And God said, Let there be light"]:
+            p = mh.run_cli("--threads", 1, "generate", "--model", model, "--prompt", prompt,
+                           "--max-new", 25, "--temperature", 0, "--kv-dtype", "bf16")
+            want = p.stdout[len(prompt):-1]
+            got, body = post(s.port, "/v1/completions", {"prompt": prompt, "max_tokens": 25, "temperature": 0})
+            assert got == 200, body
+            assert json.loads(body)["choices"][0]["text"] == want
+    finally:
+        s.stop()
+    r = subprocess.run([mh.CLI, "serve", "--model", str(model), "--port", "0", "--kv-blocks", str(1 << 30),
+                        "--block-size", "1"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "KV pool" in r.stderr and "GiB" in r.stderr, r.stderr

@@ -140,6 +140,52 @@ struct AttnDecodeParams : AttnParams {
   explicit AttnDecodeParams(const AttnParams& fwd) : AttnParams(fwd) {}
 };
 
+// Paged decode: B sequences of different lengths, one new query row each, against K/V kept in
+// fixed-size blocks of one pool (a serving engine's KV memory). Key j of sequence b is row
+// j % block_size of block block_tables[b * table_stride + j / block_size]; sequence b sees its
+// keys [0, seq_lens[b]) (the new row's own key is the last of them: causal is implied). The
+// blocks of a sequence need not be contiguous or in order; the kernel reads them in place (no
+// gather copy). Signed differential attention (V1: separate keys, V2: shared keys and lambda
+// per token) and standard attention; out is written, no lse or o2.
+struct PagedDecodeParams {
+  // ---- sizes ----
+  int64_t B = 0;               // sequences
+  int64_t H = 0, G = 0;        // pairs (maps == 2) or heads (maps == 1); key/value heads
+  int64_t D = 0, Dv = 0;       // query/key and value head sizes
+  int maps = 2;
+  bool shared_keys = false;    // maps == 2: G key heads read by both maps (V2) instead of 2G
+  bool lam_per_token = false;  // lam is (B, H) rather than (H)
+  float scale = 0.0f;          // multiplies q.k; must be set (no default from D here)
+  int64_t n_blocks = 0;        // blocks in the pool
+  int64_t block_size = 0;      // positions per block
+  int64_t table_stride = 0;    // entries per row of block_tables (the longest table)
+
+  // ---- inputs ----
+  const float* q = nullptr;    // (B, maps*H, D), strided by q_batch_stride, q_head_stride
+  const float* lam = nullptr;  // (H) or (B, H); unused when maps == 1
+  DType kv_dtype = DType::F32;
+  const float* k_pool = nullptr;       // (n_blocks, block_size, key_heads(), D), kv_dtype F32
+  const float* v_pool = nullptr;       // (n_blocks, block_size, G, Dv), kv_dtype F32
+  const uint16_t* k16_pool = nullptr;  // the same shapes when kv_dtype is BF16 or F16
+  const uint16_t* v16_pool = nullptr;
+  const int32_t* block_tables = nullptr;  // (B, table_stride): pool block ids
+  const int64_t* seq_lens = nullptr;      // (B): keys each sequence sees, 0..table_stride*block_size
+  // Element strides of q and out (the last dimension is contiguous); set_contiguous_strides()
+  // sets the row-major ones (maps*H*D, D) and (H*Dv, Dv).
+  int64_t q_batch_stride = 0, q_head_stride = 0;
+  int64_t o_batch_stride = 0, o_head_stride = 0;
+
+  float* out = nullptr;        // (B, H, Dv)
+  int64_t key_chunk = 0;       // keys per split; 0 picks from the lengths and the thread count
+
+  int64_t key_heads() const { return (maps == 2 && !shared_keys) ? 2 * G : G; }
+  int64_t group_size() const { return H / G; }
+  void set_contiguous_strides() {
+    q_head_stride = D, q_batch_stride = maps * H * D;
+    o_head_stride = Dv, o_batch_stride = H * Dv;
+  }
+};
+
 // Build and validate the params of differential attention from the caller's tensors, strides
 // included (the views' strides become the params' batch, row and head strides; the last
 // dimension must be contiguous). The key layout is told by k's head count: 2G (separate keys,
@@ -169,7 +215,7 @@ void check_lambda(const AttnProblem& p, const char* op);
 // took the decode path by themselves): a way to show that a backward given the saved
 // statistics runs no forward.
 struct KernelCalls {
-  uint64_t forward = 0, backward = 0, decode = 0;
+  uint64_t forward = 0, backward = 0, decode = 0, decode_paged = 0;
 };
 KernelCalls kernel_calls();
 
@@ -181,6 +227,16 @@ void attention_bwd(const AttnBwdParams& p, Backend backend = Backend::Auto);
 // rows against at least 256 keys; this entry point takes it for any shape. Clamp mode (two
 // passes) runs the tiled forward instead.
 void attention_decode(const AttnDecodeParams& p, Backend backend = Backend::Auto);
+// Paged decode over B sequences in one call: the split-KV decode parallel over (sequence,
+// key-head group, key split), each K/V row read from its block. The arithmetic of a sequence
+// is attention_decode's on the same keys with the same key_chunk whenever block_size is a
+// multiple of 16 (bit for bit); otherwise its P V sums split at block ends (float32 rounding).
+// Backend::Reference gathers each sequence and runs the reference (the oracle).
+void attention_decode_paged(const PagedDecodeParams& p, Backend backend = Backend::Auto);
+// Checks a paged decode's params: sizes, strides, pointers, every sequence's length against
+// its table and every block id it uses against the pool (reads block_tables and seq_lens, not
+// q, K, V or lambda). attention_decode_paged calls it; InvalidArgument names the field.
+void check_params(const PagedDecodeParams& p, const char* op);
 
 // The fused kernels written by Highway for several instruction sets, chosen at run time on
 // the first call: the name of the one this CPU runs ("AVX3" = AVX-512, "AVX2", "EMU128", ...).

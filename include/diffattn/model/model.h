@@ -92,19 +92,25 @@ class Model {
   // Appends tokens (B, Tn) at the cache's end and writes the logits of each sequence's last new
   // position into logits_last (B, V). Tn > 1 is a prefill, Tn == 1 a decode step.
   void infer(const int32_t* tokens, int64_t B, int64_t Tn, float* logits_last);
-  // Exchanges the model's per-layer caches with `caches` (O(1)): a server keeps one set per
-  // sequence and swaps it in around that sequence's infer() calls (src/serve/engine.cpp).
-  void cache_swap(std::vector<nn::KVCache>& caches) { caches_.swap(caches); }
-  // One decode step for B sequences of different lengths, each with its own per-layer caches
-  // (caches[b]: n_layers KVCaches of batch 1, as cache_reset(1, .) + cache_swap make them):
-  // tokens (B) are appended at each sequence's own position and logits (B, V) written. Every
-  // matrix product (attention projections, FFN, output head) runs once over the B rows, so each
-  // weight is read once per step; RoPE at each sequence's position, the cache append and the
-  // decode attention run per sequence (nn::attn_layer_decode_rows).
-  // Each row's logits equal infer() on that sequence alone up to the order of the sums in the
-  // batched products.
-  void infer_rows(const int32_t* tokens, int64_t B, std::vector<nn::KVCache>* const* caches,
-                  float* logits);
+
+  // ---- inference over a paged KV pool (serving: src/serve/engine.cpp) ----
+  // One KV pool per layer of n_blocks blocks of block_size positions, stored as kv_dtype;
+  // throws InvalidArgument when they would not fit in the machine's memory.
+  std::vector<nn::KVPool> kv_pools(int64_t n_blocks, int64_t block_size,
+                                   DType kv_dtype = DType::F32) const;
+  // A prompt chunk of one sequence: tokens (Tn) at positions pos0 .. pos0 + Tn - 1, their K/V
+  // written into the sequence's blocks (table: table_len ids of each pool), and the logits of
+  // the last one (V). The attention gathers the pos0 cached positions into a contiguous copy
+  // (nn::attn_layer_fwd_paged); the same arithmetic as infer() on a contiguous cache.
+  void prefill_paged(const int32_t* tokens, int64_t Tn, std::vector<nn::KVPool>& pools,
+                     const int32_t* table, int64_t table_len, int64_t pos0, float* logits_last);
+  // One decode step for the B sequences of seqs (seqs.lens[b]: positions after this step, so
+  // token b goes to position lens[b] - 1): logits (B, V). Every matrix product (attention
+  // projections, FFN, output head) runs once over the B rows, and each layer's attention is
+  // one attention_decode_paged call over all B sequences reading the blocks in place.
+  // Each row's logits equal infer() on that sequence alone up to the order of the sums.
+  void decode_paged(const int32_t* tokens, std::vector<nn::KVPool>& pools,
+                    const nn::PagedSeqs& seqs, float* logits);
 
   std::vector<float> params;  // flat, laid out by tensors()
   std::vector<float> grads;   // same layout
@@ -171,7 +177,7 @@ class Model {
   struct InferScratch {
     LayerActs layer;
     std::vector<float> x, cos, sin, last, normed, rstd;
-    nn::AttnLayerActs row_attn;  // infer_rows: one sequence's attention layer
+    nn::KVCache gathered;  // prefill_paged: a sequence's cached positions, contiguous
   } infer_;
 };
 

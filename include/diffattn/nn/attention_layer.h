@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "diffattn/base/dtype.h"
@@ -103,14 +104,55 @@ void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
                     const AttnLayerWeights& w, const AttnLayerShape& s, int64_t B, int64_t T,
                     const float* cos_t, const float* sin_t, KVCache* cache, bool save_stats);
 
-// One decode step of B sequences of different lengths, each with a cache of its own (caches[b]:
-// batch 1): inp (B, C) (already normalised) -> out (B, C). The projections are one product over
-// the B rows (q/k/v/lambda and out_proj weights read once); RoPE at each sequence's own position
-// (cos_rows/sin_rows (B, D/2)), the cache append and the decode attention per sequence. Row b
-// equals attn_layer_fwd(B = 1, T = 1) on sequence b up to the order of the sums in the products.
-void attn_layer_decode_rows(float* out, AttnLayerActs& acts, const float* inp,
-                            const AttnLayerWeights& w, const AttnLayerShape& s, int64_t B,
-                            const float* cos_rows, const float* sin_rows, KVCache* const* caches);
+// The paged KV store of one layer (serving): n_blocks blocks of block_size positions shared by
+// many sequences, each holding a table of block ids (serve::BlockAllocator hands them out).
+// Position j of a sequence is row j % block_size of block table[j / block_size]. Stored as
+// kv_dtype (F32 in k and v, BF16/F16 in k16 and v16), allocated once and not zeroed: a page is
+// touched when a block on it is first written.
+struct KVPool {
+  int64_t n_blocks = 0, block_size = 0;
+  int64_t n_k = 0, n_v = 0;  // floats per position: k_heads * D, G * Dv
+  DType kv_dtype = DType::F32;
+  std::unique_ptr<float[]> k;        // (n_blocks, block_size, k_heads, D), kv_dtype F32
+  std::unique_ptr<float[]> v;        // (n_blocks, block_size, G, Dv), kv_dtype F32
+  std::unique_ptr<uint16_t[]> k16;   // the same, kv_dtype BF16 or F16
+  std::unique_ptr<uint16_t[]> v16;
+  // Throws InvalidArgument (naming the sizes) for an empty or impossibly large pool.
+  void reset(const AttnLayerShape& s, int64_t n_blocks, int64_t block_size,
+             DType kv_dtype = DType::F32);
+  int64_t bytes() const;
+};
+
+// The sequences of one paged decode step: their block tables, (B, table_stride) ids, and
+// lens[b], the positions sequence b holds after this step (its new token is at lens[b] - 1).
+struct PagedSeqs {
+  int64_t B = 0;
+  const int32_t* tables = nullptr;  // (B, table_stride)
+  int64_t table_stride = 0;
+  const int64_t* lens = nullptr;    // (B)
+};
+
+// One decode step of B sequences of different lengths in a paged pool: inp (B, C) (already
+// normalised) -> out (B, C). The projections are one product over the B rows (weights read
+// once), RoPE at each sequence's own position (cos_rows/sin_rows (B, D/2)), each new K/V row
+// written into its sequence's block, and one attention_decode_paged call over all B sequences,
+// reading the blocks in place. Row b equals attn_layer_fwd(B = 1, T = 1) on sequence b with a
+// contiguous cache up to the order of the sums (the products; the split-KV decode's, where
+// the contiguous call of a short F32 cache takes the tiled forward).
+void attn_layer_decode_paged(float* out, AttnLayerActs& acts, const float* inp,
+                             const AttnLayerWeights& w, const AttnLayerShape& s,
+                             const float* cos_rows, const float* sin_rows, KVPool& pool,
+                             const PagedSeqs& seqs);
+
+// A prompt chunk of one sequence into its blocks: inp (T, C) at positions pos0 .. pos0 + T - 1
+// -> out (T, C). The sequence's pos0 cached positions are gathered from its blocks (table:
+// table_len ids) into `scratch`, a contiguous cache, the chunk runs as attn_layer_fwd with it
+// (the tiled forward), and the chunk's new K/V rows are written into the blocks.
+void attn_layer_fwd_paged(float* out, AttnLayerActs& acts, const float* inp,
+                          const AttnLayerWeights& w, const AttnLayerShape& s, int64_t T,
+                          const float* cos_t, const float* sin_t, KVPool& pool,
+                          const int32_t* table, int64_t table_len, int64_t pos0,
+                          KVCache& scratch);
 
 // The operator call a forward with save_stats made, rebuilt from its saved acts for looking
 // inside (no cache): q and k after RoPE and v as strided views of acts.proj, lam, out = acts.att

@@ -23,6 +23,10 @@ inline constexpr int64_t kParallelMin = 1 << 15;
 // ---- linear (BLAS sgemm) ----
 // out (N, OC) = inp (N, C) @ weight^T, weight (OC, C) as PyTorch stores nn.Linear.
 // ldo: out's row stride (>= OC), so the output may be a column block of a wider buffer.
+// N == 1: sgemv; 2 <= N <= kF32GemvMaxN (a served decode step's rows): a multi-row
+// matrix-vector kernel that reads each weight row once for all N rows (sgemm would copy the
+// whole weight into its packed layout on every call); larger N: sgemm.
+inline constexpr int64_t kF32GemvMaxN = 32;
 void linear_fwd(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
                 int64_t OC, int64_t ldo = 0);
 // The same product with weight (OC, C) row-major in weight.dtype, accumulated in float32
