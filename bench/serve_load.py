@@ -11,7 +11,8 @@ each concurrency N, N client threads each send streaming completions back to bac
 usage chunks' completion_tokens over the wall time), p50/p99 time to first token, p50/p99 gap
 between content chunks (one token per chunk when the client keeps up; a chunk may carry several
 tokens when it does not, so this is the inter-token latency the client saw), errors, and the
-server's resident memory before and after.
+server's resident memory after each level (the KV pool's pages count once touched: repeat a
+level to see whether memory stays flat) and before the first.
 """
 
 import argparse
@@ -127,12 +128,13 @@ def main():
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=0, help="server --threads (0: its default)")
+    ap.add_argument("--pid", type=int, help="with --url: the server's process id, for its memory")
     a = ap.parse_args()
     proc = None
     if a.url:
         host, port = a.url.split("//")[1].split(":")
         port = int(port.strip("/"))
-        pid = None
+        pid = a.pid
     else:
         import tempfile
         import serve_helpers as sh
@@ -150,13 +152,14 @@ def main():
         print(f"model: {a.url or a.model_kind + ' (small preset shape, random weights)'}; "
               f"max_tokens {a.max_tokens}; {a.seconds:g} s per level")
         print(f"{'streams':>7} {'requests':>8} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} "
-              f"{'ITL p50':>8} {'ITL p99':>8} {'errors':>6}")
+              f"{'ITL p50':>8} {'ITL p99':>8} {'errors':>6} {'RSS KiB':>9}")
         for n in [int(x) for x in a.streams.split(",")]:
             r = run_level(host, port, n, a.seconds, a.max_tokens)
             ms = lambda x: f"{1000 * x:.1f}ms"  # noqa: E731
             print(f"{n:>7} {r['requests']:>8} {r['tokens'] / r['wall']:>9.1f} {ms(percentile(r['ttft'], 50)):>9} "
                   f"{ms(percentile(r['ttft'], 99)):>9} {ms(percentile(r['gaps'], 50)):>8} "
-                  f"{ms(percentile(r['gaps'], 99)):>8} {len(r['errors']):>6}", flush=True)
+                  f"{ms(percentile(r['gaps'], 99)):>8} {len(r['errors']):>6} "
+                  f"{rss_kib(pid) if pid else -1:>9}", flush=True)
             for e in r["errors"][:3]:
                 print("   error:", e)
         if pid:
