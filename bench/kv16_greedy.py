@@ -112,6 +112,10 @@ def main():
     ap.add_argument("--prompt", nargs="*", help="prompts (default: four KJV openings)")
     a = ap.parse_args()
     os.environ["DIFFATTN_NUM_THREADS"] = str(a.threads)  # read when the module first runs
+    # With DIFFATTN_NUM_THREADS alone, the oracle's PyTorch float64 matmul (OpenBLAS's OpenMP
+    # build) spun forever in exec_blas after the model's calls on this host; with
+    # OMP_NUM_THREADS set too it does not (not understood; see the commit message).
+    os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
     import diffattn
 
     prompts = a.prompt or PROMPTS
