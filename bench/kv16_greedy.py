@@ -128,6 +128,8 @@ def main():
     rows = []
     for d in models:
         path, trained_len = with_length(d, need, a.work)
+        if path != d:
+            print(f"  {d}: max_seq_len {trained_len} raised to {need} in {path}")
         m = diffattn.load_model(path)
         kind = json.loads(m.config)["attention"]
         for p in prompts:

@@ -17,8 +17,6 @@ With this seed the BF16 cache diverges where the oracle says (V1 at step 56, V2 
 standard at 4) and the F16 cache follows the F32 cache for all 96 steps.
 """
 
-import json
-
 import numpy as np
 import pytest
 import torch
