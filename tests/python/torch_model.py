@@ -137,8 +137,11 @@ def _expand(x, rep):
     return x.permute(0, 2, 1, 3).repeat_interleave(rep, dim=1)
 
 
-def attention(cfg, layer, P, x):
+def attention(cfg, layer, P, x, kv=None):
+    """kv: None, or a function applied to the keys (after RoPE) and the values, as a KV cache
+    that stores them in 16 bits rounds them (attention reads the stored values)."""
     kind = cfg["attention"]
+    kv = kv or (lambda u: u)
     H, G, D = cfg["n_heads"], cfg["n_kv_heads"], cfg["head_dim"]
     B, T, C = x.shape
     p = f"layers.{layer}.attn."
@@ -150,18 +153,18 @@ def attention(cfg, layer, P, x):
     rep = H // G
     if kind == "standard":
         q = _rope(q.view(B, T, H, D), theta)
-        k = _rope(k.view(B, T, G, D), theta)
+        k = kv(_rope(k.view(B, T, G, D), theta))
         a = _softmax_causal(q.permute(0, 2, 1, 3), _expand(k, rep), scale)
-        o = a @ _expand(v.view(B, T, G, D), rep)  # (B, H, T, D)
+        o = a @ _expand(kv(v.view(B, T, G, D)), rep)  # (B, H, T, D)
         o = o.permute(0, 2, 1, 3).reshape(B, T, H * D)
         return o @ P[p + "out_proj.weight"].T
     q = _rope(q.view(B, T, 2 * H, D), theta)
     q1 = q[:, :, 0::2].permute(0, 2, 1, 3)  # sub-head 2h: map 1 of pair h
     q2 = q[:, :, 1::2].permute(0, 2, 1, 3)
     if kind == "diff_v1":
-        k = _rope(k.view(B, T, 2 * G, D), theta)
+        k = kv(_rope(k.view(B, T, 2 * G, D), theta))
         k1, k2 = _expand(k[:, :, 0::2], rep), _expand(k[:, :, 1::2], rep)
-        vv = _expand(v.view(B, T, G, 2 * D), rep)
+        vv = _expand(kv(v.view(B, T, G, 2 * D)), rep)
         li = lambda_init_of(cfg, layer)
         # Eq. 2
         lam = (torch.exp(torch.dot(P[p + "lambda_q1"], P[p + "lambda_k1"]))
@@ -170,8 +173,8 @@ def attention(cfg, layer, P, x):
         o = (1.0 - li) * _rmsnorm(o, P[p + "subln.weight"], cfg["norm_eps"])  # Eq. 3
         o = o.permute(0, 2, 1, 3).reshape(B, T, H * 2 * D)
     else:
-        k = _expand(_rope(k.view(B, T, G, D), theta), rep)
-        vv = _expand(v.view(B, T, G, D), rep)
+        k = _expand(kv(_rope(k.view(B, T, G, D), theta)), rep)
+        vv = _expand(kv(v.view(B, T, G, D)), rep)
         lam = torch.sigmoid(x @ P[p + "lambda_proj.weight"].T)  # (B, T, H)
         lam = lam.permute(0, 2, 1).unsqueeze(-1)  # (B, H, T, 1)
         o = (_softmax_causal(q1, k, scale) - lam * _softmax_causal(q2, k, scale)) @ vv
@@ -179,13 +182,13 @@ def attention(cfg, layer, P, x):
     return o @ P[p + "out_proj.weight"].T
 
 
-def forward(cfg, P, tokens):
-    """tokens (B, T) int64 tensor -> logits (B, T, V). P: {name: tensor}."""
+def forward(cfg, P, tokens, kv=None):
+    """tokens (B, T) int64 tensor -> logits (B, T, V). P: {name: tensor}. kv: see attention."""
     eps = cfg["norm_eps"]
     x = P["embed_tokens.weight"][tokens]
     for l in range(cfg["n_layers"]):
         p = f"layers.{l}."
-        x = x + attention(cfg, l, P, _rmsnorm(x, P[p + "attn_norm.weight"], eps))
+        x = x + attention(cfg, l, P, _rmsnorm(x, P[p + "attn_norm.weight"], eps), kv)
         h = _rmsnorm(x, P[p + "ffn_norm.weight"], eps)
         f = torch.nn.functional.silu(h @ P[p + "ffn.gate_proj.weight"].T) * (h @ P[p + "ffn.up_proj.weight"].T)
         x = x + f @ P[p + "ffn.down_proj.weight"].T
