@@ -68,7 +68,7 @@ void linear_fwd_few_rows(float* out, const float* inp, const float* weight, int6
 void linear_fwd(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
                 int64_t OC, int64_t ldo) {
   if (N == 0) return;
-  if (N >= 2 && N <= kF32GemvMaxN && C > 0 && OC > 0) {
+  if (N >= 2 && N <= kGemvMaxN && C > 0 && OC > 0) {
     // A few rows (a batched decode step): sgemm would pack (copy) the whole weight per call,
     // which costs more than the product itself at these N.
     return linear_fwd_few_rows(out, inp, weight, N, C, OC, ldo);

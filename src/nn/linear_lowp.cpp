@@ -203,7 +203,7 @@ void linear_fwd(float* out, const float* inp, TypedPtr weight, int64_t N, int64_
   if (weight.data == nullptr) throw InvalidArgument("linear_fwd: the weight's data is null");
   const auto* W = static_cast<const uint16_t*>(weight.data);
   const double work = static_cast<double>(OC) * static_cast<double>(C);
-  if (N <= kLowpGemvMaxN) {
+  if (N <= kGemvMaxN) {
     // out (N, OC) = inp (N, C) @ W^T: tasks of kGemvRowBlock weight rows, statically split so
     // each thread streams one contiguous range of the weight.
     const int64_t blocks = (OC + kGemvRowBlock - 1) / kGemvRowBlock;

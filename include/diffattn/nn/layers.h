@@ -23,18 +23,20 @@ inline constexpr int64_t kParallelMin = 1 << 15;
 // ---- linear (BLAS sgemm) ----
 // out (N, OC) = inp (N, C) @ weight^T, weight (OC, C) as PyTorch stores nn.Linear.
 // ldo: out's row stride (>= OC), so the output may be a column block of a wider buffer.
-// N == 1: sgemv; 2 <= N <= kF32GemvMaxN (a served decode step's rows): a multi-row
+// N == 1: sgemv; 2 <= N <= kGemvMaxN (a served decode step's rows): a multi-row
 // matrix-vector kernel that reads each weight row once for all N rows (sgemm would copy the
 // whole weight into its packed layout on every call); larger N: sgemm.
-inline constexpr int64_t kF32GemvMaxN = 32;
+// The one bound for every weight dtype (see docs/PERFORMANCE.md, "Serving"): at 16 and 32
+// served streams of a 1B BF16 model the multi-row kernel's decode steps took 0.54x and 0.67x
+// the time of widened panels + sgemm (inter-token p50 498 vs 929 ms, 897 vs 1338 ms).
+inline constexpr int64_t kGemvMaxN = 32;
 void linear_fwd(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
                 int64_t OC, int64_t ldo = 0);
 // The same product with weight (OC, C) row-major in weight.dtype, accumulated in float32
 // (src/nn/linear_lowp.cpp). F32 goes to the overload above (bit-identical). BF16/F16: for
-// N <= kLowpGemvMaxN a matrix-vector kernel that reads each weight once per call for all N
-// rows (decode is memory-bound); above it, panels of the weight widened to float32 in
+// N <= kGemvMaxN the multi-row matrix-vector kernel, which reads (and widens) each weight
+// once per call for all N rows; above it, panels of the weight widened to float32 in
 // per-thread scratch and multiplied by sgemm (prefill is compute-bound).
-inline constexpr int64_t kLowpGemvMaxN = 8;
 void linear_fwd(float* out, const float* inp, TypedPtr weight, int64_t N, int64_t C, int64_t OC,
                 int64_t ldo = 0);
 // dinp (N, C) += dout @ weight; dweight (OC, C) += dout^T @ inp. dinp may be null (skipped).
