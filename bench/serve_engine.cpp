@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "diffattn/train/train.h"
 #include "diffattn/model/checkpoint.h"
+#include "diffattn/train/train.h"
 #include "serve/engine.h"
 
 using namespace diffattn;

@@ -6,9 +6,9 @@
 #include <iostream>
 
 #include "cli/args.h"
-#include "diffattn/train/train.h"
 #include "diffattn/base/files.h"
 #include "diffattn/model/checkpoint.h"
+#include "diffattn/train/train.h"
 
 namespace diffattn::cli {
 

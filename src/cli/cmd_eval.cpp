@@ -3,8 +3,8 @@
 #include <cstdio>
 
 #include "cli/args.h"
-#include "diffattn/train/train.h"
 #include "diffattn/model/checkpoint.h"
+#include "diffattn/train/train.h"
 
 namespace diffattn::cli {
 

@@ -11,8 +11,8 @@
 #include "bench/cases/bench_cases.h"
 #include "cli/args.h"
 #include "diffattn/kernels/runtime.h"
-#include "diffattn/train/train.h"
 #include "diffattn/model/checkpoint.h"
+#include "diffattn/train/train.h"
 
 namespace diffattn::cli {
 

@@ -4,8 +4,8 @@
 
 #include "cli/args.h"
 #include "cli/table.h"
-#include "diffattn/train/train.h"
 #include "diffattn/model/checkpoint.h"
+#include "diffattn/train/train.h"
 
 namespace diffattn::cli {
 

@@ -8,9 +8,9 @@
 #include "cli/args.h"
 #include "cli/table.h"
 #include "diffattn/eval/inspect.h"
+#include "diffattn/model/checkpoint.h"
 #include "diffattn/train/train.h"
 #include "diffattn/viz/viz.h"
-#include "diffattn/model/checkpoint.h"
 
 namespace diffattn::cli {
 

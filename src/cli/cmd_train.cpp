@@ -14,10 +14,10 @@
 
 #include "base/json_util.h"
 #include "cli/args.h"
-#include "diffattn/kernels/runtime.h"
-#include "diffattn/train/train.h"
 #include "diffattn/base/files.h"
+#include "diffattn/kernels/runtime.h"
 #include "diffattn/model/checkpoint.h"
+#include "diffattn/train/train.h"
 
 namespace diffattn::cli {
 

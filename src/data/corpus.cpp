@@ -4,8 +4,8 @@
 
 #include <cstdio>
 
-#include "diffattn/data/data.h"
 #include "diffattn/base/files.h"
+#include "diffattn/data/data.h"
 
 #ifndef DIFFATTN_DATA_DIR
 #define DIFFATTN_DATA_DIR "data"

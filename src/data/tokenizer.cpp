@@ -10,9 +10,9 @@
 #include <exception>
 #include <filesystem>
 
+#include "diffattn/base/files.h"
 #include "diffattn/data/data.h"
 #include "diffattn/data/hf_tokenizer.h"
-#include "diffattn/base/files.h"
 
 namespace diffattn::data {
 

@@ -11,8 +11,8 @@
 
 #include "diffattn/base/text.h"
 #include "diffattn/kernels/runtime.h"
-#include "diffattn/viz/viz.h"
 #include "diffattn/model/checkpoint.h"
+#include "diffattn/viz/viz.h"
 
 namespace diffattn {
 

@@ -12,8 +12,8 @@
 #include "diffattn/eval/inspect.h"
 #include "diffattn/eval/views.h"
 #include "diffattn/explorer/explorer.h"
-#include "diffattn/train/train.h"
 #include "diffattn/model/checkpoint.h"
+#include "diffattn/train/train.h"
 #include "explorer/assets.h"
 
 namespace diffattn::explorer {

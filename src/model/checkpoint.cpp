@@ -10,11 +10,11 @@
 #include <set>
 
 #include "base/json_util.h"
+#include "diffattn/base/files.h"
 #include "diffattn/model/checkpoint.h"
 #include "diffattn/model/config.h"
 #include "diffattn/model/model.h"
 #include "diffattn/model/safetensors.h"
-#include "diffattn/base/files.h"
 
 namespace diffattn {
 

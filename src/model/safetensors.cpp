@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "base/json_util.h"
-#include "diffattn/base/memory.h"
 #include "diffattn/base/files.h"
+#include "diffattn/base/memory.h"
 #include "diffattn/model/safetensors.h"
 
 namespace diffattn {

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "diffattn/model/sampler.h"
 #include "diffattn/base/error.h"
+#include "diffattn/model/sampler.h"
 
 namespace diffattn {
 

@@ -18,8 +18,8 @@
 #include "diffattn/base/files.h"
 #include "diffattn/data/data.h"
 #include "diffattn/data/hf_tokenizer.h"
-#include "diffattn/train/train.h"
 #include "diffattn/model/checkpoint.h"
+#include "diffattn/train/train.h"
 #include "http/http_server.h"
 
 namespace diffattn::serve {

@@ -9,8 +9,8 @@
 
 #include "base/json_util.h"
 
-#include "diffattn/train/train.h"
 #include "diffattn/base/files.h"
+#include "diffattn/train/train.h"
 
 namespace diffattn::data {
 

@@ -18,9 +18,9 @@
 #include <sstream>
 
 #include "base/json_util.h"
-#include "diffattn/train/train.h"
 #include "diffattn/base/files.h"
 #include "diffattn/model/checkpoint.h"
+#include "diffattn/train/train.h"
 
 namespace diffattn::data {
 

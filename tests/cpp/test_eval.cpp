@@ -8,12 +8,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "diffattn/base/files.h"
 #include "diffattn/eval/accounting.h"
 #include "diffattn/eval/exercises.h"
 #include "diffattn/eval/snr.h"
 #include "diffattn/explorer/explorer.h"
 #include "diffattn/kernels/kway.h"
-#include "diffattn/base/files.h"
 #include "testing.h"
 
 namespace diffattn {
