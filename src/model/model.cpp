@@ -193,22 +193,30 @@ void Model::rope_for(int64_t pos0, int64_t T) {
 
 void Model::zero_grads() { std::fill(grads.begin(), grads.end(), 0.0f); }
 
+template <class Attn>
+void Model::layer_body(int64_t l, LayerActs& a, const float* x_in, float* x_out, int64_t N,
+                       Attn&& attn) {
+  const int64_t C = cfg_.d_model;
+  const size_t nx = static_cast<size_t>(N * C);
+  // x_mid = x_in + attn(rmsnorm(x_in, attn_norm))
+  a.an.resize(nx);
+  a.an_rstd.resize(static_cast<size_t>(N));
+  nn::rmsnorm_fwd(a.an.data(), a.an_rstd.data(), x_in, wf(lt_[static_cast<size_t>(l)].attn_norm),
+                  N, C, cfg_.norm_eps);
+  a.attn_out.resize(nx);
+  attn(a.attn_out.data(), a.an.data());
+  a.x_mid.resize(nx);
+  add3(a.x_mid.data(), x_in, a.attn_out.data(), N * C);
+  ffn_fwd(l, a, x_out, N);
+}
+
 void Model::layer_fwd(int64_t l, LayerActs& a, const float* x_in, float* x_out, int64_t B,
                       int64_t T, const float* cos_t, const float* sin_t, nn::KVCache* cache,
                       bool save) {
-  const int64_t C = cfg_.d_model, BT = B * T;
-  const size_t nx = static_cast<size_t>(BT * C);
-  const LayerTensors& o = lt_[static_cast<size_t>(l)];
-  // x_mid = x_in + attn(rmsnorm(x_in, attn_norm))
-  a.an.resize(nx);
-  a.an_rstd.resize(static_cast<size_t>(BT));
-  nn::rmsnorm_fwd(a.an.data(), a.an_rstd.data(), x_in, wf(o.attn_norm), BT, C, cfg_.norm_eps);
-  a.attn_out.resize(nx);
-  nn::attn_layer_fwd(a.attn_out.data(), a.attn, a.an.data(), attn_weights(l), cfg_.attn_shape(l),
-                     B, T, cos_t, sin_t, cache, save);
-  a.x_mid.resize(nx);
-  add3(a.x_mid.data(), x_in, a.attn_out.data(), BT * C);
-  ffn_fwd(l, a, x_out, BT);
+  layer_body(l, a, x_in, x_out, B * T, [&](float* out, const float* an) {
+    nn::attn_layer_fwd(out, a.attn, an, attn_weights(l), cfg_.attn_shape(l), B, T, cos_t, sin_t,
+                       cache, save);
+  });
 }
 
 void Model::ffn_fwd(int64_t l, LayerActs& a, float* x_out, int64_t BT) {
@@ -466,18 +474,12 @@ void Model::prefill_paged(const int32_t* tokens, int64_t Tn, std::vector<nn::KVP
   nn::embedding_fwd(s.x.data(), tokens, wt(embed_), Tn, C, V);
   LayerActs& a = s.layer;
   for (int64_t l = 0; l < L; ++l) {
-    // x_mid = x + attn(rmsnorm(x)) over the chunk, K/V into the blocks; then the FFN
-    a.an.resize(nx);
-    a.an_rstd.resize(static_cast<size_t>(Tn));
-    nn::rmsnorm_fwd(a.an.data(), a.an_rstd.data(), s.x.data(),
-                    wf(lt_[static_cast<size_t>(l)].attn_norm), Tn, C, cfg_.norm_eps);
-    a.attn_out.resize(nx);
-    nn::attn_layer_fwd_paged(a.attn_out.data(), a.attn, a.an.data(), attn_weights(l),
-                             cfg_.attn_shape(l), Tn, s.cos.data(), s.sin.data(),
-                             pools[static_cast<size_t>(l)], table, table_len, pos0, s.gathered);
-    a.x_mid.resize(nx);
-    add3(a.x_mid.data(), s.x.data(), a.attn_out.data(), Tn * C);
-    ffn_fwd(l, a, s.x.data(), Tn);
+    // The chunk's K/V go into the blocks; its attention reads the earlier ones gathered.
+    layer_body(l, a, s.x.data(), s.x.data(), Tn, [&](float* out, const float* an) {
+      nn::attn_layer_fwd_paged(out, a.attn, an, attn_weights(l), cfg_.attn_shape(l), Tn,
+                               s.cos.data(), s.sin.data(), pools[static_cast<size_t>(l)], table,
+                               table_len, pos0, s.gathered);
+    });
   }
   s.normed.resize(static_cast<size_t>(C));
   s.rstd.resize(1);
@@ -514,19 +516,12 @@ void Model::decode_paged(const int32_t* tokens, std::vector<nn::KVPool>& pools,
   nn::embedding_fwd(s.x.data(), tokens, wt(embed_), B, C, V);
   LayerActs& a = s.layer;
   for (int64_t l = 0; l < L; ++l) {
-    // x_mid = x + attn(rmsnorm(x)): the norm and the projections over the B rows, RoPE and the
-    // K/V append per sequence, one paged decode call over all of them
-    a.an.resize(nx);
-    a.an_rstd.resize(static_cast<size_t>(B));
-    nn::rmsnorm_fwd(a.an.data(), a.an_rstd.data(), s.x.data(), wf(lt_[static_cast<size_t>(l)].attn_norm),
-                    B, C, cfg_.norm_eps);
-    a.attn_out.resize(nx);
-    nn::attn_layer_decode_paged(a.attn_out.data(), a.attn, a.an.data(), attn_weights(l),
-                                cfg_.attn_shape(l), s.cos.data(), s.sin.data(),
-                                pools[static_cast<size_t>(l)], seqs);
-    a.x_mid.resize(nx);
-    add3(a.x_mid.data(), s.x.data(), a.attn_out.data(), B * C);
-    ffn_fwd(l, a, s.x.data(), B);  // the FFN over the B rows
+    // The norm, projections and FFN over the B rows; RoPE and the K/V append per sequence,
+    // one paged decode call over all of them.
+    layer_body(l, a, s.x.data(), s.x.data(), B, [&](float* out, const float* an) {
+      nn::attn_layer_decode_paged(out, a.attn, an, attn_weights(l), cfg_.attn_shape(l),
+                                  s.cos.data(), s.sin.data(), pools[static_cast<size_t>(l)], seqs);
+    });
   }
   s.normed.resize(nx);
   s.rstd.resize(static_cast<size_t>(B));

@@ -129,13 +129,20 @@ class Model {
     std::vector<float> attn_out;  // (N, C) scratch: the attention, then the FFN branch output
     nn::AttnLayerActs attn;
   };
-  // One decoder layer, the body training and KV-cache inference share: x_out = x_mid +
-  // down(silu(gate f) * up f), f = rmsnorm(x_mid), x_mid = x_in + attn(rmsnorm(x_in)). a's
-  // buffers are resized (no allocation once large enough); with save, a keeps what backward()
-  // reads. x_out may be x_in (inference updates the stream in place).
+  // One decoder layer over N rows, the body training, KV-cache inference and the paged
+  // serving paths share: x_out = x_mid + down(silu(gate f) * up f), f = rmsnorm(x_mid),
+  // x_mid = x_in + attn(rmsnorm(x_in)), where attn(out, an) is the caller's attention layer
+  // (contiguous cache or none, a paged prompt chunk, a paged decode step). a's buffers are
+  // resized (no allocation once large enough). x_out may be x_in (inference updates the
+  // stream in place). Defined in model.cpp, its only user.
+  template <class Attn>
+  void layer_body(int64_t l, LayerActs& a, const float* x_in, float* x_out, int64_t N,
+                  Attn&& attn);
+  // layer_body with nn::attn_layer_fwd over (B, T) rows; with save, a keeps what backward()
+  // reads.
   void layer_fwd(int64_t l, LayerActs& a, const float* x_in, float* x_out, int64_t B, int64_t T,
                  const float* cos_t, const float* sin_t, nn::KVCache* cache, bool save);
-  // The FFN half of layer_fwd over BT rows: from a.x_mid to x_out.
+  // The FFN half of layer_body over BT rows: from a.x_mid to x_out.
   void ffn_fwd(int64_t l, LayerActs& a, float* x_out, int64_t BT);
   nn::AttnLayerWeights attn_weights(int64_t l) const;
   nn::AttnLayerGrads attn_grads(int64_t l);
