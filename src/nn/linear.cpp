@@ -61,9 +61,9 @@ class SmallProductThreads {
 }  // namespace
 
 // out (N, OC) = inp (N, C) @ weight^T for a few rows by the multi-row matrix-vector kernel of
-// linear_lowp.cpp (float32 weights): each weight row read once for all N rows, no packing.
-void linear_fwd_few_rows(float* out, const float* inp, const float* weight, int64_t N,
-                         int64_t C, int64_t OC, int64_t ldo);
+// linear_lowp.cpp (any weight dtype): each weight row read once for all N rows, no packing.
+void linear_fwd_few_rows(float* out, const float* inp, TypedPtr weight, int64_t N, int64_t C,
+                         int64_t OC, int64_t ldo);
 
 void linear_fwd(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
                 int64_t OC, int64_t ldo) {
@@ -71,7 +71,7 @@ void linear_fwd(float* out, const float* inp, const float* weight, int64_t N, in
   if (N >= 2 && N <= kGemvMaxN && C > 0 && OC > 0) {
     // A few rows (a batched decode step): sgemm would pack (copy) the whole weight per call,
     // which costs more than the product itself at these N.
-    return linear_fwd_few_rows(out, inp, weight, N, C, OC, ldo);
+    return linear_fwd_few_rows(out, inp, typed(weight), N, C, OC, ldo);
   }
   const SmallProductThreads threads(static_cast<double>(N) * static_cast<double>(C) * static_cast<double>(OC));
   if (N == 1) {

@@ -183,6 +183,21 @@ constexpr int64_t kPanelRows = 128;
 
 }  // namespace
 
+void linear_fwd_few_rows(float* out, const float* inp, TypedPtr weight, int64_t N, int64_t C,
+                         int64_t OC, int64_t ldo) {
+  if (ldo == 0) ldo = OC;
+  // out (N, OC) = inp (N, C) @ W^T: tasks of kGemvRowBlock weight rows, statically split so
+  // each thread streams one contiguous range of the weight.
+  const int64_t blocks = (OC + kGemvRowBlock - 1) / kGemvRowBlock;
+  const double work = static_cast<double>(OC) * static_cast<double>(C) * static_cast<double>(N);
+  const int nt = static_cast<int>(std::min<int64_t>(threads_for(work), blocks));
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t r0 = b * kGemvRowBlock, r1 = std::min(OC, r0 + kGemvRowBlock);
+    HWY_DYNAMIC_DISPATCH(Gemv)(out, ldo, inp, weight.data, weight.dtype, N, C, r0, r1);
+  }
+}
+
 void linear_fwd(float* out, const float* inp, TypedPtr weight, int64_t N, int64_t C, int64_t OC,
                 int64_t ldo) {
   if (weight.dtype == DType::F32) {
@@ -203,18 +218,7 @@ void linear_fwd(float* out, const float* inp, TypedPtr weight, int64_t N, int64_
   if (weight.data == nullptr) throw InvalidArgument("linear_fwd: the weight's data is null");
   const auto* W = static_cast<const uint16_t*>(weight.data);
   const double work = static_cast<double>(OC) * static_cast<double>(C);
-  if (N <= kGemvMaxN) {
-    // out (N, OC) = inp (N, C) @ W^T: tasks of kGemvRowBlock weight rows, statically split so
-    // each thread streams one contiguous range of the weight.
-    const int64_t blocks = (OC + kGemvRowBlock - 1) / kGemvRowBlock;
-    const int nt = static_cast<int>(std::min<int64_t>(threads_for(work * N), blocks));
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t r0 = b * kGemvRowBlock, r1 = std::min(OC, r0 + kGemvRowBlock);
-      HWY_DYNAMIC_DISPATCH(Gemv)(out, ldo, inp, W, weight.dtype, N, C, r0, r1);
-    }
-    return;
-  }
+  if (N <= kGemvMaxN) return linear_fwd_few_rows(out, inp, weight, N, C, OC, ldo);
   // Panels of kPanelRows weight rows widened into this thread's scratch, then
   // out[:, r0:r1] (N, rows) = inp (N, C) @ panel^T on one thread (OpenBLAS's OpenMP build runs
   // single-threaded inside a parallel region). Dynamic: the last panel may be short.
@@ -233,19 +237,6 @@ void linear_fwd(float* out, const float* inp, TypedPtr weight, int64_t N, int64_
                   static_cast<int>(rows), static_cast<int>(C), 1.0f, inp, static_cast<int>(C),
                   panel.data(), static_cast<int>(C), 0.0f, out + r0, static_cast<int>(ldo));
     }
-  }
-}
-
-void linear_fwd_few_rows(float* out, const float* inp, const float* weight, int64_t N,
-                         int64_t C, int64_t OC, int64_t ldo) {
-  if (ldo == 0) ldo = OC;
-  const int64_t blocks = (OC + kGemvRowBlock - 1) / kGemvRowBlock;
-  const double work = static_cast<double>(OC) * static_cast<double>(C) * static_cast<double>(N);
-  const int nt = static_cast<int>(std::min<int64_t>(threads_for(work), blocks));
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t r0 = b * kGemvRowBlock, r1 = std::min(OC, r0 + kGemvRowBlock);
-    HWY_DYNAMIC_DISPATCH(Gemv)(out, ldo, inp, weight, DType::F32, N, C, r0, r1);
   }
 }
 
