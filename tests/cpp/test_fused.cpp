@@ -9,6 +9,7 @@
 #include <cstring>
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -238,19 +239,13 @@ TEST(FusedDecode, Cache16RefusedWhereFloat32IsNeeded) {
 // ---- paged decode: B sequences of different lengths, K/V in blocks of one pool ----
 
 // One variant of the operator, as the paged tests walk them.
-struct PagedVariant {
-  const char* name;
-  int maps;
-  int64_t H, G, D, Dv;
-  bool shared_keys, lam_per_token;
-};
-
-// B sequences, each a one-row causal decode problem of its own length (the oracle's input),
+// B sequences of one variant (an attention case of one causal query row; its Tk is each
+// sequence's length), each a decode problem of its own (the oracle's input),
 // and the same K/V written into a pool of blocks in shuffled order, with the block tables
 // and lengths a paged call reads. 16-bit: the pools hold K/V rounded to dt, and the
 // per-sequence problems `rounded` the same values as float32.
 struct PagedCase {
-  PagedVariant var;
+  AttnCase var;
   int64_t bs;
   DType dt;
   std::vector<Problem> seqs, rounded;
@@ -260,15 +255,14 @@ struct PagedCase {
   std::vector<int64_t> lens;
   int64_t n_blocks = 0, stride = 0;
 
-  PagedCase(const PagedVariant& v, int64_t block_size, DType dtype,
+  PagedCase(const AttnCase& v, int64_t block_size, DType dtype,
             const std::vector<int64_t>& lengths, uint32_t seed)
       : var(v), bs(block_size), dt(dtype), lens(lengths) {
     const int64_t B = static_cast<int64_t>(lens.size()), KH = key_heads();
     const int64_t krow = KH * v.D, vrow = v.G * v.Dv;
     std::vector<float> shared_lam;
     for (int64_t b = 0; b < B; ++b) {
-      Problem pr = problem_of(AttnCase{"", v.maps, 1, 1, lens[static_cast<size_t>(b)], v.H, v.G, v.D,
-                                   v.Dv, v.shared_keys, v.lam_per_token, true},
+      Problem pr = problem_of(v.with_lengths(1, lens[static_cast<size_t>(b)]),
                               seed + 10 * static_cast<uint32_t>(b));
       if (v.maps == 2 && !v.lam_per_token) {  // one lambda (H) for the whole call
         if (b == 0) shared_lam = pr.lam;
@@ -278,11 +272,9 @@ struct PagedCase {
       if (v.maps == 2 && (v.lam_per_token || b == 0)) lam.insert(lam.end(), pr.lam.begin(), pr.lam.end());
       Problem r = pr;
       if (dt != DType::F32) {  // the values the 16-bit pool holds
-        std::vector<uint16_t> tmp(std::max(pr.k.size(), pr.v.size()));
-        convert_from_f32(tmp.data(), pr.k.data(), dt, static_cast<int64_t>(pr.k.size()));
-        convert_to_f32(r.k.data(), tmp.data(), dt, static_cast<int64_t>(pr.k.size()));
-        convert_from_f32(tmp.data(), pr.v.data(), dt, static_cast<int64_t>(pr.v.size()));
-        convert_to_f32(r.v.data(), tmp.data(), dt, static_cast<int64_t>(pr.v.size()));
+        bench::Kv16 kv(pr.k, pr.v, dt);
+        r.k = std::move(kv.k_rounded);
+        r.v = std::move(kv.v_rounded);
       }
       seqs.push_back(std::move(pr));
       rounded.push_back(std::move(r));
@@ -323,7 +315,7 @@ struct PagedCase {
       convert_from_f32(v16.data(), vpool.data(), dt, static_cast<int64_t>(vpool.size()));
     }
   }
-  int64_t key_heads() const { return (var.maps == 2 && !var.shared_keys) ? 2 * var.G : var.G; }
+  int64_t key_heads() const { return var.sizes().key_heads(); }
 
   PagedDecodeParams params(std::vector<float>& out) const {
     PagedDecodeParams p;
@@ -352,15 +344,11 @@ struct PagedCase {
   // pool holds them (16-bit read in place), with key_chunk: out (H, Dv).
   std::vector<float> contiguous_decode(int64_t b, int64_t key_chunk) const {
     const Problem& pr = seqs[static_cast<size_t>(b)];
-    std::vector<uint16_t> k(pr.k.size()), v(pr.v.size());
     AttnDecodeParams p(rounded[static_cast<size_t>(b)].params());
+    std::optional<bench::Kv16> kv;
     if (dt != DType::F32) {
-      convert_from_f32(k.data(), pr.k.data(), dt, static_cast<int64_t>(k.size()));
-      convert_from_f32(v.data(), pr.v.data(), dt, static_cast<int64_t>(v.size()));
-      p.kv_dtype = dt;
-      p.k = p.v = nullptr;
-      p.k16 = k.data();
-      p.v16 = v.data();
+      kv.emplace(pr.k, pr.v, dt, /*keep_rounded=*/false);
+      kv->use_in(p);
     }
     std::vector<float> out(static_cast<size_t>(var.H * var.Dv), NAN);
     p.out = out.data();
@@ -370,12 +358,13 @@ struct PagedCase {
   }
 };
 
-const PagedVariant kPagedVariants[] = {
-    // name, maps, H, G, D, Dv, shared keys (V2), lambda per token
-    {"v1", 2, 4, 2, 16, 32, false, false},
-    {"v2", 2, 4, 4, 16, 16, true, true},
-    {"standard", 1, 4, 2, 16, 16, false, false},
-    {"v1_odd_dims", 2, 2, 1, 5, 7, false, false},  // neither D nor Dv a whole vector
+const AttnCase kPagedVariants[] = {
+    // name, maps, B, Tq, Tk (each sequence's length), H, G, D, Dv, shared keys (V2), lambda per
+    // token, causal
+    {"v1", 2, 1, 1, 1, 4, 2, 16, 32, false, false, true},
+    {"v2", 2, 1, 1, 1, 4, 4, 16, 16, true, true, true},
+    {"standard", 1, 1, 1, 1, 4, 2, 16, 16, false, false, true},
+    {"v1_odd_dims", 2, 1, 1, 1, 2, 1, 5, 7, false, false, true},  // neither D nor Dv a vector
 };
 
 std::vector<int64_t> paged_lengths(int64_t bs) { return {1, bs - 1, bs, bs + 1, 700, 37}; }
@@ -389,10 +378,10 @@ std::vector<float> slice(const std::vector<float>& x, int64_t b, int64_t n) {
 // never straddle a block end) the paged call is attention_decode's arithmetic on each sequence:
 // bit for bit, at any thread count.
 TEST(FusedDecodePaged, MatchesEachSequenceAloneForEveryVariantDtypeAndBlockSize) {
-  for (const PagedVariant& var : kPagedVariants) {
+  for (const AttnCase& var : kPagedVariants) {
     for (const DType dt : {DType::F32, DType::BF16, DType::F16}) {
       for (const int64_t bs : {16, 7, 32}) {
-        SCOPED_TRACE(std::string(var.name) + " " + dtype_name(dt) + " block " + std::to_string(bs));
+        SCOPED_TRACE(var.name + " " + dtype_name(dt) + " block " + std::to_string(bs));
         const PagedCase pc(var, bs, dt, paged_lengths(bs), 71);
         const int64_t B = static_cast<int64_t>(pc.lens.size()), n = var.H * var.Dv;
         for (const int64_t chunk : {0, 128}) {
@@ -457,7 +446,7 @@ TEST(FusedDecodePaged, OneAndTwoThreadsAndTheReferenceBackend) {
 // change who computes a row, not its arithmetic: bit for bit what one thread computes, and
 // what attention_decode computes for each sequence alone.
 TEST(FusedDecodePaged, TwoThreadsSplitSequencesKeysAndHeadGroupsBitForBit) {
-  const PagedVariant wide{"v1_wide", 2, 8, 8, 64, 128, false, false};
+  const AttnCase wide{"v1_wide", 2, 1, 1, 1, 8, 8, 64, 128, false, false, true};
   const std::vector<std::vector<int64_t>> shapes = {
       {2100}, {40, 33, 17, 64, 5, 48, 40, 1, 16, 32, 40, 40, 39, 41, 60, 70}};
   const int saved = num_threads();
