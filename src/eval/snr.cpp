@@ -8,8 +8,8 @@
 #include <limits>
 #include <string>
 
+#include "diffattn/base/rng.h"
 #include "diffattn/kernels/attention.h"
-#include "eval/rng.h"
 
 namespace diffattn {
 
@@ -45,7 +45,7 @@ Batch run_batch(const SnrConfig& c) {
       v(static_cast<size_t>(B * N), 0.0f);
   std::vector<double> n(static_cast<size_t>(D)), qhat(static_cast<size_t>(D));
   for (int64_t b = 0; b < B; ++b) {
-    eval::Rng rng(c.seed * 1000003ULL + static_cast<uint64_t>(b));
+    Rng rng(c.seed * 1000003ULL + static_cast<uint64_t>(b));
     double norm = 0;
     for (double& x : qhat) {
       x = rng.normal();

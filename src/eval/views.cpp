@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "diffattn/base/rng.h"
 #include "diffattn/eval/textbook.h"
 #include "diffattn/viz/viz.h"
-#include "eval/rng.h"
 
 namespace diffattn {
 
@@ -71,7 +71,7 @@ AttentionViews random_views(int64_t T, int64_t D, uint64_t seed, float lambda, D
     throw InvalidArgument("random_views: length and head size must be >= 1, got " +
                           std::to_string(T) + " and " + std::to_string(D));
   }
-  eval::Rng rng(seed);
+  Rng rng(seed);
   std::vector<float> q(static_cast<size_t>(T * 2 * D)), k(q.size()), v(static_cast<size_t>(T * 2 * D));
   for (float& x : q) x = static_cast<float>(rng.normal());
   for (float& x : k) x = static_cast<float>(rng.normal());
