@@ -148,6 +148,29 @@ int64_t Args::integer(const std::string& name, int64_t lo, int64_t hi) const {
   return v;
 }
 
+std::vector<int64_t> Args::integers(const std::string& name, int64_t lo, int64_t hi) const {
+  const std::string& s = str(name);
+  std::vector<int64_t> out;
+  size_t at = 0;
+  while (true) {
+    const size_t comma = s.find(',', at);
+    const std::string item = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    errno = 0;
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || errno != 0) {
+      throw UsageError(name + " expects integers separated by commas, got \"" + s + "\"");
+    }
+    if (v < lo || v > hi) {
+      throw UsageError(name + ": each value must be between " + std::to_string(lo) + " and " +
+                       std::to_string(hi) + ", got " + item);
+    }
+    out.push_back(v);
+    if (comma == std::string::npos) return out;
+    at = comma + 1;
+  }
+}
+
 double Args::number(const std::string& name, double lo, double hi) const {
   const double v = number(name);
   if (v < lo || v > hi) {

@@ -43,6 +43,8 @@ class Args {
   // The same, and a UsageError naming the option when the value is outside [lo, hi].
   int64_t integer(const std::string& name, int64_t lo, int64_t hi) const;
   double number(const std::string& name, double lo, double hi) const;
+  // A comma-separated list of integers, each within [lo, hi] (at least one).
+  std::vector<int64_t> integers(const std::string& name, int64_t lo, int64_t hi) const;
   bool on(const std::string& name) const;
   std::string help() const;
   const std::string& command() const { return command_; }

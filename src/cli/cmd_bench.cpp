@@ -174,7 +174,8 @@ int run_bench(const std::vector<std::string>& argv) {
       .option("--G", "N", "4", "key/value groups")
       .option("--D", "N", "64", "query/key head size")
       .option("--Dv", "N", "128", "value head size (V1: 2D)")
-      .option("--decode-T", "N", "32768", "cached keys of the decode rows")
+      .option("--decode-T", "N[,N...]", "32768", "cached keys of the decode rows (a list: rows for each)")
+      .option("--decode-B", "N[,N...]", "", "batch of the decode rows (a list; default: --B)")
       .option("--ref-T", "N", "512", "sequence length of the rows that include the reference")
       .option("--rss-T", "N", "16384", "sequence length of the peak-memory row (0: skip)")
       .option("--rounds", "N", "7", "timed rounds (after one warm-up round)")
@@ -184,6 +185,7 @@ int run_bench(const std::vector<std::string>& argv) {
       .option("--check-T", "N", "256", "with --check: length of the checked forward/backward cases")
       .flag("--check", "check every timed fused case against the reference first (see above)")
       .flag("--no-backward", "skip the backward rows")
+      .flag("--decode-only", "time the decode rows only (no forward, backward or peak-memory row)")
       .flag("--json", "print JSON instead of the table");
   if (!args.parse(argv)) return 0;
   AttnCase base;
@@ -198,11 +200,16 @@ int run_bench(const std::vector<std::string>& argv) {
   if (args.integer("--rss-child") > 0) return rss_child(args.integer("--rss-child"), base);
 
   const int threads = num_threads();
-  const int64_t T = args.integer("--T"), Td = args.integer("--decode-T"), Tr = args.integer("--ref-T");
+  const bool decode_only = args.on("--decode-only");
+  const int64_t T = decode_only ? 0 : args.integer("--T"), Tr = decode_only ? 0 : args.integer("--ref-T");
+  const std::vector<int64_t> Tds = args.integers("--decode-T", 1, int64_t{1} << 24);
+  const std::vector<int64_t> Bds = args.str("--decode-B").empty()
+                                       ? std::vector<int64_t>{base.B}
+                                       : args.integers("--decode-B", 1, 4096);
   const int rounds = static_cast<int>(args.integer("--rounds"));
   const bool check = args.on("--check");
   const int64_t Tc = args.integer("--check-T");
-  if (T < 1 || Td < 1 || Tr < 0 || rounds < 1 || Tc < 1) {
+  if ((!decode_only && T < 1) || Tr < 0 || rounds < 1 || Tc < 1) {
     throw UsageError("sizes, --check-T and --rounds must be >= 1");
   }
 
@@ -232,7 +239,7 @@ int run_bench(const std::vector<std::string>& argv) {
   // the upstream two-call recipe (through our standard fused kernel).
   const bool bwd = !args.on("--no-backward");
   for (int64_t len : {T, Tr}) {
-    if (len <= 0) continue;
+    if (len <= 0) continue;  // --decode-only: neither
     const bool with_ref = len == Tr;
     const AttnCase s = base.with_lengths(len, len);
     Tensors& d = tensors(s);
@@ -260,30 +267,37 @@ int run_bench(const std::vector<std::string>& argv) {
     }
     if (T == Tr) break;
   }
-  // Decode: one new token against a cache of Td keys.
-  {
-    const AttnCase s = base.with_lengths(1, Td);
-    Tensors& d = tensors(s);
-    Tensors& st = tensors(bench::standard_equivalent(s));
-    recipes.push_back(std::make_unique<bench::UpstreamRecipe>(d));
-    bench::UpstreamRecipe& up = *recipes.back();
-    add("decode", "diff fused", d, Check::Forward, [&d] { attention_fwd(d.p); });
-    add("decode", "standard 2H heads", st, Check::Forward, [&st] { attention_fwd(st.p); });
-    // The recipe reads V twice: its traffic is counted as the bytes it moves.
-    add("decode", "upstream recipe", d, Check::RecipeForward, [&up] { up.forward(); },
-        s.kv_bytes() + s.v_bytes());
-    add("decode", "reference", d, Check::None, [&d] { attention_fwd(d.p, Backend::Reference); });
-    Tensors& v2 = tensors(bench::v2_equivalent(s));
-    add("decode", "diff V2 fused", v2, Check::Forward, [&v2] { attention_fwd(v2.p); });
-    // The same caches stored as BF16 and F16 (half the bytes; float32 arithmetic).
-    for (const DType dt : {DType::BF16, DType::F16}) {
-      for (const Tensors* t : {&d, &st, &v2}) {
-        AttnCase c = t->c;
-        c.kv_dtype = dt;
-        Tensors& t16 = tensors(c);
-        const std::string name = t == &d ? "diff fused" : t == &st ? "standard 2H heads" : "diff V2 fused";
-        add("decode", name + " " + dtype_name(dt) + " kv", t16, Check::Forward,
-            [&t16] { attention_fwd(t16.p); });
+  // Decode: one new token against a cache of Td keys, for each length and batch.
+  for (const int64_t Bd : Bds) {
+    for (const int64_t Td : Tds) {
+      AttnCase s = base.with_lengths(1, Td);
+      s.B = Bd;
+      Tensors& d = tensors(s);
+      Tensors& st = tensors(bench::standard_equivalent(s));
+      add("decode", "diff fused", d, Check::Forward, [&d] { attention_fwd(d.p); });
+      add("decode", "standard 2H heads", st, Check::Forward, [&st] { attention_fwd(st.p); });
+      // The recipe reads V twice: its traffic is counted as the bytes it moves. It and the
+      // reference are timed up to 64K cached keys in all (beyond, a round takes seconds).
+      if (Bd * Td <= 65536) {
+        recipes.push_back(std::make_unique<bench::UpstreamRecipe>(d));
+        bench::UpstreamRecipe& up = *recipes.back();
+        add("decode", "upstream recipe", d, Check::RecipeForward, [&up] { up.forward(); },
+            s.kv_bytes() + s.v_bytes());
+        add("decode", "reference", d, Check::None, [&d] { attention_fwd(d.p, Backend::Reference); });
+      }
+      Tensors& v2 = tensors(bench::v2_equivalent(s));
+      add("decode", "diff V2 fused", v2, Check::Forward, [&v2] { attention_fwd(v2.p); });
+      // The same caches stored as BF16 and F16 (half the bytes; float32 arithmetic).
+      for (const DType dt : {DType::BF16, DType::F16}) {
+        for (const Tensors* t : {&d, &st, &v2}) {
+          AttnCase c = t->c;
+          c.kv_dtype = dt;
+          Tensors& t16 = tensors(c);
+          const std::string name =
+              t == &d ? "diff fused" : t == &st ? "standard 2H heads" : "diff V2 fused";
+          add("decode", name + " " + dtype_name(dt) + " kv", t16, Check::Forward,
+              [&t16] { attention_fwd(t16.p); });
+        }
       }
     }
   }
@@ -340,7 +354,7 @@ int run_bench(const std::vector<std::string>& argv) {
     }
   }
   const double sgemm_rate = median_of(sgemm), bw_rate = median_of(bandwidth);
-  const int64_t rssT = args.integer("--rss-T");
+  const int64_t rssT = decode_only ? 0 : args.integer("--rss-T");
   const double rss_mb = rssT > 0 ? child_peak_rss_mb(rssT, base) : 0;
 
   // Ratios are taken round by round, then their median: a drift of the machine's speed
@@ -441,8 +455,9 @@ int run_bench(const std::vector<std::string>& argv) {
   }
   if (check) {
     std::cout << "\ncheck: the largest error over the bound of the tests' accuracy rule (ok <= 1),"
-              << " forward/backward cases at Tq=Tk=" << std::min(T, Tc)
-              << ", decode cases at their size; "
+              << (decode_only ? std::string()
+                              : " forward/backward cases at Tq=Tk=" + std::to_string(std::min(T, Tc)) + ",")
+              << " decode cases at their size; "
               << (check_failed ? "FAILED (details on stderr)" : "every checked case passes") << ".\n";
   }
   return check_failed ? 1 : 0;

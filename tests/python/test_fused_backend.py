@@ -136,3 +136,27 @@ def test_bench_check_reports_every_fused_row():
     bad = subprocess.run([TOOL, "bench", "--check", "--check-T", "0"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode != 0 and "--check-T" in bad.stderr
+
+
+@pytest.mark.skipif(not os.path.exists(TOOL), reason="needs build/diffattn")
+def test_bench_decode_only_rows_for_each_length_and_batch():
+    cmd = [TOOL, "--threads", "1", "bench", "--json", "--decode-only", "--decode-T", "300,520",
+           "--decode-B", "1,3", "--rounds", "1", "--sgemm-n", "64", "--bandwidth-mb", "8"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120).stdout
+    report = json.loads(out)
+    assert "peak_rss" not in report
+    rows = report["rows"]
+    assert {r["op"] for r in rows} == {"decode"}
+    shapes = {(r["variant"], r["shape"].split(" H=")[0], r["shape"].split("Tk=")[1].split()[0])
+              for r in rows}
+    for b in ("1", "3"):
+        for t in ("300", "520"):
+            for variant in ("diff fused", "standard 2H heads", "diff V2 fused",
+                            "diff fused BF16 kv", "standard 2H heads F16 kv"):
+                assert (variant, "B=" + b, t) in shapes
+    for bad, what in ((["--decode-T", "64,x"], "--decode-T expects integers"),
+                      (["--decode-T", "0"], "--decode-T: each value must be between"),
+                      (["--decode-B", "2,,3"], "--decode-B expects integers")):
+        run = subprocess.run([TOOL, "bench", "--decode-only"] + bad, capture_output=True,
+                             text=True, timeout=60)
+        assert run.returncode == 2 and what in run.stderr, run.stderr
