@@ -1,6 +1,8 @@
 // Benchmark cases shared by `diffattn bench` and bench/: see bench_cases.h.
 #include "bench/cases/bench_cases.h"
 
+#include <unistd.h>
+
 #include <cblas.h>
 #include <omp.h>
 
@@ -151,6 +153,17 @@ double sgemm_gflops(int64_t n, int threads) {
 }
 
 ReadBandwidth::ReadBandwidth(int64_t bytes) : buf_(static_cast<size_t>(bytes / 4), 1.0f) {}
+
+void ReadBandwidth::evict_caches() {
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  const int64_t want = l3 > 0 ? 2 * static_cast<int64_t>(l3) : int64_t{64} << 20;
+  const size_t n = std::min(buf_.size(), static_cast<size_t>(want / 4));
+  volatile float sink = 0;
+  float acc = 0;
+  for (size_t i = 0; i < n; i += 16) acc += buf_[i];  // one float per 64-byte line
+  sink = acc;
+  (void)sink;
+}
 
 double ReadBandwidth::measure(int threads) {
   const int64_t n = static_cast<int64_t>(buf_.size());

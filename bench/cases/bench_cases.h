@@ -52,6 +52,10 @@ class ReadBandwidth {
  public:
   explicit ReadBandwidth(int64_t bytes);
   double measure(int threads);
+  // Reads the first 2x last-level-cache bytes of the buffer (64 MiB where the size is not
+  // known), so that what a timed call reads next comes from memory: a decode step of a
+  // many-layer model finds its layer's cache evicted by the other layers'.
+  void evict_caches();
 
  private:
   std::vector<float> buf_;

@@ -95,40 +95,47 @@ HWY_INLINE float DotWide(const float* HWY_RESTRICT q, const E* HWY_RESTRICT k, s
   return s;
 }
 
-// Four dot products at once, out[i] = q[i] . k[i] over n elements (n % Lanes == 0, Lanes >=
-// 4): four query rows against their key heads of one key row. Instead of a horizontal sum
-// per product, the four accumulators are transposed and added within each 128-bit block (two
-// rounds of interleaves), leaving lane 4b + i with block b's share of product i; then the
-// blocks are added.
+// Scores of one query row against N keys at once (N = Lanes): lane j of the result is
+// q . k[j] over D elements (D % Lanes == 0), k[j] widened as it is loaded. The N accumulators
+// are summed into one vector by a tree of ConcatEven/ConcatOdd pairs (N - 1 adds, each of two
+// whole vectors), instead of a horizontal sum per key.
 template <typename E>
-HWY_INLINE void Dot4(const float* const* HWY_RESTRICT q, const E* const* HWY_RESTRICT k,
-                     size_t n, float* HWY_RESTRICT out) {
-#if HWY_TARGET == HWY_SCALAR  // one lane: no blocks to transpose (dot4 is off there)
-  for (int i = 0; i < 4; ++i) out[i] = DotWide(q[i], k[i], n);
-#else
+HWY_INLINE VF DotKeys(const float* HWY_RESTRICT q, const E* const* HWY_RESTRICT k, size_t D) {
   const DF d;
-  const size_t N = hn::Lanes(d);
-  VF a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
-  for (size_t i = 0; i < n; i += N) {
-    a0 = hn::MulAdd(hn::LoadU(d, q[0] + i), LoadWide(d, k[0] + i), a0);
-    a1 = hn::MulAdd(hn::LoadU(d, q[1] + i), LoadWide(d, k[1] + i), a1);
-    a2 = hn::MulAdd(hn::LoadU(d, q[2] + i), LoadWide(d, k[2] + i), a2);
-    a3 = hn::MulAdd(hn::LoadU(d, q[3] + i), LoadWide(d, k[3] + i), a3);
+  constexpr size_t kN = hn::MaxLanes(DF());
+#if HWY_TARGET == HWY_SCALAR  // one lane: one key
+  (void)kN;
+  return hn::Set(d, DotWide(q, k[0], D));
+#else
+  static_assert(kN % 4 == 0);
+  HWY_DASSERT(hn::Lanes(d) == kN);  // fixed-width targets only (the dispatcher's set)
+  VF acc[kN];
+  // Four keys at a time: four independent FMA chains, four key pointers live (all kN would
+  // not stay in registers). Unrolled whole so that acc stays in registers.
+#pragma GCC unroll 16
+  for (size_t j = 0; j < kN; j += 4) {
+    VF a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+    const E *k0 = k[j], *k1 = k[j + 1], *k2 = k[j + 2], *k3 = k[j + 3];
+    for (size_t i = 0; i < D; i += kN) {
+      const VF qv = hn::LoadU(d, q + i);
+      a0 = hn::MulAdd(qv, LoadWide(d, k0 + i), a0);
+      a1 = hn::MulAdd(qv, LoadWide(d, k1 + i), a1);
+      a2 = hn::MulAdd(qv, LoadWide(d, k2 + i), a2);
+      a3 = hn::MulAdd(qv, LoadWide(d, k3 + i), a3);
+    }
+    acc[j] = a0, acc[j + 1] = a1, acc[j + 2] = a2, acc[j + 3] = a3;
   }
-  // per block: (a0[0] + a0[2], a1[0] + a1[2], a0[1] + a0[3], a1[1] + a1[3]), same for 2, 3
-  const VF t01 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
-  const VF t23 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
-  const hn::Repartition<uint64_t, DF> d64;
-  const auto w01 = hn::BitCast(d64, t01), w23 = hn::BitCast(d64, t23);
-  const VF u = hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, w01, w23)),
-                       hn::BitCast(d, hn::InterleaveUpper(d64, w01, w23)));
-  HWY_ALIGN float buf[hn::MaxLanes(DF())];
-  hn::Store(u, d, buf);
-  for (size_t i = 0; i < 4; ++i) {
-    float sum = buf[i];
-    for (size_t b = 4; b < N; b += 4) sum += buf[b + i];
-    out[i] = sum;
+  // Level by level, vector j takes the pair sums of vectors 2j (low half) and 2j + 1 (high
+  // half); after log2(kN) levels lane j of vector 0 holds the whole sum of accumulator j.
+#pragma GCC unroll 16
+  for (size_t w = kN; w > 1; w /= 2) {
+#pragma GCC unroll 16
+    for (size_t j = 0; j < w / 2; ++j) {
+      acc[j] = hn::Add(hn::ConcatEven(d, acc[2 * j + 1], acc[2 * j]),
+                       hn::ConcatOdd(d, acc[2 * j + 1], acc[2 * j]));
+    }
   }
+  return acc[0];
 #endif
 }
 
@@ -298,29 +305,39 @@ void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, in
   const int64_t k_span = static_cast<int64_t>(sizeof(E)) * ((kh1 - kh0) * kv.k_hs + p.D);
   const int64_t v_span = static_cast<int64_t>(sizeof(E)) * ((g1 - 1 - g0) * kv.v_hs + p.Dv);
   const bool direct = p.Dv % static_cast<int64_t>(hn::Lanes(DF())) == 0;
-  // Four rows per score step when a key head is a whole number of vectors of >= 4 lanes.
-  const bool dot4 = hn::Lanes(DF()) >= 4 && p.D % static_cast<int64_t>(hn::Lanes(DF())) == 0;
-  constexpr int64_t kSub = 16;  // keys per P V product between two rounds of prefetches
+  // Scores a whole vector of keys at a time (DotKeys) when a key head is a whole number of
+  // vectors; else key by key.
+  const int64_t NL = static_cast<int64_t>(hn::Lanes(DF()));
+  const bool by_vector = HWY_TARGET != HWY_SCALAR && p.D % NL == 0 && Bk % NL == 0;
+  const int64_t R = r1 - r0;
+  const E* kp[DecodeTiles::kBk];  // the tile's key rows (the last one repeated past its end)
   for (int64_t j0 = j_begin; j0 < j_end; j0 += Bk) {
     const int64_t nk = std::min(Bk, j_end - j0);
-    // Scores key by key, every head of the key row in turn: the cache streams front to back.
-    // Meanwhile the next tile's key rows are asked for, one per key (and, in the first tile,
-    // this tile's value rows); the next tile's value rows are asked for during the P V
-    // product below. The requests are spread over all the tile's compute, so the memory
-    // system always has lines in flight.
-    for (int64_t j = 0; j < nk; ++j) {
-      if (j0 == j_begin) PrefetchSpan(kv.vrow(j0 + j) + v_off, v_span);
-      if (j0 + Bk + j < j_end) PrefetchSpan(kv.krow(j0 + Bk + j) + k_off, k_span);
-      const E* kr = kv.krow(j0 + j);
-      int64_t row = r0;
-      for (; dot4 && row + 4 <= r1; row += 4) {  // the key row's heads in order
-        const E* k4[4] = {kr + rk[row], kr + rk[row + 1], kr + rk[row + 2], kr + rk[row + 3]};
-        float sc[4];
-        Dot4(rq + row, k4, static_cast<size_t>(p.D), sc);
-        for (int i = 0; i < 4; ++i) s[(row + i) * Bk + j] = sc[i];
+    for (int64_t j = 0; j < Bk; ++j) kp[j] = kv.krow(j0 + std::min(j, nk - 1));
+    // Scores row by row, a vector of keys at a time. Meanwhile the next tile's key rows are
+    // asked for, a few before each row's scores (and,
+    // in the first tile, this tile's value rows); the next tile's value rows are asked for
+    // during the P V product below. The requests are spread over all the tile's compute, so
+    // the memory system always has lines in flight.
+    if (j0 == j_begin) {
+      for (int64_t j = 0; j < nk; ++j) PrefetchSpan(kv.vrow(j0 + j) + v_off, v_span);
+    }
+    for (int64_t row = r0; row < r1; ++row) {
+      const int64_t i = row - r0;
+      for (int64_t j = i * Bk / R; j < (i + 1) * Bk / R && j0 + Bk + j < j_end; ++j) {
+        PrefetchSpan(kv.krow(j0 + Bk + j) + k_off, k_span);
       }
-      for (; row < r1; ++row) {
-        s[row * Bk + j] = DotWide(rq[row], kr + rk[row], static_cast<size_t>(p.D));
+      float* srow = s + row * Bk;
+      if (by_vector) {
+        const E* kr[hn::MaxLanes(DF())];
+        for (int64_t jb = 0; jb < nk; jb += NL) {
+          for (int64_t j = 0; j < NL; ++j) kr[j] = kp[jb + j] + rk[row];
+          hn::StoreU(DotKeys(rq[row], kr, static_cast<size_t>(p.D)), DF(), srow + jb);
+        }
+      } else {
+        for (int64_t j = 0; j < nk; ++j) {
+          srow[j] = DotWide(rq[row], kp[j] + rk[row], static_cast<size_t>(p.D));
+        }
       }
     }
     for (int64_t row = r0; row < r1; ++row) {
@@ -330,36 +347,37 @@ void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, in
       const float alpha = OnlineSoftmaxRow(srow, Bk, fused::visible_in_tile(p, t, j0, nk), f.c,
                                            M[row], L[row]);
       if (alpha != 1.0f) {
-        float* o = O + row * f.Dvp;
-        for (int64_t d = 0; d < p.Dv; ++d) o[d] *= alpha;
+        const DF d;
+        float* o = O + row * f.Dvp;  // Dvp: whole vectors
+        for (int64_t x = 0; x < p.Dv; x += NL) hn::StoreU(hn::Mul(hn::LoadU(d, o + x), hn::Set(d, alpha)), d, o + x);
       }
     }
     // O += P V, each value row read once for all the rows of its group: when a value row is
-    // a whole number of vectors, with the rows' accumulators in registers across the keys
-    // (over the keys of one block at a time: a paged cache's rows are strided only within it).
-    for (int64_t js = 0; js < nk; js += kSub) {
-      const int64_t ns = std::min(kSub, nk - js);
-      for (int64_t j = js; j < js + ns && j0 + Bk + j < j_end; ++j) {
+    // a whole number of vectors, with the rows' accumulators in registers across the tile's
+    // keys (over the keys of one block at a time: a paged cache's rows are strided only
+    // within it). Before each group, a share of the next tile's value rows is asked for.
+    const int64_t ng = g1 - g0;
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t i = g - g0;
+      for (int64_t j = i * Bk / ng; j < (i + 1) * Bk / ng && j0 + Bk + j < j_end; ++j) {
         PrefetchSpan(kv.vrow(j0 + Bk + j) + v_off, v_span);
       }
-      for (int64_t g = g0; g < g1; ++g) {
-        const float* pg = s + g * Rg * Bk + js;
-        float* og = O + g * Rg * f.Dvp;
-        if (direct) {
-          for (int64_t a = 0; a < ns;) {
-            const int64_t n = std::min(ns - a, kv.run(j0 + js + a));
-            PvTile(static_cast<size_t>(Rg), static_cast<size_t>(p.Dv), static_cast<size_t>(n),
-                   pg + a, static_cast<size_t>(Bk), kv.vrow(j0 + js + a) + g * kv.v_hs,
-                   static_cast<size_t>(kv.v_rs), og, static_cast<size_t>(f.Dvp));
-            a += n;
-          }
-          continue;
+      const float* pg = s + g * Rg * Bk;
+      float* og = O + g * Rg * f.Dvp;
+      if (direct) {
+        for (int64_t a = 0; a < nk;) {
+          const int64_t n = std::min(nk - a, kv.run(j0 + a));
+          PvTile(static_cast<size_t>(Rg), static_cast<size_t>(p.Dv), static_cast<size_t>(n),
+                 pg + a, static_cast<size_t>(Bk), kv.vrow(j0 + a) + g * kv.v_hs,
+                 static_cast<size_t>(kv.v_rs), og, static_cast<size_t>(f.Dvp));
+          a += n;
         }
-        for (int64_t j = 0; j < ns; ++j) {
-          AccumulateRows(kv.vrow(j0 + js + j) + g * kv.v_hs, static_cast<size_t>(p.Dv), pg + j,
-                         static_cast<size_t>(Bk), static_cast<size_t>(Rg), og,
-                         static_cast<size_t>(f.Dvp));
-        }
+        continue;
+      }
+      for (int64_t j = 0; j < nk; ++j) {
+        AccumulateRows(kv.vrow(j0 + j) + g * kv.v_hs, static_cast<size_t>(p.Dv), pg + j,
+                       static_cast<size_t>(Bk), static_cast<size_t>(Rg), og,
+                       static_cast<size_t>(f.Dvp));
       }
     }
   }

@@ -47,7 +47,7 @@ struct DecodeTiles {
   // kMinKeys keys: there the tiled forward has too few query blocks to feed the threads.
   static constexpr int64_t kMaxRows = 4;
   static constexpr int64_t kMinKeys = 256;
-  static constexpr int64_t kBk = 64;          // keys per tile inside a chunk
+  static constexpr int64_t kBk = 16;          // keys per tile inside a chunk
   static constexpr int64_t kMinChunk = 512;   // keys per split, at least
   static constexpr int64_t kSplitsPerThread = 4;  // splits per thread, for load balance
   static_assert(kMinChunk % kBk == 0);

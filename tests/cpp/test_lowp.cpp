@@ -14,7 +14,7 @@
 #include "diffattn/base/error.h"
 #include "diffattn/kernels/runtime.h"
 #include "diffattn/nn/layers.h"
-#include "hwy/targets.h"
+#include "simd_targets.h"
 #include "testing.h"
 
 namespace diffattn {
@@ -39,19 +39,7 @@ double f16_value(uint16_t h) {
   return s ? -mag : mag;
 }
 
-// Runs f once per SIMD target compiled in and supported by this CPU (AVX-512, AVX2, the
-// portable fallback), by restricting Highway's runtime dispatch to that target.
-template <class F>
-void for_each_target(F&& f) {
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
-    SCOPED_TRACE(hwy::TargetName(target));
-    f();
-  }
-  hwy::SetSupportedTargetsForTest(0);
-  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
-}
+using testing::for_each_target;
 
 TEST(DType, NamesAndSizes) {
   EXPECT_STREQ(dtype_name(DType::F32), "F32");
