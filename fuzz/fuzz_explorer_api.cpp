@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -18,9 +19,18 @@
 
 namespace {
 
+// The model's directory, removed when the fuzzer exits.
+char g_dir[] = "/tmp/fuzz_explorer_api.XXXXXX";
+
+void remove_model_dir() {
+  std::error_code ec;
+  std::filesystem::remove_all(g_dir, ec);
+}
+
 void tiny_model_dir() {
-  char dir[] = "/tmp/fuzz_explorer_api.XXXXXX";
-  if (::mkdtemp(dir) == nullptr) std::abort();
+  if (::mkdtemp(g_dir) == nullptr) std::abort();
+  std::atexit(remove_model_dir);
+  const char* dir = g_dir;
   diffattn::ModelConfig c;
   c.attention = diffattn::nn::AttnKind::DiffV1;
   c.vocab_size = 256;

@@ -25,30 +25,14 @@
 #include "diffattn/model/model.h"
 #include "diffattn/model/safetensors.h"
 #include "diffattn/train/train.h"
+#include "temp_dir.h"
 
 namespace diffattn {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh empty directory under the system's temporary directory, removed at the end.
-class TempDir {
- public:
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "diffattn_readers.XXXXXX").string();
-    if (::mkdtemp(t.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& str() const { return path_; }
-
- private:
-  std::string path_;
-};
+using TempDir = testing::TempDir;
 
 void put(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "diffattn/viz/viz.h"
+#include "temp_dir.h"
 
 namespace diffattn::viz {
 namespace {
@@ -70,13 +71,6 @@ std::vector<uint8_t> decode_png(const std::string& png, int& w, int& h) {
   return px;
 }
 
-std::string temp_dir() {
-  char tmpl[] = "/tmp/diffattn_viz_XXXXXX";
-  const char* d = mkdtemp(tmpl);
-  EXPECT_NE(d, nullptr);
-  return d;
-}
-
 int count_entries(const std::string& dir) {
   int n = 0;
   DIR* d = opendir(dir.c_str());
@@ -90,7 +84,8 @@ TEST(Png, RoundTripsEveryPixel) {
   c.set(0, 0, Rgb{255, 0, 0});
   c.set(36, 10, Rgb{0, 255, 0});
   c.fill_rect(5, 3, 4, 2, Rgb{1, 2, 3});
-  const std::string dir = temp_dir();
+  const diffattn::testing::TempDir tmp("diffattn_viz");
+  const std::string dir = tmp.str();
   write_png(dir + "/a.png", c);
   int w = 0, h = 0;
   const std::vector<uint8_t> px = decode_png(read_file(dir + "/a.png"), w, h);
@@ -101,7 +96,8 @@ TEST(Png, RoundTripsEveryPixel) {
 }
 
 TEST(Files, AtomicWriteReplacesAndFailsClearly) {
-  const std::string dir = temp_dir();
+  const diffattn::testing::TempDir tmp("diffattn_viz");
+  const std::string dir = tmp.str();
   write_file_atomic(dir + "/f", "first");
   write_file_atomic(dir + "/f", "second");
   EXPECT_EQ(read_file(dir + "/f"), "second");
