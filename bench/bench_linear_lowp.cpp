@@ -6,6 +6,8 @@
 // machine's speed cancels. Matrix-vector calls cycle through copies of the weight totalling
 // >= --rotate-mb, so each call reads its weight from memory as decode does (a model's weights
 // are far larger than the caches).
+#include <cblas.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -57,9 +59,11 @@ void usage() {
   std::printf(
       "usage: bench_linear_lowp [--threads 1,2] [--rounds 5] [--rotate-mb 512]\n"
       "                         [--shapes 2048x2048,8192x2048,2048x8192,128256x2048]\n"
+      "                         [--few 16,32]\n"
       "Shapes are OC x C (weight rows x columns). Prints, per thread count, typed matrix-vector\n"
-      "GB/s of weight read (N = 1, 8) over the same run's read bandwidth, and typed N = 512\n"
-      "GFLOP/s over float32 sgemm of the same shape.\n");
+      "GB/s of weight read (N = 1, 8) over the same run's read bandwidth, and typed GFLOP/s of\n"
+      "the --few row counts (a batched decode step's N sequences; the weight read from memory)\n"
+      "and of N = 512 over float32 sgemm of the same shape.\n");
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -80,6 +84,7 @@ int main(int argc, char** argv) {
   int rounds = 5;
   int64_t rotate_mb = 512;
   std::vector<WShape> shapes{{2048, 2048}, {8192, 2048}, {2048, 8192}, {128256, 2048}};
+  std::vector<int64_t> few{16, 32};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") return usage(), 0;
@@ -88,6 +93,9 @@ int main(int argc, char** argv) {
     if (a == "--threads") {
       thread_counts.clear();
       for (const auto& t : split(v, ',')) thread_counts.push_back(std::atoi(t.c_str()));
+    } else if (a == "--few") {
+      few.clear();
+      for (const auto& t : split(v, ',')) few.push_back(std::atoll(t.c_str()));
     } else if (a == "--rounds") {
       rounds = std::atoi(v.c_str());
     } else if (a == "--rotate-mb") {
@@ -108,6 +116,8 @@ int main(int argc, char** argv) {
     if (t < 1) return usage(), 2;
   for (const WShape& s : shapes)
     if (s.OC < 1 || s.C < 1) return usage(), 2;
+  for (int64_t n : few)
+    if (n < 1 || n > 512) return usage(), 2;
 
   constexpr int64_t kPrefillN = 512;
   int64_t maxC = 0, maxOC = 0;
@@ -151,6 +161,31 @@ int main(int argc, char** argv) {
                             nn::linear_fwd(out.data(), x.data(), TypedPtr{c.data(), t}, N, sh.C, sh.OC);
                         },
                         nullptr, {}, {}});
+      }
+    }
+    // A batched decode step: N rows against a weight read from memory (rotating copies), over
+    // sgemm with the float32 weight (one copy) at the same N.
+    for (int64_t N : few) {
+      for (int k = 0; k < 2; ++k) {
+        auto& copies = w.lowp[k];
+        const DType t = types[k];
+        const double n_copies = static_cast<double>(copies.size());
+        rows.push_back({"gemm N=" + std::to_string(N) + " " + dtype_name(t) + " " + dims, true,
+                        2.0 * N * sh.OC * sh.C * n_copies,
+                        [&, sh, N, t] {
+                          for (auto& c : copies)
+                            nn::linear_fwd(out.data(), x.data(), TypedPtr{c.data(), t}, N, sh.C, sh.OC);
+                        },
+                        [&, sh, N, n_copies] {  // OpenBLAS itself (linear_fwd would take the
+                          // few-rows kernel at this N)
+                          const int n = static_cast<int>(N), oc = static_cast<int>(sh.OC),
+                                    cc = static_cast<int>(sh.C);
+                          for (double i = 0; i < n_copies; ++i) {
+                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, oc, cc, 1.0f,
+                                        x.data(), cc, w.f32.data(), cc, 0.0f, out.data(), oc);
+                          }
+                        },
+                        {}, {}});
       }
     }
     for (int k = 0; k < 2; ++k) {
