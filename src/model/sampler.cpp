@@ -21,44 +21,91 @@ Sampler::Sampler(const SamplerOptions& o) : o_(o), rng_(o.seed) {
   }
 }
 
+// Without a top-k or top-p limit every token is a candidate and no order is needed: the draw
+// walks the tokens by index. With a limit, the candidates are walked from the highest logit
+// down (ties by index), and only as many are put in that order as the limit needs: the top k
+// by a partial sort, the nucleus by a partial sort of a prefix that grows until it holds top_p
+// of the mass (a full sort of a 128K vocabulary per token cost more than the model's step at
+// 16 streams).
 int32_t Sampler::sample(const float* logits, int64_t V) {
   if (o_.temperature == 0.0) {
     return static_cast<int32_t>(std::max_element(logits, logits + V) - logits);
   }
-  std::vector<int32_t> idx(static_cast<size_t>(V));
-  std::iota(idx.begin(), idx.end(), 0);
-  // Highest logits first; ties by index, so the order is fully determined.
-  std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-  size_t n = idx.size();
-  if (o_.top_k > 0) n = std::min(n, static_cast<size_t>(o_.top_k));
-  std::vector<double> p(n);
-  const double mx = logits[idx[0]];
-  double z = 0;
-  for (size_t i = 0; i < n; ++i) {
-    p[i] = std::exp((logits[idx[i]] - mx) / o_.temperature);
-    z += p[i];
-  }
-  if (o_.top_p < 1.0) {
+  const size_t nv = static_cast<size_t>(V);
+  const double mx = *std::max_element(logits, logits + V), T = o_.temperature;
+  if (o_.top_k == 0 && o_.top_p >= 1.0) {
+    p_.resize(nv);
+    double z = 0;
+    for (size_t i = 0; i < nv; ++i) z += (p_[i] = std::exp((logits[i] - mx) / T));
+    const double u = rng_.uniform() * z;  // the library's RNG: the same draw everywhere
     double c = 0;
-    size_t keep = n;
-    for (size_t i = 0; i < n; ++i) {
-      c += p[i] / z;
-      if (c >= o_.top_p) {
-        keep = i + 1;
-        break;
-      }
+    size_t last = 0;  // the last token with any probability (u == z after rounding)
+    for (size_t i = 0; i < nv; ++i) {
+      if (p_[i] == 0) continue;
+      c += p_[i];
+      last = i;
+      if (u < c) return static_cast<int32_t>(i);
     }
-    n = keep;
-    z = 0;
-    for (size_t i = 0; i < n; ++i) z += p[i];
+    return static_cast<int32_t>(last);
+  }
+  // Highest logits first; ties by index, so the order is fully determined.
+  const auto before = [logits](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  idx_.resize(nv);
+  std::iota(idx_.begin(), idx_.end(), 0);
+  size_t n;  // candidates: idx_[0, n) in order
+  double z = 0;
+  p_.resize(nv);  // p_[i]: the i-th candidate's weight (top-k) or token i's (nucleus)
+  if (o_.top_k > 0) {
+    n = std::min(nv, static_cast<size_t>(o_.top_k));
+    std::partial_sort(idx_.begin(), idx_.begin() + static_cast<std::ptrdiff_t>(n), idx_.end(), before);
+    for (size_t i = 0; i < n; ++i) z += (p_[i] = std::exp((logits[idx_[i]] - mx) / T));
+    if (o_.top_p < 1.0) {
+      double c = 0;
+      for (size_t i = 0; i < n; ++i) {
+        c += p_[i] / z;
+        if (c >= o_.top_p) {
+          n = i + 1;
+          break;
+        }
+      }
+      z = 0;
+      for (size_t i = 0; i < n; ++i) z += p_[i];
+    }
+  } else {
+    // The nucleus: the mass of every token, then the shortest prefix in order holding top_p
+    // of it (a prefix of 64 candidates first, 16x more while that is not enough).
+    double all = 0;
+    for (size_t i = 0; i < nv; ++i) all += (p_[i] = std::exp((logits[i] - mx) / T));
+    size_t k = std::min<size_t>(nv, 64);
+    n = 0;
+    while (n == 0) {
+      std::partial_sort(idx_.begin(), idx_.begin() + static_cast<std::ptrdiff_t>(k), idx_.end(), before);
+      double c = 0;
+      for (size_t i = 0; i < k; ++i) {
+        c += p_[static_cast<size_t>(idx_[i])] / all;
+        if (c >= o_.top_p) {
+          n = i + 1;
+          break;
+        }
+      }
+      if (n == 0 && k == nv) n = nv;  // rounding kept the sum under top_p: every token
+      k = std::min(nv, k * 16);
+    }
+    // The walk below reads the candidates' weights in order, as the top-k branch leaves them.
+    std::vector<double>& w = p_ordered_;
+    w.resize(n);
+    for (size_t i = 0; i < n; ++i) z += (w[i] = p_[static_cast<size_t>(idx_[i])]);
+    std::copy(w.begin(), w.end(), p_.begin());
   }
   const double u = rng_.uniform() * z;  // the library's RNG: the same draw everywhere
   double c = 0;
   for (size_t i = 0; i < n; ++i) {
-    c += p[i];
-    if (u < c) return idx[i];
+    c += p_[i];
+    if (u < c) return idx_[i];
   }
-  return idx[n - 1];
+  return idx_[n - 1];
 }
 
 }  // namespace diffattn

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <numeric>
 #include <random>
 
 #include "diffattn/kernels/runtime.h"
@@ -322,6 +323,67 @@ TEST(SamplerTest, GreedyTopKTopPAndSeed) {
   for (int i = 0; i < 50; ++i) EXPECT_EQ(a.sample(logits.data(), 5), b.sample(logits.data(), 5));
   EXPECT_THROW(Sampler({-1.0, 0, 1.0, 0}), InvalidArgument);
   EXPECT_THROW(Sampler({1.0, 0, 0.0, 0}), InvalidArgument);
+}
+
+// The limits on a vocabulary of 5000 (the sampler orders only the candidates it needs):
+// every draw within the set a full sort gives, the draws' frequencies those of the softmax.
+TEST(SamplerTest, LimitsOnALargeVocabularyMatchAFullSort) {
+  const int64_t V = 5000;
+  std::vector<float> logits(V);
+  Rng r(3);
+  for (float& x : logits) x = static_cast<float>(3.0 * r.normal());
+  std::vector<int32_t> order(V);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  const float mx = logits[order[0]];
+  // top-k 50: only the 50 best.
+  std::vector<bool> top50(V, false);
+  for (int i = 0; i < 50; ++i) top50[order[i]] = true;
+  Sampler k50({1.0, 50, 1.0, 5});
+  for (int i = 0; i < 2000; ++i) ASSERT_TRUE(top50[k50.sample(logits.data(), V)]);
+  // top-p 0.9 and 0.999: the shortest prefix of the full order holding that mass (the second
+  // needs more than the first 64 candidates).
+  for (double top_p : {0.9, 0.999}) {
+    std::vector<double> p(V);
+    double z = 0;
+    for (int64_t i = 0; i < V; ++i) z += (p[i] = std::exp(logits[i] - mx));
+    std::vector<bool> in(V, false);
+    double c = 0;
+    int64_t size = 0;
+    for (int64_t i = 0; i < V && c < top_p; ++i) c += p[order[i]] / z, in[order[i]] = true, ++size;
+    if (top_p > 0.99) EXPECT_GT(size, 64);
+    // and within the set the softmax's weights: the share of the 10 best among the draws
+    double m10 = 0;
+    for (int i = 0; i < 10; ++i) m10 += p[order[i]] / z;
+    const double p10 = m10 / c;
+    std::vector<bool> best10(V, false);
+    for (int i = 0; i < 10; ++i) best10[order[i]] = true;
+    Sampler s({1.0, 0, top_p, 9});
+    const int N = 6000;
+    int hits = 0;
+    for (int i = 0; i < N; ++i) {
+      const int32_t t = s.sample(logits.data(), V);
+      ASSERT_TRUE(in[t]) << top_p;
+      hits += best10[t];
+    }
+    EXPECT_NEAR(hits / static_cast<double>(N), p10, 4 * std::sqrt(p10 * (1 - p10) / N)) << top_p;
+  }
+  // Equal logits, nucleus 0.5: the first half by index (ties by index), after 64 -> 1024 -> all.
+  const std::vector<float> flat(V, 0.25f);
+  Sampler half({1.0, 0, 0.5, 11});
+  for (int i = 0; i < 2000; ++i) ASSERT_LT(half.sample(flat.data(), V), V / 2);
+  // No limit: the frequencies of a small softmax, within 4 standard deviations.
+  const std::vector<float> small = {0.5f, -1.0f, 2.0f, 0.0f, 1.0f};
+  double zs = 0;
+  for (float x : small) zs += std::exp(x);
+  Sampler all({1.0, 0, 1.0, 13});
+  std::vector<int> count(5, 0);
+  const int N = 40000;
+  for (int i = 0; i < N; ++i) ++count[all.sample(small.data(), 5)];
+  for (int t = 0; t < 5; ++t) {
+    const double pt = std::exp(small[t]) / zs;
+    EXPECT_NEAR(count[t] / static_cast<double>(N), pt, 4 * std::sqrt(pt * (1 - pt) / N)) << t;
+  }
 }
 
 TEST(SafeTensors, RoundTripWithMetadata) {

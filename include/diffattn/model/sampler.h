@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "diffattn/base/rng.h"
 
@@ -24,6 +25,8 @@ class Sampler {
  private:
   SamplerOptions o_;
   Rng rng_;
+  std::vector<int32_t> idx_;  // scratch, kept between calls: no allocation per token
+  std::vector<double> p_, p_ordered_;
 };
 
 }  // namespace diffattn
