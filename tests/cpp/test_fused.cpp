@@ -414,6 +414,21 @@ const AttnCase kPagedVariants[] = {
 
 std::vector<int64_t> paged_lengths(int64_t bs) { return {1, bs - 1, bs, bs + 1, 700, 37}; }
 
+// The paged call of pc with key_chunk on one thread and on two: {one, two}.
+std::pair<std::vector<float>, std::vector<float>> one_and_two_threads(const PagedCase& pc,
+                                                                      int64_t key_chunk) {
+  const int saved = num_threads();
+  std::vector<float> one, two;
+  PagedDecodeParams p1 = pc.params(one), p2 = pc.params(two);
+  p1.key_chunk = p2.key_chunk = key_chunk;
+  set_num_threads(1);
+  attention_decode_paged(p1);
+  set_num_threads(2);
+  attention_decode_paged(p2);
+  set_num_threads(saved);
+  return {std::move(one), std::move(two)};
+}
+
 std::vector<float> slice(const std::vector<float>& x, int64_t b, int64_t n) {
   return {x.begin() + b * n, x.begin() + (b + 1) * n};
 }
@@ -456,13 +471,8 @@ TEST(FusedDecodePaged, MatchesEachSequenceAloneForEveryVariantDtypeAndBlockSize)
 
 TEST(FusedDecodePaged, OneAndTwoThreadsAndTheReferenceBackend) {
   const PagedCase pc(kPagedVariants[0], 16, DType::F32, {3, 700, 1, 300, 15, 16, 17, 64}, 72);
-  const int saved = num_threads();
-  std::vector<float> one, two, ref;
-  set_num_threads(1);
-  attention_decode_paged(pc.params(one));
-  set_num_threads(2);
-  attention_decode_paged(pc.params(two));
-  set_num_threads(saved);
+  const auto [one, two] = one_and_two_threads(pc, 0);
+  std::vector<float> ref;
   // Threads split sequences, head groups and keys; the splits and their merge order are fixed
   // by the lengths and key_chunk alone... except key_chunk = 0 picks from the thread count,
   // so compare within rounding, and bit for bit with a fixed key_chunk.
@@ -474,14 +484,7 @@ TEST(FusedDecodePaged, OneAndTwoThreadsAndTheReferenceBackend) {
   attention_decode_paged(pc.params(ref), Backend::Reference);
   expect_close("1 thread", one, ref, naive);
   expect_close("2 threads", two, ref, naive);
-  std::vector<float> c1, c2;
-  PagedDecodeParams p1 = pc.params(c1), p2 = pc.params(c2);
-  p1.key_chunk = p2.key_chunk = 64;
-  set_num_threads(1);
-  attention_decode_paged(p1);
-  set_num_threads(2);
-  attention_decode_paged(p2);
-  set_num_threads(saved);
+  const auto [c1, c2] = one_and_two_threads(pc, 64);
   EXPECT_EQ(std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)), 0);
 }
 
@@ -494,18 +497,10 @@ TEST(FusedDecodePaged, TwoThreadsSplitSequencesKeysAndHeadGroupsBitForBit) {
   const AttnCase wide{"v1_wide", 2, 1, 1, 1, 8, 8, 64, 128, false, false, true};
   const std::vector<std::vector<int64_t>> shapes = {
       {2100}, {40, 33, 17, 64, 5, 48, 40, 1, 16, 32, 40, 40, 39, 41, 60, 70}};
-  const int saved = num_threads();
   for (const std::vector<int64_t>& lens : shapes) {
     SCOPED_TRACE(std::to_string(lens.size()) + " sequences");
     const PagedCase pc(wide, 16, DType::F32, lens, 75);
-    std::vector<float> one, two;
-    PagedDecodeParams p1 = pc.params(one), p2 = pc.params(two);
-    p1.key_chunk = p2.key_chunk = 512;
-    set_num_threads(1);
-    attention_decode_paged(p1);
-    set_num_threads(2);
-    attention_decode_paged(p2);
-    set_num_threads(saved);
+    const auto [one, two] = one_and_two_threads(pc, 512);
     EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0);
     const int64_t n = wide.H * wide.Dv;
     for (int64_t b = 0; b < static_cast<int64_t>(lens.size()); ++b) {
