@@ -169,9 +169,9 @@ int main(int argc, char** argv) {
       for (int k = 0; k < 2; ++k) {
         auto& copies = w.lowp[k];
         const DType t = types[k];
-        const double n_copies = static_cast<double>(copies.size());
+        const size_t n_copies = copies.size();
         rows.push_back({"gemm N=" + std::to_string(N) + " " + dtype_name(t) + " " + dims, true,
-                        2.0 * N * sh.OC * sh.C * n_copies,
+                        2.0 * N * sh.OC * sh.C * static_cast<double>(n_copies),
                         [&, sh, N, t] {
                           for (auto& c : copies)
                             nn::linear_fwd(out.data(), x.data(), TypedPtr{c.data(), t}, N, sh.C, sh.OC);
@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
                           // few-rows kernel at this N)
                           const int n = static_cast<int>(N), oc = static_cast<int>(sh.OC),
                                     cc = static_cast<int>(sh.C);
-                          for (double i = 0; i < n_copies; ++i) {
+                          for (size_t i = 0; i < n_copies; ++i) {
                             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, oc, cc, 1.0f,
                                         x.data(), cc, w.f32.data(), cc, 0.0f, out.data(), oc);
                           }

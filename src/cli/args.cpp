@@ -116,12 +116,22 @@ const std::string& Args::str(const std::string& name) const {
   return values_.at(name);
 }
 
-int64_t Args::integer(const std::string& name) const {
-  const std::string& s = str(name);
+namespace {
+
+// s as a whole decimal integer; false (errno ERANGE when out of range) when it is not one.
+bool parse_int64(const std::string& s, int64_t& v) {
   errno = 0;
   char* end = nullptr;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || errno != 0) {
+  v = std::strtoll(s.c_str(), &end, 10);
+  return !s.empty() && *end == '\0' && errno == 0;
+}
+
+}  // namespace
+
+int64_t Args::integer(const std::string& name) const {
+  const std::string& s = str(name);
+  int64_t v = 0;
+  if (!parse_int64(s, v)) {
     throw UsageError(name + " expects an integer" +
                      (errno == ERANGE ? " that fits in 64 bits" : std::string()) + ", got \"" + s + "\"");
   }
@@ -155,10 +165,8 @@ std::vector<int64_t> Args::integers(const std::string& name, int64_t lo, int64_t
   while (true) {
     const size_t comma = s.find(',', at);
     const std::string item = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-    errno = 0;
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || errno != 0) {
+    int64_t v = 0;
+    if (!parse_int64(item, v)) {
       throw UsageError(name + " expects integers separated by commas, got \"" + s + "\"");
     }
     if (v < lo || v > hi) {

@@ -54,28 +54,29 @@ int32_t Sampler::sample(const float* logits, int64_t V) {
   };
   idx_.resize(nv);
   std::iota(idx_.begin(), idx_.end(), 0);
-  size_t n;  // candidates: idx_[0, n) in order
+  size_t n;  // candidates: idx_[0, n) in order, their weights w_[0, n)
   double z = 0;
-  p_.resize(nv);  // p_[i]: the i-th candidate's weight (top-k) or token i's (nucleus)
   if (o_.top_k > 0) {
     n = std::min(nv, static_cast<size_t>(o_.top_k));
     std::partial_sort(idx_.begin(), idx_.begin() + static_cast<std::ptrdiff_t>(n), idx_.end(), before);
-    for (size_t i = 0; i < n; ++i) z += (p_[i] = std::exp((logits[idx_[i]] - mx) / T));
+    w_.resize(n);
+    for (size_t i = 0; i < n; ++i) z += (w_[i] = std::exp((logits[idx_[i]] - mx) / T));
     if (o_.top_p < 1.0) {
       double c = 0;
       for (size_t i = 0; i < n; ++i) {
-        c += p_[i] / z;
+        c += w_[i] / z;
         if (c >= o_.top_p) {
           n = i + 1;
           break;
         }
       }
       z = 0;
-      for (size_t i = 0; i < n; ++i) z += p_[i];
+      for (size_t i = 0; i < n; ++i) z += w_[i];
     }
   } else {
     // The nucleus: the mass of every token, then the shortest prefix in order holding top_p
     // of it (a prefix of 64 candidates first, 16x more while that is not enough).
+    p_.resize(nv);
     double all = 0;
     for (size_t i = 0; i < nv; ++i) all += (p_[i] = std::exp((logits[i] - mx) / T));
     size_t k = std::min<size_t>(nv, 64);
@@ -93,16 +94,13 @@ int32_t Sampler::sample(const float* logits, int64_t V) {
       if (n == 0 && k == nv) n = nv;  // rounding kept the sum under top_p: every token
       k = std::min(nv, k * 16);
     }
-    // The walk below reads the candidates' weights in order, as the top-k branch leaves them.
-    std::vector<double>& w = p_ordered_;
-    w.resize(n);
-    for (size_t i = 0; i < n; ++i) z += (w[i] = p_[static_cast<size_t>(idx_[i])]);
-    std::copy(w.begin(), w.end(), p_.begin());
+    w_.resize(n);
+    for (size_t i = 0; i < n; ++i) z += (w_[i] = p_[static_cast<size_t>(idx_[i])]);
   }
   const double u = rng_.uniform() * z;  // the library's RNG: the same draw everywhere
   double c = 0;
   for (size_t i = 0; i < n; ++i) {
-    c += p_[i];
+    c += w_[i];
     if (u < c) return idx_[i];
   }
   return idx_[n - 1];

@@ -26,7 +26,8 @@ class Sampler {
   SamplerOptions o_;
   Rng rng_;
   std::vector<int32_t> idx_;  // scratch, kept between calls: no allocation per token
-  std::vector<double> p_, p_ordered_;
+  std::vector<double> p_;  // each token's weight (no limit, nucleus)
+  std::vector<double> w_;  // the candidates' weights in order
 };
 
 }  // namespace diffattn
