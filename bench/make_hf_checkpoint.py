@@ -5,7 +5,13 @@ spelling, generation_config.json and one model.safetensors, streamed tensor by t
 model needs no more memory than its largest tensor). Seeded: the same arguments give the same
 bytes. The weights are N(0, 0.02) (lambda vectors N(0, 0.1), norms 1), not trained.
 
+`--type diff_v2` writes the same shape as a DIFF V2 model in the project's own format
+(docs/FORMAT.md; transformers has no V2): the Llama shape's heads become V2's output heads, so
+the query projection doubles (2 x 32 query heads of 64), the 8 key/value heads stay, and
+lambda_proj (32, 2048) is added: 1.37 B parameters against Llama's 1.24 B.
+
     bench/make_hf_checkpoint.py --out /tmp/diffllama-1b --type diffllama --shape 1b --dtype bf16
+    bench/make_hf_checkpoint.py --out /tmp/v2-1b --type diff_v2 --shape 1b --dtype bf16
 """
 
 import argparse
@@ -54,6 +60,42 @@ def tensors_of(cfg, diff):
     return out
 
 
+def v2_tensors_of(cfg):
+    """The project's DIFF V2 tensors (docs/FORMAT.md) for an HF shape: (name, shape, kind)."""
+    C, F, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    H, G, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    out = [("embed_tokens.weight", (V, C), "w")]
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"layers.{l}."
+        out += [(p + "attn_norm.weight", (C,), "norm"),
+                (p + "attn.q_proj.weight", (2 * H * d, C), "w"),
+                (p + "attn.k_proj.weight", (G * d, C), "w"),
+                (p + "attn.v_proj.weight", (G * d, C), "w"),
+                (p + "attn.lambda_proj.weight", (H, C), "w"),
+                (p + "attn.out_proj.weight", (C, H * d), "w"),
+                (p + "ffn_norm.weight", (C,), "norm"),
+                (p + "ffn.gate_proj.weight", (F, C), "w"),
+                (p + "ffn.up_proj.weight", (F, C), "w"),
+                (p + "ffn.down_proj.weight", (C, F), "w")]
+    out.append(("norm.weight", (C,), "norm"))
+    if not cfg["tie_word_embeddings"]:
+        out.append(("lm_head.weight", (V, C), "w"))
+    return out
+
+
+def v2_config(cfg):
+    """The project's config.json for the shape."""
+    c = {"format": "diffattn/1", "attention": "diff_v2", "vocab_size": cfg["vocab_size"],
+         "d_model": cfg["hidden_size"], "n_layers": cfg["num_hidden_layers"],
+         "n_heads": cfg["num_attention_heads"], "n_kv_heads": cfg["num_key_value_heads"],
+         "head_dim": cfg["head_dim"], "ffn_dim": cfg["intermediate_size"],
+         "max_seq_len": cfg["max_position_embeddings"], "rope_theta": cfg["rope_theta"],
+         "norm_eps": 1e-5, "tie_embeddings": cfg["tie_word_embeddings"]}
+    if cfg["rope_scaling"]:
+        c["rope_scaling"] = cfg["rope_scaling"]
+    return c
+
+
 def to_dtype(a, dtype):
     if dtype == "F32":
         return a.astype("<f4").tobytes()
@@ -67,7 +109,7 @@ def to_dtype(a, dtype):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--type", choices=["diffllama", "llama"], default="diffllama")
+    ap.add_argument("--type", choices=["diffllama", "llama", "diff_v2"], default="diffllama")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="1b")
     ap.add_argument("--dtype", choices=["bf16", "f16", "f32"], default="bf16")
     ap.add_argument("--seed", type=int, default=0)
@@ -76,14 +118,15 @@ def main():
     dtype = {"bf16": "BF16", "f16": "F16", "f32": "F32"}[a.dtype]
     es = 4 if dtype == "F32" else 2
     cfg = dict(SHAPES[a.shape])
-    tensors = tensors_of(cfg, diff)
+    v2 = a.type == "diff_v2"
+    tensors = v2_tensors_of(cfg) if v2 else tensors_of(cfg, diff)
 
     header, off = {}, 0
     for name, shape, _ in tensors:
         n = int(np.prod(shape)) * es
         header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + n]}
         off += n
-    header["__metadata__"] = {"format": "pt"}
+    header["__metadata__"] = {"format": "diffattn/1" if v2 else "pt"}
     h = json.dumps(header).encode()
     h += b" " * ((8 - len(h) % 8) % 8)
 
@@ -101,6 +144,11 @@ def main():
             f.write(to_dtype(x, dtype))
     os.replace(tmp, os.path.join(a.out, "model.safetensors"))
 
+    if v2:
+        with open(os.path.join(a.out, "config.json"), "w") as f:
+            json.dump(v2_config(cfg), f, indent=2)
+        print(f"wrote {a.out}: {a.type} {a.shape} {dtype}, {off / 1e9:.2f} GB of weights")
+        return
     conf = {"architectures": ["DiffLlamaForCausalLM" if diff else "LlamaForCausalLM"],
             "model_type": a.type, "hidden_act": "silu", "rms_norm_eps": 1e-5,
             "attention_bias": False, "attention_dropout": 0.0, "initializer_range": 0.02,

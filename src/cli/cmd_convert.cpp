@@ -19,13 +19,15 @@ int run_convert(const std::vector<std::string>& argv) {
          "Write a model in the other format. --to hf: a diff_v1 model as a Hugging Face DiffLlama\n"
          "directory, a standard one as Llama (V1's learned per-head norm weight is folded into\n"
          "o_proj; DIFF V2 and a fixed lambda_init have no DiffLlama equivalent and are refused).\n"
-         "--to diffattn: any model diffattn loads (a Hugging Face directory included) as diffattn's\n"
-         "float32 format, trainable. A tokenizer.json / tokenizer_config.json beside the model is\n"
-         "copied along. Loading either result gives the same logits.");
+         "--to diffattn: any model diffattn loads (a Hugging Face directory included) in diffattn's\n"
+         "format: float32 and trainable, or with --dtype bf16|f16 half the bytes, loaded for\n"
+         "inference in that type (e.g. a DIFF V2 model to serve). A tokenizer.json /\n"
+         "tokenizer_config.json / tokenizer.model beside the model is copied along. Loading either\n"
+         "result gives the same logits (at --dtype f32).");
   a.option("--model", "DIR", "", "the model to convert (required)")
       .option("--to", "FORMAT", "", "hf or diffattn (required)")
       .option("--out", "DIR", "", "the directory to write (required)")
-      .option("--dtype", "TYPE", "f32", "--to hf: the stored type, f32, bf16 or f16")
+      .option("--dtype", "TYPE", "f32", "the stored type, f32, bf16 or f16")
       .option("--shards", "N", "1", "--to hf: number of safetensors files (with an index when > 1)");
   if (!a.parse(argv)) return 0;
   for (const char* k : {"--model", "--to", "--out"}) {
@@ -35,16 +37,16 @@ int run_convert(const std::vector<std::string>& argv) {
   if (to != "hf" && to != "diffattn") throw UsageError("--to is \"" + to + "\", expected hf or diffattn");
   const DType dtype = parse_dtype(a.str("--dtype"), "--dtype");
   const int64_t shards = a.integer("--shards", 1, 9999);
-  if (to == "diffattn" && (a.given("--dtype") || a.given("--shards"))) {
-    throw UsageError("--dtype and --shards apply to --to hf (diffattn's format is one float32 file)");
+  if (to == "diffattn" && a.given("--shards")) {
+    throw UsageError("--shards applies to --to hf (diffattn's format is one file)");
   }
   const Model m = load_model(in);
   if (to == "hf") {
     save_hf_model(m, out, dtype, shards);
   } else {
-    save_model(m, out);
+    save_model(m, out, dtype);
   }
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model"}) {
     struct stat st {};
     const std::string src = in + "/" + f;
     if (::stat(src.c_str(), &st) == 0) write_file_atomic(out + "/" + f, read_file(src));

@@ -18,7 +18,7 @@
 
 namespace diffattn {
 
-void save_model(const Model& m, const std::string& dir) {
+void save_model(const Model& m, const std::string& dir, DType dtype) {
   make_dirs(dir);
   std::vector<SafeTensorRef> refs;
   std::vector<std::vector<float>> converted;  // a model over kept weights: float32 copies
@@ -34,7 +34,7 @@ void save_model(const Model& m, const std::string& dir) {
     refs.push_back({t.name, t.shape, data});
   }
   // Weights first, then the config: a reader that finds the new config finds the new weights.
-  write_safetensors(dir + "/model.safetensors", refs, {{"format", "diffattn/1"}});
+  write_safetensors(dir + "/model.safetensors", refs, {{"format", "diffattn/1"}}, dtype);
   write_file_atomic(dir + "/config.json", m.config().to_json());
 }
 
@@ -110,6 +110,11 @@ Model load_model(const std::string& dir) {
   const std::string w_path = dir + "/model.safetensors";
   const SafeTensorsHeader h = read_safetensors_header(w_path);
   check_weights_header(cfg, h, w_path);
+  // 16-bit weights stay 16-bit: an inference model over the mapped file, like a transformers
+  // directory's (training it needs `convert --to diffattn`, which writes float32).
+  for (const auto& [name, t] : h.tensors) {
+    if (t.dtype != DType::F32) return load_mapped_model(dir, cfg);
+  }
   Model m(cfg);
   load_weights(m, read_safetensors(w_path, h), w_path);
   return m;

@@ -43,8 +43,10 @@ bool file_exists(const std::string& p) {
 }
 
 // What the permutations need beyond the ModelConfig: the checkpoint's own head counts.
+// `native`: the project's own layout (no permutation, the project's tensor names).
 struct HfLayout {
   bool diff = false;
+  bool native = false;
   int64_t H = 0, Hkv = 0, d = 0;
 };
 
@@ -177,17 +179,19 @@ struct Permutation {
     return p % 2 == 0 ? p / 2 : p / 2 + L.d / 2;
   }
   int64_t q_src(int64_t r) const {
+    if (L.native) return r;
     const int64_t oh = r / L.d, p = r % L.d;
     const int64_t hh = L.diff ? (oh / 2) + (oh % 2) * (L.H / 2) : oh;
     return hh * L.d + rope_row(p);
   }
   int64_t k_src(int64_t r) const {
+    if (L.native) return r;
     const int64_t oh = r / L.d, p = r % L.d;
     const int64_t hh = L.diff ? (oh / 2) + (oh % 2) * (L.Hkv / 2) : oh;
     return hh * L.d + rope_row(p);
   }
   int64_t v_src(int64_t r) const {
-    if (!L.diff) return r;
+    if (!L.diff || L.native) return r;
     // group g of 2d rows: [v_g | v_(g + Hkv/2)]
     const int64_t g = r / (2 * L.d), p = r % (2 * L.d);
     const int64_t hh = g + (p / L.d) * (L.Hkv / 2);
@@ -214,9 +218,11 @@ struct HfStore : WeightStore {
 // (shards named there, each a plain file name inside dir), else model.safetensors.
 class Shards {
  public:
-  Shards(const std::string& dir, HfStore& store) : dir_(dir), store_(store) {
+  // with_index: read model.safetensors.index.json when there is one (transformers' sharding);
+  // the project's format is always the one file.
+  Shards(const std::string& dir, HfStore& store, bool with_index) : dir_(dir), store_(store) {
     const std::string index = dir + "/model.safetensors.index.json";
-    if (file_exists(index)) {
+    if (with_index && file_exists(index)) {
       map_ = parse_hf_weight_map(read_file(index, kMaxJsonFileBytes), index);
       where_ = index;
     } else {
@@ -338,7 +344,63 @@ class Loader {
  public:
   Loader(const std::string& dir, const ModelConfig& cfg, const HfLayout& L)
       : dir_(dir), cfg_(cfg), L_(L), perm_{L}, store_(std::make_shared<HfStore>()),
-        shards_(dir, *store_) {}
+        shards_(dir, *store_, !L.native) {}
+
+  // The project's own layout (docs/FORMAT.md) with 16-bit tensors: each matrix where it lies in
+  // the mapped file, each layer's q|k|v stacked into one block (the model reads them as one
+  // product), 1-D tensors as float32. Names and shapes were checked against the config already.
+  std::shared_ptr<HfStore> load_native() {
+    const std::vector<TensorInfo> table = tensor_table(cfg_);
+    std::map<std::string, size_t> idx;
+    for (size_t i = 0; i < table.size(); ++i) idx[table[i].name] = i;
+    store_->tensors.assign(table.size(), TypedPtr{});
+    std::set<std::string> used;
+    auto ends_with = [](const std::string& s, const std::string& tail) {
+      return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    auto shape_of = [&](const std::string& name) { return table[idx.at(name)].shape; };
+    auto put = [&](const std::string& name, TypedPtr p) { store_->tensors[idx.at(name)] = p; };
+    for (const TensorInfo& t : table) {
+      if (store_->tensors[idx.at(t.name)].data != nullptr) continue;  // stacked with its q
+      for (const char* part : {"weight", "bias"}) {
+        const std::string q_tail = std::string("attn.q_proj.") + part;
+        if (!ends_with(t.name, q_tail)) continue;
+        const std::string p = t.name.substr(0, t.name.size() - q_tail.size()) + "attn.";
+        const std::string kn = p + "k_proj." + part, vn = p + "v_proj." + part;
+        const Located q = get(t.name, t.shape, used), k = get(kn, shape_of(kn), used),
+                      v = get(vn, shape_of(vn), used);
+        const int64_t nq = q.entry->shape[0], nk = k.entry->shape[0];
+        if (t.shape.size() == 2) {
+          // V2: lambda_proj's rows follow v's in the layer's one product.
+          const std::string ln = p + "lambda_proj.weight";
+          Located lam;
+          if (idx.count(ln)) lam = get(ln, shape_of(ln), used);
+          const TypedPtr proj = permuted_qkv(q, k, v, cfg_.d_model, idx.count(ln) ? &lam : nullptr);
+          const size_t row = static_cast<size_t>(cfg_.d_model) * dtype_size(proj.dtype);
+          const auto* base = static_cast<const uint8_t*>(proj.data);
+          put(t.name, proj);
+          put(kn, {base + static_cast<size_t>(nq) * row, proj.dtype});
+          put(vn, {base + static_cast<size_t>(nq + nk) * row, proj.dtype});
+          if (idx.count(ln)) put(ln, {base + static_cast<size_t>(nq + 2 * nk) * row, proj.dtype});
+        } else {
+          const float* b = permuted_qkv_bias(q, k, v);
+          put(t.name, typed(b));
+          put(kn, typed(b + nq));
+          put(vn, typed(b + nq + nk));
+        }
+      }
+      if (store_->tensors[idx.at(t.name)].data != nullptr) continue;
+      const Located x = get(t.name, t.shape, used);
+      put(t.name, t.shape.size() == 2 ? in_place(x) : small(x));
+    }
+    std::set<std::string> dtypes;
+    for (const std::string& name : used) dtypes.insert(dtype_name(get_dtype(name)));
+    std::string dt;
+    for (const std::string& d : dtypes) dt += (dt.empty() ? "" : "+") + d;
+    store_->description = "diffattn " + std::string(nn::attn_kind_name(cfg_.attention)) + ", " + dt +
+                          ", memory-mapped";
+    return store_;
+  }
 
   std::shared_ptr<HfStore> load() {
     const std::vector<TensorInfo> table = tensor_table(cfg_);
@@ -473,14 +535,17 @@ class Loader {
   int64_t k_src(int64_t r) const { return perm_.k_src(r); }
   int64_t v_src(int64_t r) const { return perm_.v_src(r); }
 
-  // q | k | v stacked and permuted, in their common stored type (float32 when they differ).
-  TypedPtr permuted_qkv(const Located& q, const Located& k, const Located& v, int64_t C) {
-    const DType dt = q.entry->dtype == k.entry->dtype && q.entry->dtype == v.entry->dtype
-                         ? q.entry->dtype
-                         : DType::F32;
+  // q | k | v stacked and permuted, in their common stored type (float32 when they differ);
+  // `extra` (V2's lambda_proj) is appended as it is, so the block is the layer's one product.
+  TypedPtr permuted_qkv(const Located& q, const Located& k, const Located& v, int64_t C,
+                        const Located* extra = nullptr) {
+    const bool same = q.entry->dtype == k.entry->dtype && q.entry->dtype == v.entry->dtype &&
+                      (!extra || extra->entry->dtype == q.entry->dtype);
+    const DType dt = same ? q.entry->dtype : DType::F32;
     const size_t es = dtype_size(dt);
-    const int64_t nq = L_.H * L_.d, nk = L_.Hkv * L_.d;
-    const int64_t rows = nq + 2 * nk;
+    const int64_t nq = q.entry->shape[0], nk = k.entry->shape[0];  // v has nk rows too
+    const int64_t ne = extra ? extra->entry->shape[0] : 0;
+    const int64_t rows = nq + 2 * nk + ne;
     const size_t row_bytes = static_cast<size_t>(C) * es;
     check_fits_in_memory(static_cast<double>(rows) * static_cast<double>(row_bytes),
                          "the permuted q/k/v projections of one layer");
@@ -504,11 +569,15 @@ class Loader {
     copy_rows(dst + static_cast<size_t>(nq) * row_bytes, k, nk, [&](int64_t r) { return k_src(r); });
     copy_rows(dst + static_cast<size_t>(nq + nk) * row_bytes, v, nk,
               [&](int64_t r) { return v_src(r); });
+    if (extra) {
+      copy_rows(dst + static_cast<size_t>(nq + 2 * nk) * row_bytes, *extra, ne,
+                [](int64_t r) { return r; });
+    }
     return {dst, dt};
   }
 
   const float* permuted_qkv_bias(const Located& q, const Located& k, const Located& v) {
-    const int64_t nq = L_.H * L_.d, nk = L_.Hkv * L_.d;
+    const int64_t nq = q.entry->shape[0], nk = k.entry->shape[0];
     std::vector<float> qf(static_cast<size_t>(nq)), kf(static_cast<size_t>(nk)), vf(static_cast<size_t>(nk));
     copy_f32(qf.data(), q, 0, nq);
     copy_f32(kf.data(), k, 0, nk);
@@ -571,6 +640,13 @@ bool is_hf_model_dir(const std::string& dir) {
 
 ModelConfig hf_model_config(const std::string& text, const std::string& where) {
   return parse_hf_config(parse_json_object(text, where), where, nullptr);
+}
+
+Model load_mapped_model(const std::string& dir, const ModelConfig& cfg) {
+  HfLayout layout;
+  layout.native = true;
+  Loader loader(dir, cfg, layout);
+  return Model(cfg, loader.load_native());
 }
 
 Model load_hf_model(const std::string& dir) {

@@ -73,6 +73,62 @@ def test_bf16_round_trip_is_exact(tmp_path):
     assert "BF16" in diffattn.load_model(str(a)).storage
 
 
+NATIVE_CASES = [
+    ("diff_v1", {"attention_bias": True}),
+    ("diff_v2", {"n_kv_heads": 2}),
+    ("diff_v2", {"tie_embeddings": True, "n_layers": 2}),
+    ("standard", {"attention_bias": True, "mlp_bias": True}),
+]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("kind,extra", NATIVE_CASES)
+def test_sixteen_bit_project_format_runs_as_stored(tmp_path, kind, extra, dtype):
+    """`convert --to diffattn --dtype bf16|f16` halves the file; loading it keeps the matrices in
+    that type, memory-mapped (q|k|v, and V2's lambda_proj, stacked into one block), and gives the
+    logits and greedy ids of a float32 model holding the same rounded weights."""
+    src = write_model(str(tmp_path / "own"), config(kind, **extra))
+    half, f32 = tmp_path / "half", tmp_path / "f32"
+    mh.run_cli("convert", "--model", src, "--to", "diffattn", "--out", half, "--dtype", dtype)
+    w, _ = tm.read_safetensors(str(half / "model.safetensors"))
+    raw = json.loads((half / "model.safetensors").read_bytes()[8:8 + int.from_bytes(
+        (half / "model.safetensors").read_bytes()[:8], "little")])
+    assert {e["dtype"] for n, e in raw.items() if n != "__metadata__"} == {dtype.upper()}
+    m = diffattn.load_model(str(half))
+    assert not m.trainable and "memory-mapped" in m.storage and dtype.upper() in m.storage, m.storage
+    # The oracle: a trainable float32 model of the same rounded weights.
+    mh.run_cli("convert", "--model", half, "--to", "diffattn", "--out", f32)
+    ref = diffattn.load_model(str(f32))
+    assert ref.trainable
+    got_w = m.parameters()
+    for n, a in w.items():
+        assert np.array_equal(got_w[n], a), n
+    tokens = np.random.default_rng(2).integers(0, 97, (2, 70))
+    want, got = ref.forward(tokens), m.forward(tokens)
+    # Same weights and float32 accumulation; only the products' summation order differs.
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), np.abs(got - want).max()
+    assert m.generate([3, 1, 4, 1, 5], 12) == ref.generate([3, 1, 4, 1, 5], 12)
+    # and the file is about half the float32 one
+    assert (half / "model.safetensors").stat().st_size < 0.55 * (f32 / "model.safetensors").stat().st_size
+
+
+def test_sixteen_bit_project_format_errors_name_the_tensor(tmp_path):
+    cfg = config("diff_v2", n_kv_heads=2)
+    weights = tm.random_weights(cfg, 3)
+    weights["layers.1.attn.lambda_proj.weight"][1, 2] = np.nan
+    d = tm.save_model_dir(str(tmp_path / "nan"), cfg, weights, dtype="BF16")
+    with pytest.raises(OSError, match=r"layers\.1\.attn\.lambda_proj\.weight.*NaN or Inf at flat index 50"):
+        diffattn.load_model(d)
+    # a 16-bit model is for inference; training it names the way out
+    good = tm.save_model_dir(str(tmp_path / "good"), cfg, tm.random_weights(cfg, 3), dtype="F16")
+    t = np.zeros((1, 4), dtype=np.int64)
+    with pytest.raises(ValueError, match="convert --to diffattn"):
+        diffattn.load_model(good).gradients(t, t)
+    p = mh.run_cli("convert", "--model", good, "--to", "diffattn", "--out", tmp_path / "x", "--shards", 2,
+                   check=False)
+    assert p.returncode == 2 and "--shards applies to --to hf" in p.stderr
+
+
 def test_what_diffllama_lacks_is_refused(tmp_path):
     v2 = write_model(str(tmp_path / "v2"), config("diff_v2", n_kv_heads=2))
     p = mh.run_cli("convert", "--model", v2, "--to", "hf", "--out", tmp_path / "x", check=False)

@@ -13,10 +13,18 @@
 
 namespace diffattn {
 
-// DIR/config.json + DIR/model.safetensors (F32). Creates DIR if needed.
-void save_model(const Model& m, const std::string& dir);
+// DIR/config.json + DIR/model.safetensors, every tensor stored as dtype (F32: trainable when
+// loaded again; BF16/F16: half the bytes, loaded as an inference model). Creates DIR if needed.
+void save_model(const Model& m, const std::string& dir, DType dtype = DType::F32);
 // Loads a model directory; every FORMAT.md error is reported with the tensor or key and file.
+// A project directory whose model.safetensors is all F32 gives a trainable model; one with BF16
+// or F16 tensors an inference model over the mapped file (load_mapped_model).
 Model load_model(const std::string& dir);
+// The project's format read like a transformers directory: matrices kept in their stored type
+// where they lie in the memory-mapped model.safetensors (each layer's q|k|v(|lambda_proj) one
+// copy), 1-D tensors as float32, every value checked finite. cfg is DIR/config.json's, already
+// checked against the file's header. Model::trainable() is false.
+Model load_mapped_model(const std::string& dir, const ModelConfig& cfg);
 // Checks a header's tensor names and shapes against the config's tensor table (missing, extra,
 // misshapen: the same errors as load_weights), before any model is allocated.
 void check_weights_header(const ModelConfig& cfg, const SafeTensorsHeader& h, const std::string& where,
