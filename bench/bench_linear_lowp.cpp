@@ -188,6 +188,19 @@ int main(int argc, char** argv) {
                         {}, {}});
       }
     }
+    // The same rows with the float32 weight (a trained model's): linear_fwd takes the few-rows
+    // kernel for N <= kGemvMaxN, over OpenBLAS itself.
+    for (int64_t N : few) {
+      rows.push_back({"gemm N=" + std::to_string(N) + " F32 " + dims, true, 2.0 * N * sh.OC * sh.C,
+                      [&, sh, N] { nn::linear_fwd(out.data(), x.data(), w.f32.data(), N, sh.C, sh.OC); },
+                      [&, sh, N] {
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(N),
+                                    static_cast<int>(sh.OC), static_cast<int>(sh.C), 1.0f, x.data(),
+                                    static_cast<int>(sh.C), w.f32.data(), static_cast<int>(sh.C), 0.0f,
+                                    out.data(), static_cast<int>(sh.OC));
+                      },
+                      {}, {}});
+    }
     for (int k = 0; k < 2; ++k) {
       const DType t = types[k];
       auto& c = w.lowp[k][0];

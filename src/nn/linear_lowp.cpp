@@ -226,7 +226,7 @@ void linear_fwd(float* out, const float* inp, TypedPtr weight, int64_t N, int64_
   if (weight.data == nullptr) throw InvalidArgument("linear_fwd: the weight's data is null");
   const auto* W = static_cast<const uint16_t*>(weight.data);
   const double work = static_cast<double>(OC) * static_cast<double>(C);
-  if (N <= kGemvMaxN) return linear_fwd_few_rows(out, inp, weight, N, C, OC, ldo);
+  if (N <= kGemvMaxN16) return linear_fwd_few_rows(out, inp, weight, N, C, OC, ldo);
   // Panels of kPanelRows weight rows widened into this thread's scratch, then
   // out[:, r0:r1] (N, rows) = inp (N, C) @ panel^T on one thread (OpenBLAS's OpenMP build runs
   // single-threaded inside a parallel region). Dynamic: the last panel may be short.

@@ -266,7 +266,8 @@ void check_linear(DType t, const LinearCase& k, uint32_t seed) {
 TEST(LinearLowp, MatchesFloat64Reference) {
   std::vector<LinearCase> cases;
   // Every remainder after the full register tiles (6 input rows with AVX-512, 2 with AVX2).
-  for (int64_t N : {1, 2, 3, 4, 5, 7, 8, 9, 11, 16, 17, 32, 33, 64, 513}) {
+  // N = 128 / 129: the last few-rows product of 16-bit weights and the first widened-panel one.
+  for (int64_t N : {1, 2, 3, 4, 5, 7, 8, 9, 11, 16, 17, 32, 33, 64, 128, 129, 513}) {
     for (int64_t C : {37, 1000}) {
       for (int64_t OC : {1, 31, 130}) cases.push_back({N, C, OC});
     }

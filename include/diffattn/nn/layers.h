@@ -26,15 +26,19 @@ inline constexpr int64_t kParallelMin = 1 << 15;
 // N == 1: sgemv; 2 <= N <= kGemvMaxN (a served decode step's rows): a multi-row
 // matrix-vector kernel that reads each weight row once for all N rows (sgemm would copy the
 // whole weight into its packed layout on every call); larger N: sgemm.
-// The one bound for every weight dtype (see docs/PERFORMANCE.md, "Serving"): at 16 and 32
-// served streams of a 1B BF16 model the multi-row kernel's decode steps took 0.54x and 0.67x
-// the time of widened panels + sgemm (inter-token p50 498 vs 929 ms, 897 vs 1338 ms).
+// At 16 and 32 served streams of a 1B BF16 model the multi-row kernel's decode steps took 0.54x
+// and 0.67x the time of widened panels + sgemm (inter-token p50 498 vs 929 ms, 897 vs 1338 ms;
+// docs/PERFORMANCE.md, "Serving"). The bounds are where sgemm catches up (bench_linear_lowp,
+// Zen 4, 2 threads, the 1B shape's 8192 x 2048 and 2048 x 8192): float32 weights 1.8x sgemm at
+// N = 16, 1.0x at 64, 0.85x at 128; BF16/F16 weights 1.5x at 64, 1.25x at 128, while the widened
+// panels + sgemm reach 0.87-0.97x at 256.
 inline constexpr int64_t kGemvMaxN = 32;
+inline constexpr int64_t kGemvMaxN16 = 128;  // BF16 / F16 weights
 void linear_fwd(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
                 int64_t OC, int64_t ldo = 0);
 // The same product with weight (OC, C) row-major in weight.dtype, accumulated in float32
 // (src/nn/linear_lowp.cpp). F32 goes to the overload above (bit-identical). BF16/F16: for
-// N <= kGemvMaxN the multi-row matrix-vector kernel, which reads (and widens) each weight
+// N <= kGemvMaxN16 the multi-row matrix-vector kernel, which reads (and widens) each weight
 // once per call for all N rows; above it, panels of the weight widened to float32 in
 // per-thread scratch and multiplied by sgemm (prefill is compute-bound).
 void linear_fwd(float* out, const float* inp, TypedPtr weight, int64_t N, int64_t C, int64_t OC,
