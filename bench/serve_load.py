@@ -130,7 +130,7 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="server --threads (0: its default)")
     ap.add_argument("--pid", type=int, help="with --url: the server's process id, for its memory")
     a = ap.parse_args()
-    proc = None
+    proc = tmp = None
     if a.url:
         host, port = a.url.split("//")[1].split(":")
         port = int(port.strip("/"))
@@ -138,7 +138,8 @@ def main():
     else:
         import tempfile
         import serve_helpers as sh
-        d = os.path.join(tempfile.mkdtemp(prefix="serve_load_"), a.model_kind)
+        tmp = tempfile.mkdtemp(prefix="serve_load_")  # removed at the end
+        d = os.path.join(tmp, a.model_kind)
         sh.write_ascii_model(d, kind=a.model_kind, max_seq_len=256, **SMALL[a.model_kind])
         extra = ["--threads", str(a.threads)] if a.threads else []
         import subprocess
@@ -168,6 +169,9 @@ def main():
         if proc:
             proc.terminate()
             proc.wait(timeout=30)
+        if tmp:
+            import shutil
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
