@@ -418,7 +418,13 @@ void RunDecode(const AttnDecodeParams& p, const DecodeLayout& f, int threads, co
   float* const M = fused::scratch(0, slots * G * Rg);
   float* const L = fused::scratch(1, slots * G * Rg);
   float* const O = fused::scratch(2, slots * G * Rg * f.Dvp);
-#pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(threads, items)))
+  const Rows r(p);
+  const int64_t nbg = p.B * G;
+  // One parallel region for the chunks and the merge: a second region would wake the sleeping
+  // threads again (with OMP_WAIT_POLICY=passive, which the tool sets on a busy machine, 0.1 ms
+  // or more on this VM per call), and dynamic scheduling lets the first thread start on both
+  // while another is still waking.
+#pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(threads, std::max(items, nbg))))
   {
     float* const s = fused::scratch(3, G * Rg * DecodeTiles::kBk);
 #pragma omp for schedule(dynamic, 1)
@@ -445,67 +451,65 @@ void RunDecode(const AttnDecodeParams& p, const DecodeLayout& f, int threads, co
           break;
       }
     }
-  }
-  // Merge, slot by slot in key order (deterministic): with Mx the max of the slots' m,
-  // l = sum_c l_c 2^(m_c - Mx) and O = sum_c O_c 2^(m_c - Mx); a slot that saw no key has
-  // m_c = -inf and weighs 0.
-  const Rows r(p);
-  const int64_t nbg = p.B * G;
-#pragma omp parallel for num_threads(static_cast<int>(std::min<int64_t>(threads, nbg))) schedule(static)
-  for (int64_t bg = 0; bg < nbg; ++bg) {
-    const int64_t b = bg / G, g = bg % G;
-    const int64_t c0 = w.first[static_cast<size_t>(b)], c1 = w.first[static_cast<size_t>(b) + 1];
-    float* const acc = fused::scratch(4, Rg * f.Dvp);
-    float* const lsum = fused::scratch(5, Rg);
-    float* const mx = fused::scratch(6, Rg);
-    for (int64_t rr = 0; rr < Rg; ++rr) {
-      float m = kNegInf;
-      for (int64_t ch = c0; ch < c1; ++ch) m = std::max(m, M[(ch * G + g) * Rg + rr]);
-      mx[rr] = m;
-      float l = 0;
-      float* a = &acc[rr * f.Dvp];
-      std::fill(a, a + p.Dv, 0.0f);
-      if (m != kNegInf) {
-        for (int64_t ch = c0; ch < c1; ++ch) {
-          const int64_t base = (ch * G + g) * Rg + rr;
-          if (M[base] == kNegInf) continue;
-          const float wt = std::exp2(M[base] - m);
-          l += L[base] * wt;
-          const float* o = O + base * f.Dvp;
-          for (int64_t d = 0; d < p.Dv; ++d) a[d] += wt * o[d];
-        }
-      }
-      lsum[rr] = l;
-    }
-    // The epilogue, as the tiled forward's: out = A1 V - lam A2 V, lse, o2.
-    for (int64_t hh = 0; hh < f.gs; ++hh) {
-      const int64_t h = g * f.gs + hh;
-      for (int64_t t = 0; t < p.Tq; ++t) {
-        float inv[2] = {0, 0};
-        for (int m = 0; m < p.maps; ++m) {
-          const int64_t rr = (hh * p.maps + m) * p.Tq + t;
-          const float l = lsum[rr];
-          inv[m] = l == 0 ? 0.0f : 1.0f / l;  // NaN (a NaN score) stays NaN
-          if (p.lse) {
-            p.lse[r.lse_index(b, r.q_head(h, m), t)] = fused::lse_of(mx[rr], l);
+    // Merge (after the loop's barrier), slot by slot in key order (deterministic): with Mx the
+    // max of the slots' m, l = sum_c l_c 2^(m_c - Mx) and O = sum_c O_c 2^(m_c - Mx); a slot
+    // that saw no key has m_c = -inf and weighs 0.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bg = 0; bg < nbg; ++bg) {
+      const int64_t b = bg / G, g = bg % G;
+      const int64_t c0 = w.first[static_cast<size_t>(b)], c1 = w.first[static_cast<size_t>(b) + 1];
+      float* const acc = fused::scratch(4, Rg * f.Dvp);
+      float* const lsum = fused::scratch(5, Rg);
+      float* const mx = fused::scratch(6, Rg);
+      for (int64_t rr = 0; rr < Rg; ++rr) {
+        float m = kNegInf;
+        for (int64_t ch = c0; ch < c1; ++ch) m = std::max(m, M[(ch * G + g) * Rg + rr]);
+        mx[rr] = m;
+        float l = 0;
+        float* a = &acc[rr * f.Dvp];
+        std::fill(a, a + p.Dv, 0.0f);
+        if (m != kNegInf) {
+          for (int64_t ch = c0; ch < c1; ++ch) {
+            const int64_t base = (ch * G + g) * Rg + rr;
+            if (M[base] == kNegInf) continue;
+            const float wt = std::exp2(M[base] - m);
+            l += L[base] * wt;
+            const float* o = O + base * f.Dvp;
+            for (int64_t d = 0; d < p.Dv; ++d) a[d] += wt * o[d];
           }
         }
-        const float* o1 = &acc[((hh * p.maps) * p.Tq + t) * f.Dvp];
-        float* out = r.out(b, t, h);
-        if (p.maps == 1) {
-          for (int64_t d = 0; d < p.Dv; ++d) out[d] = o1[d] * inv[0];
-          continue;
-        }
-        const float* o2 = &acc[((hh * p.maps + 1) * p.Tq + t) * f.Dvp];
-        const float lam = r.lam(b, t, h);
-        for (int64_t d = 0; d < p.Dv; ++d) out[d] = o1[d] * inv[0] - lam * (o2[d] * inv[1]);
-        if (p.o2) {
-          float* dst = p.o2 + r.o2_index(b, t, h);
-          for (int64_t d = 0; d < p.Dv; ++d) dst[d] = o2[d] * inv[1];
+        lsum[rr] = l;
+      }
+      // The epilogue, as the tiled forward's: out = A1 V - lam A2 V, lse, o2.
+      for (int64_t hh = 0; hh < f.gs; ++hh) {
+        const int64_t h = g * f.gs + hh;
+        for (int64_t t = 0; t < p.Tq; ++t) {
+          float inv[2] = {0, 0};
+          for (int m = 0; m < p.maps; ++m) {
+            const int64_t rr = (hh * p.maps + m) * p.Tq + t;
+            const float l = lsum[rr];
+            inv[m] = l == 0 ? 0.0f : 1.0f / l;  // NaN (a NaN score) stays NaN
+            if (p.lse) {
+              p.lse[r.lse_index(b, r.q_head(h, m), t)] = fused::lse_of(mx[rr], l);
+            }
+          }
+          const float* o1 = &acc[((hh * p.maps) * p.Tq + t) * f.Dvp];
+          float* out = r.out(b, t, h);
+          if (p.maps == 1) {
+            for (int64_t d = 0; d < p.Dv; ++d) out[d] = o1[d] * inv[0];
+            continue;
+          }
+          const float* o2 = &acc[((hh * p.maps + 1) * p.Tq + t) * f.Dvp];
+          const float lam = r.lam(b, t, h);
+          for (int64_t d = 0; d < p.Dv; ++d) out[d] = o1[d] * inv[0] - lam * (o2[d] * inv[1]);
+          if (p.o2) {
+            float* dst = p.o2 + r.o2_index(b, t, h);
+            for (int64_t d = 0; d < p.Dv; ++d) dst[d] = o2[d] * inv[1];
+          }
         }
       }
     }
-  }
+  }  // omp parallel
 }
 
 }  // namespace
