@@ -4,6 +4,7 @@ into o_proj; llama3 RoPE scaling, biases, GQA, tied embeddings, BF16 and shards 
 round trips are exact, and what DiffLlama cannot express is refused with the reason."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -182,3 +183,26 @@ def test_rope_frequencies_agree_with_the_llama3_rule():
             s = (8192 / wl - 1.0) / 3.0
             assert got == pytest.approx((1 - s) * b / 8.0 + s * b, rel=1e-12)
     assert (f < base).any() and (f == base).any()
+
+
+@pytest.mark.parametrize("kind", ["diff_v2", "diffllama", "llama"])
+def test_make_hf_checkpoint_writes_loadable_models(tmp_path, kind):
+    """bench/make_hf_checkpoint.py (the benchmarks' random 1B-shape checkpoints), at its small
+    shape: each type loads memory-mapped in BF16 with the shape's parameter count, runs, and the
+    same seed gives the same bytes."""
+    import subprocess
+    import sys
+    script = os.path.join(mh.ROOT, "bench", "make_hf_checkpoint.py")
+    for d in ("a", "b"):
+        subprocess.run([sys.executable, script, "--out", str(tmp_path / d), "--type", kind,
+                        "--shape", "small", "--dtype", "bf16"], check=True, capture_output=True)
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+    m = diffattn.load_model(str(tmp_path / "a"))
+    assert not m.trainable and "BF16" in m.storage and "memory-mapped" in m.storage, m.storage
+    C, F, V, L, H, G, d = 512, 1408, 32000, 4, 8, 4, 64
+    q = 2 * H * d if kind == "diff_v2" else H * d
+    per_layer = C * (q + 2 * G * d) + C * H * d + 3 * C * F + 2 * C
+    per_layer += H * C if kind == "diff_v2" else 0
+    per_layer += (4 * d + 2 * d) if kind == "diffllama" else 0  # lambdas, subln (ones)
+    assert m.num_params == 2 * V * C + L * per_layer + C, (m.num_params, kind)
+    assert np.isfinite(m.forward(np.array([[1, 2, 3, 4]]))).all()
