@@ -346,59 +346,45 @@ class Loader {
       : dir_(dir), cfg_(cfg), L_(L), perm_{L}, store_(std::make_shared<HfStore>()),
         shards_(dir, *store_, !L.native) {}
 
-  // The project's own layout (docs/FORMAT.md) with 16-bit tensors: each matrix where it lies in
-  // the mapped file, each layer's q|k|v stacked into one block (the model reads them as one
-  // product), 1-D tensors as float32. Names and shapes were checked against the config already.
+  // The project's own layout (docs/FORMAT.md) with 16-bit tensors: each layer's q|k|v (and
+  // V2's lambda_proj) stacked into one block, as the model runs them as one product (likewise
+  // their biases); every other matrix where it lies in the mapped file, 1-D tensors as float32.
+  // Names and shapes were checked against the config already.
   std::shared_ptr<HfStore> load_native() {
     const std::vector<TensorInfo> table = tensor_table(cfg_);
     std::map<std::string, size_t> idx;
     for (size_t i = 0; i < table.size(); ++i) idx[table[i].name] = i;
     store_->tensors.assign(table.size(), TypedPtr{});
     std::set<std::string> used;
-    auto ends_with = [](const std::string& s, const std::string& tail) {
-      return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-    };
-    auto shape_of = [&](const std::string& name) { return table[idx.at(name)].shape; };
+    auto at = [&](const std::string& name) { return get(name, table[idx.at(name)].shape, used); };
     auto put = [&](const std::string& name, TypedPtr p) { store_->tensors[idx.at(name)] = p; };
-    for (const TensorInfo& t : table) {
-      if (store_->tensors[idx.at(t.name)].data != nullptr) continue;  // stacked with its q
-      for (const char* part : {"weight", "bias"}) {
-        const std::string q_tail = std::string("attn.q_proj.") + part;
-        if (!ends_with(t.name, q_tail)) continue;
-        const std::string p = t.name.substr(0, t.name.size() - q_tail.size()) + "attn.";
-        const std::string kn = p + "k_proj." + part, vn = p + "v_proj." + part;
-        const Located q = get(t.name, t.shape, used), k = get(kn, shape_of(kn), used),
-                      v = get(vn, shape_of(vn), used);
-        const int64_t nq = q.entry->shape[0], nk = k.entry->shape[0];
-        if (t.shape.size() == 2) {
-          // V2: lambda_proj's rows follow v's in the layer's one product.
-          const std::string ln = p + "lambda_proj.weight";
-          Located lam;
-          if (idx.count(ln)) lam = get(ln, shape_of(ln), used);
-          const TypedPtr proj = permuted_qkv(q, k, v, cfg_.d_model, idx.count(ln) ? &lam : nullptr);
-          const size_t row = static_cast<size_t>(cfg_.d_model) * dtype_size(proj.dtype);
-          const auto* base = static_cast<const uint8_t*>(proj.data);
-          put(t.name, proj);
-          put(kn, {base + static_cast<size_t>(nq) * row, proj.dtype});
-          put(vn, {base + static_cast<size_t>(nq + nk) * row, proj.dtype});
-          if (idx.count(ln)) put(ln, {base + static_cast<size_t>(nq + 2 * nk) * row, proj.dtype});
-        } else {
-          const float* b = permuted_qkv_bias(q, k, v);
-          put(t.name, typed(b));
-          put(kn, typed(b + nq));
-          put(vn, typed(b + nq + nk));
-        }
+    const bool v2 = cfg_.attention == nn::AttnKind::DiffV2;
+    for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+      const std::string p = "layers." + std::to_string(l) + ".attn.";
+      const Located q = at(p + "q_proj.weight"), k = at(p + "k_proj.weight"), v = at(p + "v_proj.weight");
+      const int64_t nq = q.entry->shape[0], nk = k.entry->shape[0];
+      Located lam;
+      if (v2) lam = at(p + "lambda_proj.weight");
+      const TypedPtr proj = permuted_qkv(q, k, v, cfg_.d_model, v2 ? &lam : nullptr);
+      const size_t row = static_cast<size_t>(cfg_.d_model) * dtype_size(proj.dtype);
+      const auto* base = static_cast<const uint8_t*>(proj.data);
+      put(p + "q_proj.weight", proj);
+      put(p + "k_proj.weight", {base + static_cast<size_t>(nq) * row, proj.dtype});
+      put(p + "v_proj.weight", {base + static_cast<size_t>(nq + nk) * row, proj.dtype});
+      if (v2) put(p + "lambda_proj.weight", {base + static_cast<size_t>(nq + 2 * nk) * row, proj.dtype});
+      if (cfg_.attn_bias) {
+        const float* b = permuted_qkv_bias(at(p + "q_proj.bias"), at(p + "k_proj.bias"), at(p + "v_proj.bias"));
+        put(p + "q_proj.bias", typed(b));
+        put(p + "k_proj.bias", typed(b + nq));
+        put(p + "v_proj.bias", typed(b + nq + nk));
       }
-      if (store_->tensors[idx.at(t.name)].data != nullptr) continue;
-      const Located x = get(t.name, t.shape, used);
-      put(t.name, t.shape.size() == 2 ? in_place(x) : small(x));
     }
-    std::set<std::string> dtypes;
-    for (const std::string& name : used) dtypes.insert(dtype_name(get_dtype(name)));
-    std::string dt;
-    for (const std::string& d : dtypes) dt += (dt.empty() ? "" : "+") + d;
-    store_->description = "diffattn " + std::string(nn::attn_kind_name(cfg_.attention)) + ", " + dt +
-                          ", memory-mapped";
+    for (const TensorInfo& t : table) {
+      if (store_->tensors[idx.at(t.name)].data != nullptr) continue;  // stacked above
+      put(t.name, t.shape.size() == 2 ? in_place(at(t.name)) : small(at(t.name)));
+    }
+    store_->description = "diffattn " + std::string(nn::attn_kind_name(cfg_.attention)) + ", " +
+                          stored_types() + ", memory-mapped";
     return store_;
   }
 
@@ -471,14 +457,8 @@ class Loader {
                     " is not part of a " + (L_.diff ? "DiffLlama" : "Llama") +
                     " model with this config.json");
     }
-    std::set<std::string> dtypes;
-    for (const auto& [name, file] : shards_.names()) {
-      if (used.count(name)) dtypes.insert(dtype_name(get_dtype(name)));
-    }
-    std::string dt;
-    for (const std::string& d : dtypes) dt += (dt.empty() ? "" : "+") + d;
     store_->description = std::string("Hugging Face ") + (L_.diff ? "diffllama" : "llama") + ", " +
-                          dt + ", " + std::to_string(store_->files.size()) +
+                          stored_types() + ", " + std::to_string(store_->files.size()) +
                           (store_->files.size() == 1 ? " file" : " files") + " memory-mapped";
     return store_;
   }
@@ -491,7 +471,14 @@ class Loader {
     dtypes_[name] = t.entry->dtype;
     return t;
   }
-  DType get_dtype(const std::string& name) const { return dtypes_.at(name); }
+  // The stored types of the tensors read, e.g. "BF16" or "BF16+F32".
+  std::string stored_types() const {
+    std::set<std::string> names;
+    for (const auto& [tensor, dt] : dtypes_) names.insert(dtype_name(dt));
+    std::string out;
+    for (const std::string& n : names) out += (out.empty() ? "" : "+") + n;
+    return out;
+  }
 
   // The tensor where it lies in the mapping (copied only when misaligned for its type).
   TypedPtr in_place(const Located& t) {
