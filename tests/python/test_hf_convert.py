@@ -92,8 +92,8 @@ def test_sixteen_bit_project_format_runs_as_stored(tmp_path, kind, extra, dtype)
     half, f32 = tmp_path / "half", tmp_path / "f32"
     mh.run_cli("convert", "--model", src, "--to", "diffattn", "--out", half, "--dtype", dtype)
     w, _ = tm.read_safetensors(str(half / "model.safetensors"))
-    raw = json.loads((half / "model.safetensors").read_bytes()[8:8 + int.from_bytes(
-        (half / "model.safetensors").read_bytes()[:8], "little")])
+    data = (half / "model.safetensors").read_bytes()
+    raw = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
     assert {e["dtype"] for n, e in raw.items() if n != "__metadata__"} == {dtype.upper()}
     m = diffattn.load_model(str(half))
     assert not m.trainable and "memory-mapped" in m.storage and dtype.upper() in m.storage, m.storage
