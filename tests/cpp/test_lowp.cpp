@@ -325,6 +325,31 @@ TEST(LinearLowp, F32IsTheFloatPathBitForBit) {
   }
 }
 
+// A batched decode step's rows (2 to the few-row limit) come out the same whatever else is in
+// the batch: each output's sum has one order, wherever its row falls in the register tiles. A
+// served sequence's tokens then do not depend on which other sequences run beside it.
+TEST(LinearLowp, FewRowsIndependentOfTheBatch) {
+  for_each_target([] {
+    for (DType t : {DType::F32, DType::BF16}) {
+      const int64_t C = 256 + 5, OC = 4 * 7 + 3, N = 16;
+      const std::vector<float> x = testing::randn(N * C, 31), w0 = testing::randn(OC * C, 32);
+      std::vector<unsigned char> w(dtype_size(t) * OC * C);
+      convert_from_f32(w.data(), w0.data(), t, OC * C);
+      std::vector<float> all(static_cast<size_t>(N * OC));
+      nn::linear_fwd(all.data(), x.data(), TypedPtr{w.data(), t}, N, C, OC);
+      for (int64_t first : {int64_t{0}, int64_t{5}, int64_t{13}}) {
+        for (int64_t n : {int64_t{2}, int64_t{3}, N - first}) {
+          if (first + n > N) continue;
+          std::vector<float> part(static_cast<size_t>(n * OC));
+          nn::linear_fwd(part.data(), x.data() + first * C, TypedPtr{w.data(), t}, n, C, OC);
+          ASSERT_EQ(std::memcmp(part.data(), all.data() + first * OC, part.size() * 4), 0)
+              << dtype_name(t) << " rows " << first << ".." << first + n;
+        }
+      }
+    }
+  });
+}
+
 TEST(LinearLowp, RejectsBadStride) {
   const float x[4] = {};
   const uint16_t w[4] = {};
