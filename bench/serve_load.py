@@ -13,6 +13,13 @@ between content chunks (one token per chunk when the client keeps up; a chunk ma
 tokens when it does not, so this is the inter-token latency the client saw), errors, and the
 server's resident memory after each level (the KV pool's pages count once touched: repeat a
 level to see whether memory stays flat) and before the first.
+
+The server's idle OpenMP threads spin or sleep (OMP_WAIT_POLICY); the tool sleeps them only
+when the machine is busy as it starts (one-minute load average at least half the processors),
+so on a 2-core machine a run started right after another one waits passively. One stream
+decodes about twice as fast with spinning threads, so compare runs under one policy:
+--wait-policy active|passive sets it for the server this script starts (auto: the tool's
+choice, which the header line reports).
 """
 
 import argparse
@@ -129,6 +136,8 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=0, help="server --threads (0: its default)")
     ap.add_argument("--pid", type=int, help="with --url: the server's process id, for its memory")
+    ap.add_argument("--wait-policy", default="auto", choices=["auto", "active", "passive"],
+                    help="OMP_WAIT_POLICY of the server started here (auto: the tool's choice)")
     a = ap.parse_args()
     proc = tmp = None
     if a.url:
@@ -144,14 +153,23 @@ def main():
         extra = ["--threads", str(a.threads)] if a.threads else []
         import subprocess
         cli = os.path.join(os.path.dirname(HERE), "build", "diffattn")
-        proc = subprocess.Popen([cli, *extra, "serve", "--model", d, "--port", "0"], stdout=subprocess.PIPE)
+        env = dict(os.environ)
+        if a.wait_policy != "auto":
+            env["OMP_WAIT_POLICY"] = a.wait_policy
+        policy = env.get("OMP_WAIT_POLICY")
+        if policy is None:  # the tool's rule (src/cli/main.cpp, machine_busy)
+            busy = os.getloadavg()[0] >= 0.5 * (os.cpu_count() or 1)
+            policy = f"auto: {'passive' if busy else 'active'} at load {os.getloadavg()[0]:.2f}"
+        proc = subprocess.Popen([cli, *extra, "serve", "--model", d, "--port", "0"], stdout=subprocess.PIPE,
+                                env=env)
         line = proc.stdout.readline().decode()
         port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
         host, pid = "127.0.0.1", proc.pid
     try:
         rss0 = rss_kib(pid) if pid else -1
         print(f"model: {a.url or a.model_kind + ' (small preset shape, random weights)'}; "
-              f"max_tokens {a.max_tokens}; {a.seconds:g} s per level")
+              f"max_tokens {a.max_tokens}; {a.seconds:g} s per level"
+              + (f"; server threads wait: {policy}" if proc else ""))
         print(f"{'streams':>7} {'requests':>8} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} "
               f"{'ITL p50':>8} {'ITL p99':>8} {'errors':>6} {'RSS KiB':>9}")
         for n in [int(x) for x in a.streams.split(",")]:
