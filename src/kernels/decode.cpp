@@ -125,17 +125,7 @@ HWY_INLINE VF DotKeys(const float* HWY_RESTRICT q, const E* const* HWY_RESTRICT 
     }
     acc[j] = a0, acc[j + 1] = a1, acc[j + 2] = a2, acc[j + 3] = a3;
   }
-  // Level by level, vector j takes the pair sums of vectors 2j (low half) and 2j + 1 (high
-  // half); after log2(kN) levels lane j of vector 0 holds the whole sum of accumulator j.
-#pragma GCC unroll 16
-  for (size_t w = kN; w > 1; w /= 2) {
-#pragma GCC unroll 16
-    for (size_t j = 0; j < w / 2; ++j) {
-      acc[j] = hn::Add(hn::ConcatEven(d, acc[2 * j + 1], acc[2 * j]),
-                       hn::ConcatOdd(d, acc[2 * j + 1], acc[2 * j]));
-    }
-  }
-  return acc[0];
+  return SumsOfLanes(d, acc);  // lane j: the whole sum of accumulator j
 #endif
 }
 

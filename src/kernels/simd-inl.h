@@ -215,6 +215,26 @@ HWY_INLINE float Dot(const float* HWY_RESTRICT x, const float* HWY_RESTRICT y, s
   return s;
 }
 
+#if HWY_TARGET != HWY_SCALAR
+// The lane sums of kN = MaxLanes vectors in one vector: lane j of the result is the sum of
+// t[j]'s lanes (t is overwritten). A tree of ConcatEven/ConcatOdd pairs: level by level, vector
+// j takes the pair sums of vectors 2j (low half) and 2j + 1 (high half), so kN - 1 adds of whole
+// vectors instead of a horizontal sum per vector. Each lane's order of additions depends only
+// on its own vector. Fixed-width targets only.
+template <class D, size_t kN>
+HWY_INLINE hn::Vec<D> SumsOfLanes(D d, hn::Vec<D> (&t)[kN]) {
+  static_assert(kN == hn::MaxLanes(D()));
+#pragma GCC unroll 16
+  for (size_t w = kN; w > 1; w /= 2) {
+#pragma GCC unroll 16
+    for (size_t j = 0; j < w / 2; ++j) {
+      t[j] = hn::Add(hn::ConcatEven(d, t[2 * j + 1], t[2 * j]), hn::ConcatOdd(d, t[2 * j + 1], t[2 * j]));
+    }
+  }
+  return t[0];
+}
+#endif
+
 // Whether every x[0, n) is finite: x * 0 is NaN exactly for NaN and Inf (n % Lanes == 0).
 HWY_INLINE bool AllFinite(const float* HWY_RESTRICT x, size_t n) {
   const DF d;

@@ -19,6 +19,7 @@
 
 #include "diffattn/kernels/runtime.h"
 #include "diffattn/nn/layers.h"
+#include "kernels/simd-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace diffattn::nn::HWY_NAMESPACE {
@@ -98,10 +99,9 @@ HWY_NOINLINE void GemvTile(float* HWY_RESTRICT out, int64_t ldo, const float* HW
     }
   }
 #else
-  // The R * M sums, Lanes at a time (accumulator i = m * R + r, zeros past the last): a tree of
-  // ConcatEven/ConcatOdd pairs leaves lane j of one vector holding the whole sum of accumulator
-  // j, for Lanes - 1 adds of whole vectors instead of a horizontal sum per accumulator (a third
-  // of the tile's work at C = 256, the small models' width).
+  // The R * M sums, Lanes at a time (accumulator i = m * R + r, zeros past the last), by the
+  // tree of SumsOfLanes (kernels/simd-inl.h) instead of a horizontal sum per accumulator (a
+  // third of the tile's work at C = 256, the small models' width).
   constexpr int kN = static_cast<int>(hn::MaxLanes(DF()));
   constexpr int kAcc = R * M, kGroups = (kAcc + kN - 1) / kN;
   HWY_DASSERT(static_cast<int>(hn::Lanes(df)) == kN);  // fixed-width targets only
@@ -114,15 +114,7 @@ HWY_NOINLINE void GemvTile(float* HWY_RESTRICT out, int64_t ldo, const float* HW
       const int i = g * kN + j;
       t[j] = i < kAcc ? acc[i % R][i / R] : hn::Zero(df);
     }
-#pragma GCC unroll 16
-    for (int w = kN; w > 1; w /= 2) {
-#pragma GCC unroll 16
-      for (int j = 0; j < w / 2; ++j) {
-        t[j] = hn::Add(hn::ConcatEven(df, t[2 * j + 1], t[2 * j]),
-                       hn::ConcatOdd(df, t[2 * j + 1], t[2 * j]));
-      }
-    }
-    hn::Store(t[0], df, sums + g * kN);
+    hn::Store(diffattn::HWY_NAMESPACE::SumsOfLanes(df, t), df, sums + g * kN);
   }
   for (int m = 0; m < M; ++m) {
     for (int r = 0; r < R; ++r) {
