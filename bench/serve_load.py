@@ -139,7 +139,7 @@ def main():
     ap.add_argument("--wait-policy", default="auto", choices=["auto", "active", "passive"],
                     help="OMP_WAIT_POLICY of the server started here (auto: the tool's choice)")
     a = ap.parse_args()
-    proc = tmp = None
+    proc = tmp = policy = None
     if a.url:
         host, port = a.url.split("//")[1].split(":")
         port = int(port.strip("/"))
@@ -169,7 +169,7 @@ def main():
         rss0 = rss_kib(pid) if pid else -1
         print(f"model: {a.url or a.model_kind + ' (small preset shape, random weights)'}; "
               f"max_tokens {a.max_tokens}; {a.seconds:g} s per level"
-              + (f"; server threads wait: {policy}" if proc else ""))
+              + (f"; server threads wait: {policy}" if policy else ""))
         print(f"{'streams':>7} {'requests':>8} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} "
               f"{'ITL p50':>8} {'ITL p99':>8} {'errors':>6} {'RSS KiB':>9}")
         for n in [int(x) for x in a.streams.split(",")]:

@@ -72,7 +72,7 @@ struct GemvTiles {
 template <DType T, int R, int M>
 HWY_NOINLINE void GemvTile(float* HWY_RESTRICT out, int64_t ldo, const float* HWY_RESTRICT x,
                            const WElem<T>* HWY_RESTRICT W, int64_t C,
-                           const WElem<T>* HWY_RESTRICT next = nullptr) {
+                           const WElem<T>* HWY_RESTRICT next) {
   const DF df;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
   VF acc[R][M];
