@@ -89,8 +89,7 @@ CaseInputs make_inputs(const AttnCase& c, uint32_t seed) {
   return in;
 }
 
-Kv16::Kv16(const std::vector<float>& k32, const std::vector<float>& v32, DType dt,
-           bool keep_rounded)
+Kv16::Kv16(std::span<const float> k32, std::span<const float> v32, DType dt, bool keep_rounded)
     : dtype(dt), k(k32.size()), v(v32.size()) {
   if (dt != DType::BF16 && dt != DType::F16) {
     throw InvalidArgument(std::string("Kv16: the cache type is ") + dtype_name(dt) +

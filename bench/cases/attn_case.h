@@ -7,10 +7,12 @@
 
 #include <cstdint>
 #include <ostream>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "diffattn/base/dtype.h"
+#include "diffattn/base/memory.h"
 #include "diffattn/kernels/attention.h"
 
 namespace diffattn::bench {
@@ -70,9 +72,10 @@ CaseInputs make_inputs(const AttnCase& c, uint32_t seed);
 // values as float32.
 struct Kv16 {
   DType dtype;
-  std::vector<uint16_t> k, v;
+  PageVector<uint16_t> k;  // placed as a model's KV cache (base/memory.h)
+  PageVector<uint16_t, kValuePageOffset> v;
   std::vector<float> k_rounded, v_rounded;
-  Kv16(const std::vector<float>& k32, const std::vector<float>& v32, DType dt,
+  Kv16(std::span<const float> k32, std::span<const float> v32, DType dt,
        bool keep_rounded = true);
   // Points p's K/V at the 16-bit copies (kv_dtype, k16, v16; k and v null). Contiguous, as
   // the vectors given to the constructor were.

@@ -14,7 +14,9 @@ Tensors::Tensors(const AttnCase& spec, uint32_t seed, bool with_grads) : c(spec)
   AttnCase c32 = spec;
   c32.kv_dtype = DType::F32;
   CaseInputs in = make_inputs(c32, seed);
-  q = std::move(in.q), k = std::move(in.k), v = std::move(in.v), lam = std::move(in.lam);
+  q = std::move(in.q), lam = std::move(in.lam);
+  k.assign(in.k.begin(), in.k.end());
+  v.assign(in.v.begin(), in.v.end());
   const AttnProblem sz = c32.sizes();
   AttnOptions o;
   o.causal = spec.causal;

@@ -19,7 +19,9 @@ namespace diffattn::bench {
 struct Tensors {
   AttnCase c;
   AttnParams p;  // points into the vectors below
-  std::vector<float> q, k, v, lam, out, lse, o2, dout, dq, dk, dv, dlam;
+  std::vector<float> q, lam, out, lse, o2, dout, dq, dk, dv, dlam;
+  PageVector<float> k;  // placed as a model's KV cache (base/memory.h)
+  PageVector<float, kValuePageOffset> v;
   std::unique_ptr<Kv16> kv16;  // kv_dtype != F32
 
   // with_grads: allocate dout and the gradients too (a forward-only run leaves them out).

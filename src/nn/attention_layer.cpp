@@ -48,12 +48,12 @@ void KVPool::reset(const AttnLayerShape& s, int64_t blocks, int64_t bsize, DType
   n_v = s.n_v();
   kv_dtype = dtype;
   const size_t nk = static_cast<size_t>(blocks * bsize * n_k), nv = static_cast<size_t>(blocks * bsize * n_v);
-  // new T[n] (no value-initialisation): the pool's pages stay untouched until written.
+  // No value-initialisation: the pool's pages stay untouched until written.
   const bool f32 = dtype == DType::F32;
-  k.reset(f32 ? new float[nk] : nullptr);
-  v.reset(f32 ? new float[nv] : nullptr);
-  k16.reset(f32 ? nullptr : new uint16_t[nk]);
-  v16.reset(f32 ? nullptr : new uint16_t[nv]);
+  k = f32 ? new_page_array<float>(nk) : nullptr;
+  v = f32 ? new_page_array<float, kValuePageOffset>(nv) : nullptr;
+  k16 = f32 ? nullptr : new_page_array<uint16_t>(nk);
+  v16 = f32 ? nullptr : new_page_array<uint16_t, kValuePageOffset>(nv);
 }
 
 int64_t KVPool::bytes() const {

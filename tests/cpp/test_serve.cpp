@@ -98,6 +98,35 @@ TEST(BlockAllocator, AllocatesReleasesAndRefusesWhatItDoesNotHave) {
 
 class EngineKinds : public ::testing::TestWithParam<nn::AttnKind> {};
 
+// Where the KV stores lie (base/memory.h): every row on a cache line and the values half a page
+// off the keys, for the contiguous cache and the paged pool, in each storage type. The decode
+// kernel's speed depends on it (a 16-byte offset splits every vector load across two lines).
+TEST(KvStorage, RowsOnCacheLinesValuesHalfAPageOffTheKeys) {
+  nn::AttnLayerShape s;
+  s.kind = nn::AttnKind::DiffV1, s.C = 64, s.H = 2, s.G = 2, s.D = 16;
+  const auto page_offset = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 4096; };
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const bool f32 = dt == DType::F32;
+    nn::KVCache cache;
+    cache.reset(s, 2, 37, dt);  // sizes that are no multiple of a line or a page
+    const void* k = f32 ? static_cast<const void*>(cache.k.data()) : cache.k16.data();
+    const void* v = f32 ? static_cast<const void*>(cache.v.data()) : cache.v16.data();
+    EXPECT_EQ(page_offset(k), 0u);
+    EXPECT_EQ(page_offset(v), 2048u);
+    nn::KVPool pool;
+    pool.reset(s, 3, 5, dt);
+    k = f32 ? static_cast<const void*>(pool.k.get()) : pool.k16.get();
+    v = f32 ? static_cast<const void*>(pool.v.get()) : pool.v16.get();
+    EXPECT_EQ(page_offset(k), 0u);
+    EXPECT_EQ(page_offset(v), 2048u);
+    // Another reset reallocates in place of the old stores, placed the same way.
+    cache.reset(s, 1, 1000, dt);
+    v = f32 ? static_cast<const void*>(cache.v.data()) : cache.v16.data();
+    EXPECT_EQ(page_offset(v), 2048u);
+  }
+}
+
 // One decode step of sequences of different lengths through decode_paged (the products over
 // the batch, one paged attention call per layer), their prompts prefilled in two chunks into
 // shuffled blocks of the pools (the second chunk gathers the first), against infer() on each

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "diffattn/base/dtype.h"
+#include "diffattn/base/memory.h"
 #include "diffattn/kernels/attention.h"
 
 namespace diffattn::nn {
@@ -83,10 +84,11 @@ struct AttnLayerActs {
 struct KVCache {
   int64_t B = 0, capacity = 0, len = 0;
   DType kv_dtype = DType::F32;
-  std::vector<float> k;        // (B, capacity, k_heads, D), kv_dtype F32
-  std::vector<float> v;        // (B, capacity, G, Dv), kv_dtype F32
-  std::vector<uint16_t> k16;   // (B, capacity, k_heads, D), kv_dtype BF16 or F16
-  std::vector<uint16_t> v16;   // (B, capacity, G, Dv), kv_dtype BF16 or F16
+  // On cache lines, values half a page off the keys (base/memory.h).
+  PageVector<float> k;                        // (B, capacity, k_heads, D), kv_dtype F32
+  PageVector<float, kValuePageOffset> v;      // (B, capacity, G, Dv), kv_dtype F32
+  PageVector<uint16_t> k16;                   // (B, capacity, k_heads, D), kv_dtype BF16 or F16
+  PageVector<uint16_t, kValuePageOffset> v16; // (B, capacity, G, Dv), kv_dtype BF16 or F16
   void reset(const AttnLayerShape& s, int64_t B, int64_t capacity,
              DType kv_dtype = DType::F32);
 };
@@ -113,10 +115,11 @@ struct KVPool {
   int64_t n_blocks = 0, block_size = 0;
   int64_t n_k = 0, n_v = 0;  // floats per position: k_heads * D, G * Dv
   DType kv_dtype = DType::F32;
-  std::unique_ptr<float[]> k;        // (n_blocks, block_size, k_heads, D), kv_dtype F32
-  std::unique_ptr<float[]> v;        // (n_blocks, block_size, G, Dv), kv_dtype F32
-  std::unique_ptr<uint16_t[]> k16;   // the same, kv_dtype BF16 or F16
-  std::unique_ptr<uint16_t[]> v16;
+  // On cache lines, values half a page off the keys (base/memory.h).
+  PageArray<float> k;                        // (n_blocks, block_size, k_heads, D), kv_dtype F32
+  PageArray<float, kValuePageOffset> v;      // (n_blocks, block_size, G, Dv), kv_dtype F32
+  PageArray<uint16_t> k16;                   // the same, kv_dtype BF16 or F16
+  PageArray<uint16_t, kValuePageOffset> v16;
   // Throws InvalidArgument (naming the sizes) for an empty or impossibly large pool.
   void reset(const AttnLayerShape& s, int64_t n_blocks, int64_t block_size,
              DType kv_dtype = DType::F32);
