@@ -300,6 +300,7 @@ void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, in
   const int64_t NL = static_cast<int64_t>(hn::Lanes(DF()));
   const bool by_vector = HWY_TARGET != HWY_SCALAR && p.D % NL == 0 && Bk % NL == 0;
   const int64_t R = r1 - r0;
+  float* const alpha = static_cast<float*>(alloca(sizeof(float) * static_cast<size_t>(R)));
   const E* kp[DecodeTiles::kBk];  // the tile's key rows (the last one repeated past its end)
   for (int64_t j0 = j_begin; j0 < j_end; j0 += Bk) {
     const int64_t nk = std::min(Bk, j_end - j0);
@@ -330,16 +331,21 @@ void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, in
         }
       }
     }
+    if (nk < Bk) {
+      for (int64_t row = r0; row < r1; ++row) std::fill(s + row * Bk + nk, s + (row + 1) * Bk, 0.0f);
+    }
+    const auto visible = [&](size_t i) -> size_t {
+      const int64_t t = ((r0 + static_cast<int64_t>(i)) % Rg) % p.Tq;
+      return static_cast<size_t>(fused::visible_in_tile(p, t, j0, nk));
+    };
+    OnlineSoftmaxRows(s + r0 * Bk, Bk, static_cast<size_t>(R), visible, f.c, M + r0, L + r0,
+                      alpha);
     for (int64_t row = r0; row < r1; ++row) {
-      float* srow = s + row * Bk;
-      std::fill(srow + nk, srow + Bk, 0.0f);
-      const int64_t t = (row % Rg) % p.Tq;
-      const float alpha = OnlineSoftmaxRow(srow, Bk, fused::visible_in_tile(p, t, j0, nk), f.c,
-                                           M[row], L[row]);
-      if (alpha != 1.0f) {
+      const float a = alpha[row - r0];
+      if (a != 1.0f) {
         const DF d;
         float* o = O + row * f.Dvp;  // Dvp: whole vectors
-        for (int64_t x = 0; x < p.Dv; x += NL) hn::StoreU(hn::Mul(hn::LoadU(d, o + x), hn::Set(d, alpha)), d, o + x);
+        for (int64_t x = 0; x < p.Dv; x += NL) hn::StoreU(hn::Mul(hn::LoadU(d, o + x), hn::Set(d, a)), d, o + x);
       }
     }
     // O += P V, each value row read once for all the rows of its group: when a value row is

@@ -215,25 +215,90 @@ HWY_INLINE float Dot(const float* HWY_RESTRICT x, const float* HWY_RESTRICT y, s
   return s;
 }
 
-#if HWY_TARGET != HWY_SCALAR
-// The lane sums of kN = MaxLanes vectors in one vector: lane j of the result is the sum of
+// The lane reductions of kN = MaxLanes vectors in one vector: lane j of the result is op over
 // t[j]'s lanes (t is overwritten). A tree of ConcatEven/ConcatOdd pairs: level by level, vector
-// j takes the pair sums of vectors 2j (low half) and 2j + 1 (high half), so kN - 1 adds of whole
-// vectors instead of a horizontal sum per vector. Each lane's order of additions depends only
-// on its own vector. Fixed-width targets only.
-template <class D, size_t kN>
-HWY_INLINE hn::Vec<D> SumsOfLanes(D d, hn::Vec<D> (&t)[kN]) {
+// j takes the pair results of vectors 2j (low half) and 2j + 1 (high half), so kN - 1 ops of
+// whole vectors instead of a horizontal reduction per vector. Each lane's order of operations
+// depends only on its own vector, not on its position. Fixed-width targets only.
+template <class D, size_t kN, class Op>
+HWY_INLINE hn::Vec<D> ReduceEach(D d, hn::Vec<D> (&t)[kN], Op op) {
   static_assert(kN == hn::MaxLanes(D()));
+#if HWY_TARGET == HWY_SCALAR
+  (void)d, (void)op;
+  return t[0];
+#else
 #pragma GCC unroll 16
   for (size_t w = kN; w > 1; w /= 2) {
 #pragma GCC unroll 16
     for (size_t j = 0; j < w / 2; ++j) {
-      t[j] = hn::Add(hn::ConcatEven(d, t[2 * j + 1], t[2 * j]), hn::ConcatOdd(d, t[2 * j + 1], t[2 * j]));
+      t[j] = op(hn::ConcatEven(d, t[2 * j + 1], t[2 * j]), hn::ConcatOdd(d, t[2 * j + 1], t[2 * j]));
     }
   }
   return t[0];
-}
 #endif
+}
+
+// Lane j: the sum of t[j]'s lanes.
+template <class D, size_t kN>
+HWY_INLINE hn::Vec<D> SumsOfLanes(D d, hn::Vec<D> (&t)[kN]) {
+  return ReduceEach(d, t, [](hn::Vec<D> a, hn::Vec<D> b) { return hn::Add(a, b); });
+}
+
+// Online softmax of a tile's rows [0, rows) together: row i holds n raw scores at s + i * n
+// (n % Lanes == 0), of which the first visible(i) count. Each row as OnlineSoftmaxRow, except
+// that the maxima, sums, m, l and rescale factors of Lanes rows are formed as vectors: one
+// Exp2 for the factors of Lanes rows and the reductions by ReduceEach, instead of two
+// horizontal reductions and a scalar exp2 per row. alpha[i]: row i's factor 2^(m_old - m_new).
+template <class Visible>
+HWY_INLINE void OnlineSoftmaxRows(float* HWY_RESTRICT s, size_t n, size_t rows,
+                                  const Visible& visible, float c, float* HWY_RESTRICT m,
+                                  float* HWY_RESTRICT l, float* HWY_RESTRICT alpha) {
+  const DF d;
+  constexpr size_t kN = hn::MaxLanes(DF());
+  const size_t N = hn::Lanes(d);
+  const VF vc = hn::Set(d, c), ninf = hn::Set(d, kNegInf);
+  for (size_t i0 = 0; i0 < rows; i0 += kN) {
+    const size_t nr = std::min(kN, rows - i0);
+    VF t[kN];
+    for (size_t i = 0; i < kN; ++i) {
+      t[i] = ninf;
+      if (i >= nr) continue;
+      float* row = s + (i0 + i) * n;
+      const size_t vis = visible(i0 + i);
+      for (size_t j = 0; j < n; j += N) {
+        VF x = hn::Mul(hn::LoadU(d, row + j), vc);
+        if (j + N > vis) x = hn::IfThenElse(hn::FirstN(d, vis > j ? vis - j : 0), x, ninf);
+        hn::StoreU(x, d, row + j);
+        t[i] = hn::Max(t[i], x);
+      }
+    }
+    // m, l of the block's rows through aligned copies (lanes past nr: m = -inf, l = 0).
+    HWY_ALIGN float mb[kN], lb[kN], ab[kN], mus[kN];
+    for (size_t i = 0; i < kN; ++i) mb[i] = i < nr ? m[i0 + i] : kNegInf, lb[i] = i < nr ? l[i0 + i] : 0.0f;
+    const VF m_old = hn::Load(d, mb);
+    const VF m_new = hn::Max(m_old, ReduceEach(d, t, [](VF a, VF b) { return hn::Max(a, b); }));
+    // A row that has seen no key yet (m_new = -inf) keeps l = 0 and p = 0; subtracting 0
+    // instead of -inf avoids -inf - -inf. m_old = -inf gives a factor 0 (an empty accumulator).
+    const VF mu = hn::IfThenElse(hn::Eq(m_new, ninf), hn::Zero(d), m_new);
+    const VF a = Exp2(d, hn::Sub(m_old, mu));
+    hn::Store(mu, d, mus);
+    for (size_t i = 0; i < kN; ++i) {
+      t[i] = hn::Zero(d);
+      if (i >= nr) continue;
+      float* row = s + (i0 + i) * n;
+      const VF vm = hn::Set(d, mus[i]);
+      for (size_t j = 0; j < n; j += N) {
+        const VF p = Exp2(d, hn::Sub(hn::LoadU(d, row + j), vm));
+        t[i] = hn::Add(t[i], p);
+        hn::StoreU(p, d, row + j);
+      }
+    }
+    hn::Store(hn::MulAdd(hn::Load(d, lb), a, SumsOfLanes(d, t)), d, lb);
+    hn::Store(m_new, d, mb);
+    hn::Store(a, d, ab);
+    for (size_t i = 0; i < nr; ++i) m[i0 + i] = mb[i], l[i0 + i] = lb[i], alpha[i0 + i] = ab[i];
+  }
+}
 
 // Whether every x[0, n) is finite: x * 0 is NaN exactly for NaN and Inf (n % Lanes == 0).
 HWY_INLINE bool AllFinite(const float* HWY_RESTRICT x, size_t n) {
