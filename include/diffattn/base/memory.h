@@ -42,7 +42,9 @@ struct PageOffsetAllocator {
   template <typename U>
   PageOffsetAllocator(const PageOffsetAllocator<U, kOffset>&) noexcept {}  // NOLINT: rebinding
   T* allocate(std::size_t n) {
-    char* base = static_cast<char*>(::operator new(n * sizeof(T) + kOffset, std::align_val_t{kPageBytes}));
+    if (n > (static_cast<std::size_t>(-1) - kOffset) / sizeof(T)) throw std::bad_array_new_length();
+    char* base =
+        static_cast<char*>(::operator new(n * sizeof(T) + kOffset, std::align_val_t{kPageBytes}));
     return reinterpret_cast<T*>(base + kOffset);
   }
   void deallocate(T* p, std::size_t) noexcept {
