@@ -331,9 +331,7 @@ void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, in
         }
       }
     }
-    if (nk < Bk) {
-      for (int64_t row = r0; row < r1; ++row) std::fill(s + row * Bk + nk, s + (row + 1) * Bk, 0.0f);
-    }
+    // Scores past nk (stale or unset) are masked to -inf by the softmax: visible <= nk.
     const auto visible = [&](size_t i) -> size_t {
       const int64_t t = ((r0 + static_cast<int64_t>(i)) % Rg) % p.Tq;
       return static_cast<size_t>(fused::visible_in_tile(p, t, j0, nk));

@@ -151,6 +151,36 @@ HWY_INLINE void GemmAnyRows(size_t rows, size_t cols, size_t kdim, const float* 
   for (; r < rows; ++r) block.template operator()<1>(r);
 }
 
+// The two passes of an online softmax over one row of raw scores s[0, n) (n % Lanes == 0), the
+// first `visible` of which count, in log2 units (x = c * s, c = scale * log2(e)).
+// ScaleMaskRow: s becomes x (-inf where masked); returns the lanes' running max.
+HWY_INLINE VF ScaleMaskRow(float* HWY_RESTRICT s, size_t n, size_t visible, VF vc) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const VF ninf = hn::Set(d, kNegInf);
+  VF vmax = ninf;
+  for (size_t j = 0; j < n; j += N) {
+    VF x = hn::Mul(hn::LoadU(d, s + j), vc);
+    if (j + N > visible) x = hn::IfThenElse(hn::FirstN(d, visible > j ? visible - j : 0), x, ninf);
+    hn::StoreU(x, d, s + j);
+    vmax = hn::Max(vmax, x);
+  }
+  return vmax;
+}
+// ExpRow: s becomes p = 2^(x - mu); returns the lanes' sums of p.
+HWY_INLINE VF ExpRow(float* HWY_RESTRICT s, size_t n, float mu) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const VF vm = hn::Set(d, mu);
+  VF vsum = hn::Zero(d);
+  for (size_t j = 0; j < n; j += N) {
+    const VF p = Exp2(d, hn::Sub(hn::LoadU(d, s + j), vm));
+    vsum = hn::Add(vsum, p);
+    hn::StoreU(p, d, s + j);
+  }
+  return vsum;
+}
+
 // Online softmax over one row of raw scores s[0, n) (n % Lanes == 0), the first `visible`
 // of which count. In log2 units: x = c * s with c = scale * log2(e). m is the running max
 // and l the running sum of 2^(x - m); on return s holds p = 2^(x - m_new) (0 where masked),
@@ -159,26 +189,12 @@ HWY_INLINE void GemmAnyRows(size_t rows, size_t cols, size_t kdim, const float* 
 HWY_INLINE float OnlineSoftmaxRow(float* HWY_RESTRICT s, size_t n, size_t visible, float c,
                                   float& m, float& l) {
   const DF d;
-  const size_t N = hn::Lanes(d);
-  const VF vc = hn::Set(d, c), ninf = hn::Set(d, kNegInf);
-  VF vmax = ninf;
-  for (size_t j = 0; j < n; j += N) {
-    VF x = hn::Mul(hn::LoadU(d, s + j), vc);
-    if (j + N > visible) x = hn::IfThenElse(hn::FirstN(d, visible > j ? visible - j : 0), x, ninf);
-    hn::StoreU(x, d, s + j);
-    vmax = hn::Max(vmax, x);
-  }
+  const VF vmax = ScaleMaskRow(s, n, visible, hn::Set(d, c));
   const float m_new = std::max(m, hn::GetLane(hn::MaxOfLanes(d, vmax)));
   // A row that has seen no key yet (m_new = -inf) keeps l = 0 and p = 0; subtracting 0
   // instead of -inf avoids -inf - -inf.
   const float mu = m_new == kNegInf ? 0.0f : m_new;
-  const VF vm = hn::Set(d, mu);
-  VF vsum = hn::Zero(d);
-  for (size_t j = 0; j < n; j += N) {
-    const VF p = Exp2(d, hn::Sub(hn::LoadU(d, s + j), vm));
-    vsum = hn::Add(vsum, p);
-    hn::StoreU(p, d, s + j);
-  }
+  const VF vsum = ExpRow(s, n, mu);
   const float alpha = std::exp2(m - mu);  // m = -inf gives 0: the accumulator was empty
   l = l * alpha + hn::GetLane(hn::SumOfLanes(d, vsum));
   m = m_new;
@@ -255,22 +271,12 @@ HWY_INLINE void OnlineSoftmaxRows(float* HWY_RESTRICT s, size_t n, size_t rows,
                                   float* HWY_RESTRICT l, float* HWY_RESTRICT alpha) {
   const DF d;
   constexpr size_t kN = hn::MaxLanes(DF());
-  const size_t N = hn::Lanes(d);
   const VF vc = hn::Set(d, c), ninf = hn::Set(d, kNegInf);
   for (size_t i0 = 0; i0 < rows; i0 += kN) {
     const size_t nr = std::min(kN, rows - i0);
     VF t[kN];
     for (size_t i = 0; i < kN; ++i) {
-      t[i] = ninf;
-      if (i >= nr) continue;
-      float* row = s + (i0 + i) * n;
-      const size_t vis = visible(i0 + i);
-      for (size_t j = 0; j < n; j += N) {
-        VF x = hn::Mul(hn::LoadU(d, row + j), vc);
-        if (j + N > vis) x = hn::IfThenElse(hn::FirstN(d, vis > j ? vis - j : 0), x, ninf);
-        hn::StoreU(x, d, row + j);
-        t[i] = hn::Max(t[i], x);
-      }
+      t[i] = i < nr ? ScaleMaskRow(s + (i0 + i) * n, n, visible(i0 + i), vc) : ninf;
     }
     // m, l of the block's rows through aligned copies (lanes past nr: m = -inf, l = 0).
     HWY_ALIGN float mb[kN], lb[kN], ab[kN], mus[kN];
@@ -282,17 +288,7 @@ HWY_INLINE void OnlineSoftmaxRows(float* HWY_RESTRICT s, size_t n, size_t rows,
     const VF mu = hn::IfThenElse(hn::Eq(m_new, ninf), hn::Zero(d), m_new);
     const VF a = Exp2(d, hn::Sub(m_old, mu));
     hn::Store(mu, d, mus);
-    for (size_t i = 0; i < kN; ++i) {
-      t[i] = hn::Zero(d);
-      if (i >= nr) continue;
-      float* row = s + (i0 + i) * n;
-      const VF vm = hn::Set(d, mus[i]);
-      for (size_t j = 0; j < n; j += N) {
-        const VF p = Exp2(d, hn::Sub(hn::LoadU(d, row + j), vm));
-        t[i] = hn::Add(t[i], p);
-        hn::StoreU(p, d, row + j);
-      }
-    }
+    for (size_t i = 0; i < kN; ++i) t[i] = i < nr ? ExpRow(s + (i0 + i) * n, n, mus[i]) : hn::Zero(d);
     hn::Store(hn::MulAdd(hn::Load(d, lb), a, SumsOfLanes(d, t)), d, lb);
     hn::Store(m_new, d, mb);
     hn::Store(a, d, ab);
