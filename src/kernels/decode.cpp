@@ -506,6 +506,18 @@ void RunDecode(const AttnDecodeParams& p, const DecodeLayout& f, int threads, co
   }  // omp parallel
 }
 
+// Threads for a decode call that streams `bytes` of K/V (fused_traits.h, Parallel): by the
+// bytes alone when idle threads sleep, by the bytes times the query rows per key head when they
+// spin.
+int DecodeThreads(const AttnDecodeParams& p, double bytes) {
+  if (idle_threads_sleep()) {
+    return fused::Parallel::threads_for(bytes, fused::Parallel::kMinBytesPerThread, num_threads());
+  }
+  const double rows = static_cast<double>(p.H * p.maps * p.Tq) / static_cast<double>(p.key_heads());
+  return fused::Parallel::threads_for(bytes * std::max(1.0, rows),
+                                      fused::Parallel::kMinDecodeWorkPerThread, num_threads());
+}
+
 }  // namespace
 
 void FusedDecode(const AttnDecodeParams& p) {
@@ -513,8 +525,7 @@ void FusedDecode(const AttnDecodeParams& p) {
   const double bytes = static_cast<double>(dtype_size(p.kv_dtype)) *
                        static_cast<double>(p.B * p.Tk) *
                        static_cast<double>(p.key_heads() * p.D + p.G * p.Dv);
-  const int threads =
-      fused::Parallel::threads_for(bytes, fused::Parallel::kMinBytesPerThread, num_threads());
+  const int threads = DecodeThreads(p, bytes);
   const DecodeLayout f(p, threads);
   // Every batch the same f.nch splits, up to the last key the last query row sees.
   const int64_t kend = p.causal ? std::clamp<int64_t>(p.last_key(p.Tq - 1) + 1, 0, p.Tk) : p.Tk;
@@ -547,8 +558,7 @@ void FusedDecodePaged(const PagedDecodeParams& pp) {
   }
   const double bytes = static_cast<double>(dtype_size(pp.kv_dtype)) * static_cast<double>(keys) *
                        static_cast<double>(pp.key_heads() * pp.D + pp.G * pp.Dv);
-  const int threads =
-      fused::Parallel::threads_for(bytes, fused::Parallel::kMinBytesPerThread, num_threads());
+  const int threads = DecodeThreads(p, bytes);
   // The split size the longest sequence would get as a contiguous decode of batch B; each
   // sequence takes as many splits of that size as its length needs (at least one, so a
   // sequence with no key gets its zero output from the merge).

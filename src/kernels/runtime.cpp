@@ -46,4 +46,12 @@ void set_num_threads(int n) {
   omp_set_num_threads(n);
 }
 
+bool idle_threads_sleep() {
+  static const bool passive = [] {
+    const char* p = std::getenv("OMP_WAIT_POLICY");
+    return p != nullptr && (p[0] == 'p' || p[0] == 'P');
+  }();
+  return passive;
+}
+
 }  // namespace diffattn

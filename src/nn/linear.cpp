@@ -35,10 +35,7 @@ class SmallProductThreads {
  public:
   explicit SmallProductThreads(double macs) {
     sync_blas_threads();
-    static const bool passive = [] {
-      const char* p = std::getenv("OMP_WAIT_POLICY");
-      return p != nullptr && (p[0] == 'p' || p[0] == 'P');
-    }();
+    const bool passive = idle_threads_sleep();
     constexpr double kMinMacs = 1 << 20;
     all_ = num_threads();
     const int n = passive ? static_cast<int>(std::clamp(macs / kMinMacs, 1.0, static_cast<double>(all_))) : all_;
