@@ -506,10 +506,12 @@ void RunDecode(const AttnDecodeParams& p, const DecodeLayout& f, int threads, co
   }  // omp parallel
 }
 
-// Threads for a decode call that streams `bytes` of K/V (fused_traits.h, Parallel): by the
-// bytes alone when idle threads sleep, by the bytes times the query rows per key head when they
-// spin.
-int DecodeThreads(const AttnDecodeParams& p, double bytes) {
+// Threads for a decode call over `keys` cached positions (all sequences together) of p's
+// layout (fused_traits.h, Parallel): by the K/V bytes streamed when idle threads sleep, by the
+// bytes times the query rows per key head when they spin.
+int DecodeThreads(const AttnDecodeParams& p, int64_t keys) {
+  const double bytes = static_cast<double>(dtype_size(p.kv_dtype)) * static_cast<double>(keys) *
+                       static_cast<double>(p.key_heads() * p.D + p.G * p.Dv);
   if (idle_threads_sleep()) {
     return fused::Parallel::threads_for(bytes, fused::Parallel::kMinBytesPerThread, num_threads());
   }
@@ -522,10 +524,7 @@ int DecodeThreads(const AttnDecodeParams& p, double bytes) {
 
 void FusedDecode(const AttnDecodeParams& p) {
   if (p.B == 0 || p.Tq == 0) return;
-  const double bytes = static_cast<double>(dtype_size(p.kv_dtype)) *
-                       static_cast<double>(p.B * p.Tk) *
-                       static_cast<double>(p.key_heads() * p.D + p.G * p.Dv);
-  const int threads = DecodeThreads(p, bytes);
+  const int threads = DecodeThreads(p, p.B * p.Tk);
   const DecodeLayout f(p, threads);
   // Every batch the same f.nch splits, up to the last key the last query row sees.
   const int64_t kend = p.causal ? std::clamp<int64_t>(p.last_key(p.Tq - 1) + 1, 0, p.Tk) : p.Tk;
@@ -556,9 +555,7 @@ void FusedDecodePaged(const PagedDecodeParams& pp) {
     keys += pp.seq_lens[b];
     p.Tk = std::max(p.Tk, pp.seq_lens[b]);
   }
-  const double bytes = static_cast<double>(dtype_size(pp.kv_dtype)) * static_cast<double>(keys) *
-                       static_cast<double>(pp.key_heads() * pp.D + pp.G * pp.Dv);
-  const int threads = DecodeThreads(p, bytes);
+  const int threads = DecodeThreads(p, keys);
   // The split size the longest sequence would get as a contiguous decode of batch B; each
   // sequence takes as many splits of that size as its length needs (at least one, so a
   // sequence with no key gets its zero output from the merge).
