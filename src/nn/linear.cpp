@@ -3,7 +3,6 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "diffattn/kernels/runtime.h"
 #include "diffattn/nn/layers.h"
