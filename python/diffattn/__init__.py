@@ -49,7 +49,16 @@ def _machine_busy():
 if "OMP_WAIT_POLICY" not in _os.environ and _machine_busy():
     _os.environ["OMP_WAIT_POLICY"] = "passive"
 
-from ._core import *  # noqa: F401,F403
-from ._core import __doc__ as _core_doc  # noqa: F401
+try:
+    from ._core import *  # noqa: F401,F403
+    from ._core import __doc__ as _core_doc  # noqa: F401
+except ImportError as _e:  # the compiled core is absent (a GPU machine with only the sources)
+    _core_error = _e
+
+    def __getattr__(name):
+        # diffattn.gpu (the Triton kernels) imports without the core; everything else needs it.
+        raise ImportError(f"diffattn.{name} needs the compiled core diffattn._core, which did not "
+                          f"import ({_core_error}); build and install the package with "
+                          f"`pip install .` (diffattn.gpu works without it)")
 
 __version__ = "0.1.0"
