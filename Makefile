@@ -1,9 +1,16 @@
 # diffattn: the README's commands. `make demo` and `make test` install what is missing
-# (scripts/setup.sh), configure and build, then run the demo or every test.
+# (scripts/setup.sh: Debian packages; scripts/venv.sh: the test environment .venv/), configure
+# and build, then run the demo or every test.
 BUILD   ?= build
 JOBS    ?= $(shell nproc)
-PYTHON  ?= /usr/bin/python3
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
+# The test environment: .venv/ from the machine's Python 3.11 with requirements-test.txt, and
+# diffattn installed into it for development (pip install -e .). pip's CMake build shares the
+# build tree $(BUILD) with `make build` (same generator and options), so nothing compiles twice.
+VENV    ?= .venv
+VPY     := $(VENV)/bin/python
+PIP_DEV := -C build-dir=$(BUILD) -C cmake.build-type=Release \
+           -C cmake.define.DIFFATTN_TESTS=ON -C cmake.define.DIFFATTN_BENCH=ON
 # The kernel tests again under AddressSanitizer and UndefinedBehaviorSanitizer, in their own
 # build tree (only the kernels and their tests are built there).
 SAN_BUILD ?= $(BUILD)/asan
@@ -14,7 +21,7 @@ FUZZ_BUILD ?= $(BUILD)/fuzz
 FUZZ_SECONDS ?= 300
 FUZZ_REPLAY_SECONDS ?= 4
 
-.PHONY: all setup setup-test configure build test test-cpp test-python test-sanitize fuzz-build fuzz test-fuzz demo clean
+.PHONY: all setup setup-test venv install-dev configure build test test-cpp test-python test-sanitize fuzz-build fuzz test-fuzz demo clean
 
 all: build
 
@@ -24,6 +31,15 @@ setup:
 setup-test:
 	@scripts/setup.sh test
 
+venv: setup-test
+	@scripts/venv.sh
+
+# diffattn into .venv (editable: the Python sources are used in place; the compiled module and
+# the `diffattn` command are installed). Run again after changing C++ sources.
+install-dev: venv
+	CMAKE_GENERATOR="Unix Makefiles" CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(VPY) -m pip install -q \
+	  --disable-pip-version-check --no-build-isolation --no-deps -e . $(PIP_DEV)
+
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
 
@@ -32,14 +48,14 @@ configure: setup $(BUILD)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-test: setup-test build
+test: setup-test install-dev build
 	$(MAKE) --no-print-directory test-cpp test-python test-sanitize test-fuzz
 
 test-cpp:
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 test-python:
-	PYTHONPATH=$(BUILD)/python $(PYTHON) -m pytest -q tests/python
+	$(VPY) -m pytest -q tests/python
 
 $(SAN_BUILD)/CMakeCache.txt:
 	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDIFFATTN_SANITIZE=ON \
@@ -70,3 +86,7 @@ demo: build
 
 clean:
 	rm -rf $(BUILD)
+
+# The test environment too (the next `make test` makes it again).
+distclean: clean
+	rm -rf $(VENV)

@@ -7,7 +7,7 @@ T 256) of each attention kind. diffattn runs as `diffattn train --bench` and
 attention: PyTorch 1.13 has no fused SDPA) with torch.optim.AdamW. Rounds alternate between the
 two, and the medians are reported with their ratios.
 
-    /usr/bin/python3 bench/bench_model.py [--threads 2] [--rounds 3] [--batch 4] [--kinds ...]
+    .venv/bin/python bench/bench_model.py [--threads 2] [--rounds 3] [--batch 4] [--kinds ...]
 """
 
 import argparse

@@ -22,7 +22,7 @@ writes D/retrieval/models/{diff_v1,diff_v2,standard}; the retrieval models' max_
 raised the same way).
 
     make build   # or: cmake --build build --target diffattn _core
-    PYTHONPATH=build/python /usr/bin/python3 bench/kv16_greedy.py [--work DIR] [--steps 1500]
+    .venv/bin/python bench/kv16_greedy.py [--work DIR] [--steps 1500]
         [--threads 2] [--max-new 200] [--models DIR ...] [--prompt TEXT ...]
 """
 
@@ -131,7 +131,7 @@ def main():
         if path != d:
             print(f"  {d}: max_seq_len {trained_len} raised to {need} in {path}")
         m = diffattn.load_model(path)
-        kind = json.loads(m.config)["attention"]
+        kind = m.config["attention"]
         for p in prompts:
             ids = list(p.encode())
             out = {dt: m.generate(ids, a.max_new, temperature=0.0, kv_dtype=dt) for dt in ["f32"] + DTYPES}
@@ -145,7 +145,7 @@ def main():
                 else:
                     first = first if first is not None else min(len(got), len(ref))
                     margin = top2_margin(m, ids + ref[:first])
-                    flips = oracle_flips(m, json.loads(m.config), ids + ref[:first], dt)
+                    flips = oracle_flips(m, m.config, ids + ref[:first], dt)
                     cells.append(f"first differs at {first} (F32 top-2 margin {margin:.2e}; "
                                  f"float64 oracle flips there: {'yes' if flips else 'no'})")
             text = bytes(ref[:40]).decode("utf-8", "replace").replace("\n", "\\n")

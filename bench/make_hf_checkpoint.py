@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Writes a randomly initialised Hugging Face Llama or DiffLlama directory of a published shape,
 for benchmarks (`diffattn generate --model DIR --bench N`): config.json in transformers 4.x's
 spelling, generation_config.json and one model.safetensors, streamed tensor by tensor (a 1.24 B

@@ -5,7 +5,7 @@ The naive formulation materialises both (T x T) maps per pair, subtracts them wi
 multiplies by V, as the Differential Transformer's reference code does without FlashAttention.
 Run with Debian's Python (it has PyTorch and NumPy) and the built module:
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/torch_naive.py [--T 4096] [--backward]
+    .venv/bin/python bench/torch_naive.py [--T 4096] [--backward]
 
 PyTorch must use OpenBLAS (libopenblas0-pthread): Debian's PyTorch otherwise falls back to the
 reference BLAS, about 30x slower, and the comparison says nothing. The script prints what

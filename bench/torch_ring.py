@@ -3,7 +3,7 @@
 this machine: time per training step (forward + backward of the operator) and the bytes each
 rank sends, against the formula.
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/torch_ring.py [--T 4096] [--world 1 2 4]
+    .venv/bin/python bench/torch_ring.py [--T 4096] [--world 1 2 4]
 
 One sequence of T tokens, V1 layout (2H query heads of D, 2G key heads, G value heads of 2D),
 causal, zig-zag shards. Per rank and step (float32): forward sends (W-1)(|K|+|V|), backward

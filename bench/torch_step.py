@@ -8,7 +8,7 @@ attention done three ways, at several sequence lengths: time per step and peak m
   two-call      F.scaled_dot_product_attention once per map, out1 - lam out2 (needs
                 PyTorch >= 2.0; reported as unavailable on older versions)
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/torch_step.py [--T 512 2048] [--steps 3]
+    .venv/bin/python bench/torch_step.py [--T 512 2048] [--steps 3]
 
 Every (variant, T) runs in a fresh child process so its peak resident memory is its own:
 the child builds the model, resets the kernel's peak-RSS counter (/proc/self/clear_refs),

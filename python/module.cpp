@@ -94,6 +94,7 @@ void check_shape(const char* op, const char* name, const Shape& got, const Shape
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "diffattn: differential attention (arXiv:2410.05258) and the Differential Transformer";
+  m.attr("__version__") = DIFFATTN_VERSION;
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -106,4 +107,5 @@ PYBIND11_MODULE(_core, m) {
   diffattn::python::bind_kernels(m);
   diffattn::python::bind_model(m);
   diffattn::python::bind_eval(m);
+  diffattn::python::bind_tensors(m);
 }

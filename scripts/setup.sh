@@ -2,6 +2,7 @@
 # Installs the Debian packages listed in scripts/packages.txt (build and demo) that are not
 # installed yet; `scripts/setup.sh test` adds scripts/packages-test.txt (what only the tests need).
 # Safe to run again: with everything present it does nothing. Needs root only to install.
+# The tests' Python packages come from pip into .venv/ (scripts/venv.sh), not from here.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 lists=("$here/packages.txt")
@@ -17,19 +18,7 @@ for p in "${wanted[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
   [[ "$status" == "install ok installed" ]] || missing+=("$p")
 done
-# The tests' npm packages (tests/node/package.json: the official OpenAI Node client that
-# tests/python/test_serve.py drives against `diffattn serve`), into the project-local, git-ignored
-# tests/node/node_modules. npm comes with Debian's nodejs here or as the npm package.
-node_packages() {
-  [[ "${1:-}" == test ]] || return 0
-  [[ -d "$here/../tests/node/node_modules/openai" ]] && return 0
-  command -v npm >/dev/null || { echo "diffattn setup: npm is missing (apt-get install npm)" >&2; return 1; }
-  echo "diffattn setup: npm install --prefix tests/node (the OpenAI Node client)"
-  npm install --prefix "$here/../tests/node" --no-audit --no-fund --loglevel=error
-}
-
 if [[ ${#missing[@]} -eq 0 ]]; then
-  node_packages "${1:-}"
   exit 0
 fi
 
@@ -43,4 +32,3 @@ export DEBIAN_FRONTEND=noninteractive
 # A fresh machine has no package lists; a failed update is retried once (mirrors flake).
 apt-get update -q || { sleep 5; apt-get update -q; }
 apt-get install -y -q --no-install-recommends "${missing[@]}"
-node_packages "${1:-}"

@@ -61,4 +61,11 @@ except ImportError as _e:  # the compiled core is absent (a GPU machine with onl
                           f"import ({_core_error}); build and install the package with "
                           f"`pip install .` (diffattn.gpu works without it)")
 
-__version__ = "0.1.0"
+if "_core_error" not in globals():
+    from ._core import __version__  # noqa: F401  (CMakeLists.txt's project version)
+else:
+    try:
+        from importlib.metadata import version as _version
+        __version__ = _version("diffattn")
+    except Exception:  # sources on a path, not installed
+        __version__ = "unknown"

@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   if (std::string(argv[1]) == "--version") {
-    std::cout << "diffattn 0.1.0\n";
+    std::cout << "diffattn " DIFFATTN_VERSION "\n";
     return 0;
   }
   const std::string name = argv[1];

@@ -1,12 +1,8 @@
-"""pytest setup: the tests import the built module (PYTHONPATH=build/python, as the Makefile
-sets it) and the helpers beside this file."""
+"""pytest setup: the tests run in the project's environment .venv/, where `make test` installed
+diffattn (pip install -e .), and import the helpers beside this file."""
 
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-ROOT = os.path.dirname(os.path.dirname(HERE))
-BUILD_PY = os.path.join(ROOT, "build", "python")
-if BUILD_PY not in sys.path and os.path.isdir(BUILD_PY):
-    sys.path.append(BUILD_PY)

@@ -1,6 +1,6 @@
 """`diffattn serve` end to end over loopback: greedy answers equal `diffattn generate
---temperature 0` alone and while 15 other streams run; the official OpenAI Node client drives
-completions, chat completions and streaming; a client that disconnects mid-stream frees its
+--temperature 0` alone and while 15 other streams run (the official OpenAI Python client is in
+test_openai_client.py); a client that disconnects mid-stream frees its
 sequence; a full queue answers 503; malformed requests get 400 error objects; SIGTERM ends
 streams cleanly and exits 0."""
 
@@ -20,7 +20,6 @@ import model_helpers as mh
 import serve_helpers as sh
 
 ROOT = mh.ROOT
-NODE_DIR = os.path.join(ROOT, "tests", "node")
 TOKENIZER_DATA = os.environ.get("DIFFATTN_TOKENIZER_DATA",
                                 os.path.join(os.path.dirname(ROOT), "shared", "data", "tokenizers"))
 
@@ -193,45 +192,6 @@ def test_malformed_requests_get_400_error_objects(server):
     for name in ("diffattn_requests_total{", "diffattn_generation_tokens_total", "diffattn_queue_depth",
                  "diffattn_batch_size", "diffattn_time_to_first_token_seconds_bucket"):
         assert name in text
-
-
-def test_official_node_client(model, tmp_path):
-    if not os.path.isdir(os.path.join(NODE_DIR, "node_modules", "openai")):
-        pytest.fail("the OpenAI Node client is not installed: run scripts/setup.sh test "
-                    "(npm install --prefix tests/node)")
-    d = tmp_path / "chat"
-    shutil.copytree(model, d)
-    # The Llama-3 chat template (real file when present, else its two keys written here).
-    real = os.path.join(TOKENIZER_DATA, "llama3", "tokenizer_config.json")
-    if os.path.exists(real):
-        shutil.copy(real, d / "tokenizer_config.json")
-    else:
-        with open(d / "tokenizer_config.json", "w") as f:
-            json.dump({"bos_token": "<|begin_of_text|>", "chat_template": sh.LLAMA3_TEMPLATE}, f)
-    s = sh.Server(d)
-    try:
-        p = subprocess.run(["node", os.path.join(NODE_DIR, "openai_client.mjs"), s.url + "/v1", "chat"],
-                           capture_output=True, text=True, timeout=120)
-        assert p.returncode == 0, p.stderr
-        out = json.loads(p.stdout)
-        want = generate_cli(model, "Hello", 12)
-        assert out["models"] == ["chat"]
-        assert out["completion"]["text"] == want and out["completion"]["finish_reason"] == "length"
-        assert out["completion"]["usage"] == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}
-        assert out["stream"]["text"] == want and out["stream"]["usage"]["completion_tokens"] == 12
-        # Chat: the prompt is the rendered template, bytes of it with this byte-level model.
-        rendered = ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
-                    "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
-                    "<|start_header_id|>assistant<|end_header_id|>\n\n")
-        assert out["chat"]["role"] == "assistant"
-        assert out["chat"]["content"] == generate_cli(model, rendered, 10)
-        assert out["chat"]["usage"]["prompt_tokens"] == len(rendered.encode())
-        assert out["chat_stream"]["content"] == out["chat"]["content"]
-        assert out["chat_stream"]["roles"] == ["assistant"]
-        assert out["n"] == [0, 1, 2]
-        assert out["bad"] == {"status": 400, "param": "temperature", "type": "invalid_request_error"}
-    finally:
-        s.stop()
 
 
 @pytest.fixture(scope="module")

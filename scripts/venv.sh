@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Makes the test environment .venv/ at the repository root (git-ignored) from the machine's
+# Python 3.11 and installs requirements-test.txt into it (again only when that file changed).
+# `make test` then installs diffattn itself into it (`pip install -e .`) and runs pytest with it.
+#   scripts/venv.sh            PYTHON=/path/to/python3.11 picks the interpreter
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv="$root/.venv"
+reqs="$root/requirements-test.txt"
+
+pick_python() {
+  if [[ -n "${PYTHON:-}" ]]; then echo "$PYTHON"; return; fi
+  for p in python3.11 /usr/bin/python3.11 python3; do
+    if command -v "$p" >/dev/null && "$p" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+      command -v "$p"; return
+    fi
+  done
+  echo "diffattn venv: no Python 3.11 found (the pinned torch==2.13.0 is a cp311 build); set PYTHON=" >&2
+  exit 1
+}
+
+if [[ ! -x "$venv/bin/python" ]]; then
+  py=$(pick_python)
+  echo "diffattn venv: creating .venv from $py ($("$py" --version 2>&1))"
+  "$py" -m venv "$venv" || {
+    echo "diffattn venv: '$py -m venv' failed (Debian's Python needs python3-venv: scripts/setup.sh test installs it)" >&2
+    exit 1
+  }
+fi
+want=$(sha256sum "$reqs" | cut -d' ' -f1)
+stamp="$venv/.requirements.sha256"
+if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
+  echo "diffattn venv: pip install -r requirements-test.txt"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$reqs"
+  echo "$want" > "$stamp"
+fi
