@@ -33,5 +33,6 @@ void check_shape(const char* op, const char* name, const Shape& got, const Shape
 void bind_kernels(pybind11::module_& m);
 void bind_model(pybind11::module_& m);
 void bind_eval(pybind11::module_& m);
+void bind_tensors(pybind11::module_& m);
 
 }  // namespace diffattn::python

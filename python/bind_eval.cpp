@@ -63,11 +63,21 @@ SnrConfig snr_config(int64_t length, int64_t head_dim, double signal, double noi
 
 // A config dict with config.json's architecture keys (docs/FORMAT.md); absent keys stay unset
 // and fail validation by name.
+// A config dict: a whole config.json (it has "format") goes through the one config reader,
+// ModelConfig::from_json, with every check; otherwise the architecture keys alone, the rest of
+// FORMAT.md's keys accepted and ignored where they change no count.
 ModelConfig arch_of(const py::dict& d) {
+  if (d.contains("format")) {
+    const std::string text = py::str(py::module_::import("json").attr("dumps")(d));
+    return ModelConfig::from_json(text, "model config");
+  }
   ModelConfig c;
   c.max_seq_len = 1;  // no tensor depends on it
   for (auto item : d) {
     const std::string key = py::str(item.first);
+    if (key == "rope_theta" || key == "norm_eps" || key == "lambda_init" || key == "rope_scaling") {
+      continue;  // no parameter, FLOP or cache byte depends on them
+    }
     if (key == "attention") c.attention = parse_attn_kind(py::str(item.second), "model config");
     else if (key == "vocab_size") c.vocab_size = item.second.cast<int64_t>();
     else if (key == "d_model") c.d_model = item.second.cast<int64_t>();
@@ -78,6 +88,8 @@ ModelConfig arch_of(const py::dict& d) {
     else if (key == "head_dim") c.head_dim = item.second.cast<int64_t>();
     else if (key == "tie_embeddings") c.tie_embeddings = item.second.cast<bool>();
     else if (key == "max_seq_len") c.max_seq_len = item.second.cast<int64_t>();
+    else if (key == "attention_bias") c.attn_bias = item.second.cast<bool>();
+    else if (key == "mlp_bias") c.mlp_bias = item.second.cast<bool>();
     else throw InvalidArgument("model config: unknown key \"" + key + "\"");
   }
   return c;

@@ -167,8 +167,12 @@ void bind_model(py::module_& m) {
       .def_property_readonly("storage", &Model::storage, "where the weights live")
       .def("lambdas", &Model::layer_lambdas,
            "lambda per layer: V1 the scalar of Eq. 2; V2 the mean sigmoid of the last forward")
-      .def_property_readonly("config", [](const Model& self) { return self.config().to_json(); },
-                             "config.json text")
+      .def_property_readonly(
+          "config",
+          [](const Model& self) {
+            return py::module_::import("json").attr("loads")(self.config().to_json());
+          },
+          "the config as a dict (config.json's keys, docs/FORMAT.md); diffattn.account takes it")
       .def_property_readonly("num_params", &Model::num_params);
 
   m.def(
