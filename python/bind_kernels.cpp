@@ -174,7 +174,7 @@ void bind_kernels(py::module_& m) {
 
 q (B, Tq, 2H, D): pair h uses sub-head 2h (map 1) and 2h+1 (map 2).
 k (B, Tk, 2G, D) separate keys per map (V1), or (B, Tk, G, D) shared keys (V2).
-v (B, Tk, G, Dv).  lam (H) per pair, or (B, Tq, H) per token and pair.
+v (B, Tk, G, Dv).  lam (H) per pair, (1) for every pair, or (B, Tq, H) per token and pair.
 Returns out (B, Tq, H, Dv) = softmax(s q1 k1^T) v - lam softmax(s q2 k2^T) v,
 s = scale or 1/sqrt(D). Pair h reads key/value group h // (H // G).
 causal: query i sees key j iff j <= i + Tk - Tq. mode "clamp": the textbook's

@@ -92,7 +92,7 @@ LayerMaps layer_maps(const Model& m, int64_t layer, int64_t b, const MapOptions&
     for (int64_t i = 0; i < T; ++i) {
       const float lam = !std::isnan(o.lambda) ? static_cast<float>(o.lambda)
                         : p.lam_per_token     ? p.lam[i * H + h]
-                                              : p.lam[h];
+                                              : p.lam[p.lam_scalar ? 0 : h];
       r.lambda[static_cast<size_t>(h * T + i)] = lam;
       const size_t row = static_cast<size_t>((h * T + i) * T);
       diff_row_weights(&r.map1[row], &r.map2[row], lam, o.mode, T, &r.diff[row]);

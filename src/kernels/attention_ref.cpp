@@ -184,7 +184,11 @@ void attention_bwd_ref(const AttnBwdParams& p) {
       }
     }
   }
-  if (p.maps == 2 && !p.lam_per_token) {
+  if (p.maps == 2 && p.lam_scalar) {
+    double s = 0;  // every pair's share in double, rounded once
+    for (int64_t h = 0; h < p.H; ++h) s += dlam_pair[h];
+    p.dlam[0] = static_cast<float>(s);
+  } else if (p.maps == 2 && !p.lam_per_token) {
     for (int64_t h = 0; h < p.H; ++h) p.dlam[h] = static_cast<float>(dlam_pair[h]);
   }
 }

@@ -213,13 +213,18 @@ void FusedBackward(const AttnBwdParams& p) {
     }
   }
   if (p.maps == 2 && !p.lam_per_token) {
+    // dlam per pair, or (a scalar lambda) one sum over every pair: in double, rounded once,
+    // so pairs whose shares cancel lose nothing to a per-pair float rounding.
+    double all = 0;
     for (int64_t h = 0; h < H; ++h) {
       double s = 0;
       for (int64_t b = 0; b < p.B; ++b) {
         for (int64_t i = 0; i < Tq; ++i) s -= dl2[(b * H + h) * Tq + i];
       }
-      p.dlam[h] = static_cast<float>(s);
+      if (p.lam_scalar) all += s;
+      else p.dlam[h] = static_cast<float>(s);
     }
+    if (p.lam_scalar) p.dlam[0] = static_cast<float>(all);
   }
 
   // dK, dV per key block; dQ partials per thread.

@@ -56,7 +56,7 @@ struct Rows {
     return ((b * p.Tq + t) * p.H + h) * p.Dv;
   }
   float lam(int64_t b, int64_t t, int64_t h) const {
-    return p.lam_per_token ? p.lam[(b * p.Tq + t) * p.H + h] : p.lam[h];
+    return p.lam_per_token ? p.lam[(b * p.Tq + t) * p.H + h] : p.lam[p.lam_scalar ? 0 : h];
   }
 };
 

@@ -187,8 +187,11 @@ AttnParams diff_attn_params(const ConstView& q, const ConstView& k, const ConstV
        << " and Tk, G from v " << shape_str(v.shape);
     fail(op, os.str());
   }
-  if (lam.shape.size() == 1) {
-    need_shape(op, "lam", lam.shape, {p.H}, "(H)", "(one lambda per pair)");
+  if (lam.shape.size() == 1 && lam.shape[0] == 1 && p.H > 1) {
+    p.lam_scalar = true;  // one lambda for every pair
+    p.lam_per_token = false;
+  } else if (lam.shape.size() == 1) {
+    need_shape(op, "lam", lam.shape, {p.H}, "(H)", "(one lambda per pair, or (1) for all)");
     p.lam_per_token = false;
   } else if (lam.shape.size() == 3) {
     need_shape(op, "lam", lam.shape, {p.B, p.Tq, p.H}, "(B, Tq, H)",

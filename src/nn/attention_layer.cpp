@@ -103,7 +103,9 @@ AttnParams make_params(const AttnLayerShape& s, int64_t B, int64_t Tq, const flo
   if (s.kind == AttnKind::Standard) {
     p = attn_params(qv, kv, vv, opts);
   } else {
-    const Shape lam_shape = s.kind == AttnKind::DiffV1 ? Shape{s.H} : Shape{B, Tq, s.H};
+    // V1: the layer's one lambda (acts.lam holds it per pair for the paged decode; the
+    // operator reads its first entry, and its gradient is one sum)
+    const Shape lam_shape = s.kind == AttnKind::DiffV1 ? Shape{1} : Shape{B, Tq, s.H};
     p = diff_attn_params(qv, kv, vv, {lam, lam_shape}, opts);
   }
   if (c16) {
@@ -395,9 +397,9 @@ void attn_layer_bwd(float* dinp, const AttnLayerGrads& g, const float* dout,
   attention_bwd(bp);
 
   if (v1) {
-    // The layer's lambda is broadcast to every pair: its gradient is the sum over pairs.
-    double dl = 0;
-    for (float x : sc.dlam) dl += x;
+    // The layer's lambda is broadcast to every pair: the operator took it as one lambda (1),
+    // so dlam[0] is the sum over pairs, formed in double and rounded once.
+    const double dl = sc.dlam[0];
     // Eq. 2: d/dlq1 = e1 lk1, d/dlk1 = e1 lq1, d/dlq2 = -e2 lk2, d/dlk2 = -e2 lq2
     for (int64_t i = 0; i < s.D; ++i) {
       g.lambda_q1[i] += static_cast<float>(dl * acts.e1 * w.lambda_k1[i]);

@@ -703,6 +703,41 @@ TEST(FusedStrides, StridedViewsGiveTheContiguousResult) {
   }
 }
 
+// ---- one lambda for every pair (lam (1), a V1 layer's scalar) ----
+
+TEST(FusedScalarLambda, EqualsTheBroadcastLambdaAndItsGradientIsOneSum) {
+  for (Backend be : {Backend::Fused, Backend::Reference}) {
+    SCOPED_TRACE(backend_name(be));
+    Problem pr = problem_of(AttnCase{"", 2, 2, 37, 37, 4, 2, 8, 16, false, false, true}, 61);
+    Problem one = pr;
+    one.lam_scalar = true;
+    one.lam = {0.37f};
+    pr.lam.assign(4, 0.37f);
+    ASSERT_TRUE(one.params().lam_scalar);
+    const testing::FwdResult a = testing::run_fwd(one, be), b = testing::run_fwd(pr, be);
+    EXPECT_EQ(a.out, b.out);  // the same arithmetic, lambda read once per pair
+    EXPECT_EQ(a.o2, b.o2);
+    const std::vector<float> dout = bench::randn(a.out.size(), 62);
+    const testing::BwdResult ga = testing::run_bwd(one, dout, be), gb = testing::run_bwd(pr, dout, be);
+    EXPECT_EQ(ga.dq, gb.dq);
+    EXPECT_EQ(ga.dk, gb.dk);
+    EXPECT_EQ(ga.dv, gb.dv);
+    ASSERT_EQ(ga.dlam.size(), 1u);
+    double sum = 0, mag = 0;  // the per-pair gradients' sum, and the size of its terms
+    for (float x : gb.dlam) sum += x, mag += std::abs(x);
+    EXPECT_NEAR(ga.dlam[0], sum, 4 * 6e-8 * mag);
+  }
+  // The two backends agree on the one sum.
+  Problem one = problem_of(AttnCase{"", 2, 2, 37, 37, 4, 2, 8, 16, false, false, true}, 61);
+  one.lam_scalar = true;
+  one.lam = {0.37f};
+  const testing::FwdResult f = testing::run_fwd(one, Backend::Reference);
+  const std::vector<float> dout = bench::randn(f.out.size(), 62);
+  const float fused = testing::run_bwd(one, dout, Backend::Fused).dlam[0];
+  const float ref = testing::run_bwd(one, dout, Backend::Reference).dlam[0];
+  EXPECT_NEAR(fused, ref, 1e-5 * (1 + std::abs(ref)));
+}
+
 // ---- numerical edge cases ----
 
 TEST(FusedEdgeCases, HugeLogits) {

@@ -30,6 +30,7 @@ struct Problem {
   int64_t B = 1, Tq = 4, Tk = 4, H = 2, G = 1, D = 8, Dv = 16;
   int maps = 2;
   bool shared_keys = false, lam_per_token = false, causal = false;
+  bool lam_scalar = false;  // lam (1): one lambda for every pair
   float scale = 0.0f;
   DiffMode mode = DiffMode::Signed;
   std::vector<float> q, k, v, lam;
@@ -37,7 +38,9 @@ struct Problem {
   Shape q_shape() const { return {B, Tq, maps * H, D}; }
   Shape k_shape() const { return {B, Tk, (maps == 2 && !shared_keys) ? 2 * G : G, D}; }
   Shape v_shape() const { return {B, Tk, G, Dv}; }
-  Shape lam_shape() const { return lam_per_token ? Shape{B, Tq, H} : Shape{H}; }
+  Shape lam_shape() const {
+    return lam_per_token ? Shape{B, Tq, H} : lam_scalar ? Shape{1} : Shape{H};
+  }
 
   // Fills q, k, v with N(0, 1) and lam uniform in [lam_lo, lam_hi].
   void randomize(uint32_t seed, float lam_lo = 0.1f, float lam_hi = 0.9f) {

@@ -59,6 +59,8 @@ struct AttnProblem {
   int maps = 2;                // 2: differential, 1: standard
   bool shared_keys = false;    // maps == 2: k has G heads read by both maps (V2) instead of 2G
   bool lam_per_token = false;  // lam is (B, Tq, H) rather than (H)
+  bool lam_scalar = false;     // lam is (1): one lambda for every pair (a V1 layer's scalar of
+                               //   Eq. 2); its gradient is then one sum, rounded once
   bool causal = false;
   float scale = 0.0f;          // multiplies q.k before the softmax
   DiffMode mode = DiffMode::Signed;
@@ -92,7 +94,9 @@ struct AttnProblem {
   Shape q_shape() const { return {B, Tq, q_heads(), D}; }
   Shape k_shape() const { return {B, Tk, key_heads(), D}; }
   Shape v_shape() const { return {B, Tk, G, Dv}; }
-  Shape lam_shape() const { return lam_per_token ? Shape{B, Tq, H} : Shape{H}; }
+  Shape lam_shape() const {
+    return lam_per_token ? Shape{B, Tq, H} : lam_scalar ? Shape{1} : Shape{H};
+  }
   Shape out_shape() const { return {B, Tq, H, Dv}; }
   Shape lse_shape() const { return {B, q_heads(), Tq}; }
   int64_t numel(const Shape& s) const;
