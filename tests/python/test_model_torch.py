@@ -63,6 +63,14 @@ def test_logits_loss_gradients_match_torch(tmp_path, kind, tie, li):
 
     l64, loss64, g64 = torch_results(cfg, weights, tokens, targets, torch.float64)
     l32, loss32, g32 = torch_results(cfg, weights, tokens, targets, torch.float32)
+    # A gradient that is one sum with heavy cancellation (lambda's: -sum dout . o2 over every
+    # row) has a float32 error that depends on the summation order: one order can be lucky to
+    # an ulp. The float32 error is taken as the worse of two orders (the batch as it is and
+    # reversed); the gradient tensors are sums over the batch, so only the order changes.
+    _, _, g32r = torch_results(cfg, weights, tokens[::-1].copy(), targets[::-1].copy(),
+                               torch.float32)
+    g32 = {n: np.where(np.abs(g32[n] - g64[n]) >= np.abs(g32r[n] - g64[n]), g32[n], g32r[n])
+           for n in g32}
 
     logits = m.forward(tokens)
     assert logits.shape == (2, 13, cfg["vocab_size"]) and logits.dtype == np.float32

@@ -2,7 +2,8 @@
 modules written here (both softmax maps materialised, explicit masks, rotary embedding by a
 different formulation), loaded with the same state_dict. Outputs and the gradients of every
 parameter and of the input meet FlashAttention's rule: error against the float64 re-implementation
-at most 2x the float32 re-implementation's, plus a few ulps."""
+at most 2x the float32 re-implementation's, plus a few ulps. DiffLlamaAttention is checked
+against transformers' own module in test_oracle_transformers.py."""
 
 import math
 
@@ -80,38 +81,6 @@ def ref_v2(P, x, H, G, D, theta=10000.0):
     return o.transpose(1, 2).reshape(B, T, H * D) @ P["o_proj.weight"].T
 
 
-def rotate_half(x):
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
-
-
-def ref_diffllama(P, x, N, NKV, D, layer_idx, eps, theta=10000.0, bias=False, offset=0):
-    """transformers' DiffLlamaAttention (eager), as its modeling file computes it."""
-    B, T, C = x.shape
-
-    def lin(name, t):
-        y = t @ P[name + ".weight"].T
-        return y + P[name + ".bias"] if bias else y
-
-    q = lin("q_proj", x).view(B, T, -1, D).transpose(1, 2)
-    k = lin("k_proj", x).view(B, T, -1, D).transpose(1, 2)
-    v = lin("v_proj", x).view(B, T, -1, D).transpose(1, 2)
-    inv = 1.0 / theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
-    emb = torch.cat([torch.outer(torch.arange(offset, offset + T, dtype=torch.float64), inv)] * 2,
-                    dim=-1)
-    cos, sin = emb.cos().to(x.dtype)[None, None], emb.sin().to(x.dtype)[None, None]
-    q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-    k, v = repeat_kv(k, N // NKV), repeat_kv(v, N // NKV)
-    v = torch.cat(torch.chunk(v, 2, dim=1), dim=-1).repeat(1, 2, 1, 1)
-    w = torch.softmax(q @ k.transpose(2, 3) / math.sqrt(D) + causal_mask(T, x.dtype), dim=-1)
-    li = 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
-    lam = (torch.exp((P["lambda_q1"] * P["lambda_k1"]).sum()) -
-           torch.exp((P["lambda_q2"] * P["lambda_k2"]).sum()) + li)
-    o1, o2 = torch.chunk(w @ v, 2, dim=1)
-    o = (1 - li) * rms(o1 - lam * o2, None, eps)
-    return lin("o_proj", o.transpose(1, 2).reshape(B, T, -1))
-
-
 def compare(module, ref, x, seed=1, call=None):
     """Output and gradients (x and every parameter) of module vs ref(P, x) in float64/float32."""
     g = torch.Generator().manual_seed(seed)
@@ -170,24 +139,6 @@ def test_multihead_diff_attn_v2(H, G):
     compare(m, lambda P, x: ref_v2(P, x, H, G, 32 // H), x)
 
 
-# num_attention_heads, num_key_value_heads (even: grouped call; odd: repeated heads), bias
-@pytest.mark.parametrize("N,NKV,bias", [(4, 4, False), (8, 4, True), (4, 2, False), (6, 3, False),
-                                        (4, 1, False)])
-def test_diffllama_attention(N, NKV, bias):
-    cfg = dict(hidden_size=32, num_attention_heads=N, num_key_value_heads=NKV, head_dim=8,
-               rms_norm_eps=1e-5, attention_bias=bias, lambda_std_dev=0.1, rope_theta=10000.0)
-    torch.manual_seed(0)
-    m = dt.DiffLlamaAttention(cfg, layer_idx=3)
-    rand_params(m, 3)
-    names = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "lambda_q1",
-             "lambda_k1", "lambda_q2", "lambda_k2"]
-    if bias:
-        names += ["q_proj.bias", "k_proj.bias", "v_proj.bias", "o_proj.bias"]
-    assert sorted(m.state_dict()) == sorted(names)
-    x = torch.randn(2, 19, 32)
-    compare(m, lambda P, x: ref_diffllama(P, x, N, NKV, 8, 3, 1e-5, bias=bias), x)
-
-
 def test_modules_reject_bad_input():
     m = dt.MultiheadDiffAttn(32, 0, 2)
     with pytest.raises(ValueError, match=r"x must have shape \(B, T, 32\), got \(2, 5, 16\)"):
@@ -205,8 +156,8 @@ def test_modules_reject_bad_input():
 
 
 def test_position_embeddings_passed_in():
-    """The upstream callers pass the rotary tables: V1 (cos, sin) (T, D/2) interleaved, Llama's
-    (cos, sin) (B, T, D) rotate-half; here for positions 7 .. 7+T-1."""
+    """The upstream caller passes the rotary tables: V1 (cos, sin) (T, D/2) interleaved, here
+    for positions 7 .. 7+T-1 (DiffLlama's rotate-half tables: test_oracle_transformers.py)."""
     T, off = 15, 7
     torch.manual_seed(0)
     m = dt.MultiheadDiffAttn(embed_dim=32, depth=1, num_heads=2)
@@ -214,14 +165,6 @@ def test_position_embeddings_passed_in():
     cos, sin = dt.rotary_cos_sin(T, 8, offset=off)
     compare(m, lambda P, x: ref_v1(P, x, 2, 2, depth=1, offset=off), torch.randn(2, T, 32),
             call=lambda mod, x: mod(x, rel_pos=(cos, sin)))
-    cfg = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-               rms_norm_eps=1e-5)
-    m = dt.DiffLlamaAttention(cfg, layer_idx=1)
-    rand_params(m, 6)
-    c, s = dt.rotary_cos_sin(T, 8, offset=off)
-    pe = (torch.cat((c, c), -1).expand(2, T, 8), torch.cat((s, s), -1).expand(2, T, 8))
-    compare(m, lambda P, x: ref_diffllama(P, x, 4, 2, 8, 1, 1e-5, offset=off),
-            torch.randn(2, T, 32), call=lambda mod, x: mod(x, position_embeddings=pe))
 
 
 def test_upstream_constructor_call():
@@ -233,81 +176,3 @@ def test_upstream_constructor_call():
     assert (m.num_heads, m.num_kv_heads) == (2, 2)
     with pytest.raises(ValueError, match="attn_mask is not supported"):
         m(torch.randn(1, 3, 32), None, torch.zeros(3, 3))
-
-
-def _diffllama(seed):
-    cfg = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-               rms_norm_eps=1e-5)
-    m = dt.DiffLlamaAttention(cfg, layer_idx=2)
-    rand_params(m, seed)
-    return m
-
-
-def _half_tables(B, T, offsets):
-    """Llama's (cos, sin) (B, T, 8) for row b at positions offsets[b] + t (may be negative: pads)."""
-    cs = [dt.rotary_cos_sin(T, 8, offset=o) for o in offsets]
-    return (torch.stack([torch.cat((c, c), -1) for c, _ in cs]),
-            torch.stack([torch.cat((s, s), -1) for _, s in cs]))
-
-
-def _ref_rows(m, x, n):
-    """ref_diffllama in float64 and float32 on the sequence x (1, n, 32) alone."""
-    P = {k: p.detach() for k, p in m.state_dict().items()}
-    return [ref_diffllama({k: p.to(dt_) for k, p in P.items()}, x.to(dt_), 4, 2, 8, 2, 1e-5)
-            for dt_ in (torch.float64, torch.float32)]
-
-
-@pytest.mark.parametrize("form", ["2d", "4d-additive", "4d-bool"])
-def test_diffllama_attention_left_padding(form):
-    """A left-padded batch (2D mask, or transformers' 4-D causal mask with padded keys): each
-    row's real tokens give what the sequence gives alone, padded rows give zeros."""
-    torch.manual_seed(0)
-    m = _diffllama(7)
-    T, pads = 13, [0, 4]
-    x = torch.randn(2, T, 32)
-    keep = torch.ones(2, T, dtype=torch.long)
-    keep[1, :pads[1]] = 0
-    if form == "2d":
-        mask = keep
-    else:
-        allowed = torch.ones(T, T, dtype=torch.bool).tril()[None] & keep.bool()[:, None, :]
-        mask = allowed[:, None] if form == "4d-bool" else torch.where(
-            allowed[:, None], 0.0, torch.finfo(torch.float32).min)
-    pe = _half_tables(2, T, [-p for p in pads])
-    y, _ = m(x, position_embeddings=pe, attention_mask=mask)
-    for b, p in enumerate(pads):
-        r64, r32 = _ref_rows(m, x[b:b + 1, p:], T - p)
-        check_rule(f"row {b}", y[b:b + 1, p:], r64, r32)
-        assert torch.count_nonzero(y[b, :p]) == 0
-
-
-def test_diffllama_attention_kv_cache():
-    """A prefill then one token at a time through a cache with transformers' update()
-    interface equals the whole sequence at once."""
-
-    class Cache:
-        def __init__(self):
-            self.k, self.v = {}, {}
-
-        def update(self, k, v, layer_idx, cache_kwargs=None):
-            if layer_idx in self.k:
-                self.k[layer_idx] = torch.cat((self.k[layer_idx], k), dim=2)
-                self.v[layer_idx] = torch.cat((self.v[layer_idx], v), dim=2)
-            else:
-                self.k[layer_idx], self.v[layer_idx] = k, v
-            return self.k[layer_idx], self.v[layer_idx]
-
-    torch.manual_seed(1)
-    m = _diffllama(8)
-    T, T0 = 16, 10
-    x = torch.randn(1, T, 32)
-    cache, outs = Cache(), []
-    with torch.no_grad():
-        outs.append(m(x[:, :T0], position_embeddings=_half_tables(1, T0, [0]),
-                      past_key_values=cache)[0])
-        for t in range(T0, T):
-            outs.append(m(x[:, t:t + 1], position_embeddings=_half_tables(1, 1, [t]),
-                          past_key_values=cache)[0])
-        r64, r32 = _ref_rows(m, x, T)
-    check_rule("cached", torch.cat(outs, dim=1), r64, r32)
-    assert cache.k[2].shape == (1, 2, T, 8)
