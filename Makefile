@@ -75,11 +75,15 @@ $(FUZZ_BUILD)/CMakeCache.txt:
 fuzz-build: setup-test $(FUZZ_BUILD)/CMakeCache.txt
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzzers
 
+# The libFuzzer harnesses, then the tokenizer against the tokenizers library (a Python
+# differential fuzzer: fuzz/tokenizer_vs_library.py, corpus fuzz/corpus_text/).
 test-fuzz: fuzz-build
 	scripts/fuzz.sh $(FUZZ_BUILD) $(FUZZ_REPLAY_SECONDS)
+	$(VPY) fuzz/tokenizer_vs_library.py --seconds $(FUZZ_REPLAY_SECONDS) --artifacts $(FUZZ_BUILD)/artifacts/tokenizer_vs_library
 
 fuzz: fuzz-build
 	scripts/fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
+	$(VPY) fuzz/tokenizer_vs_library.py --seconds $(FUZZ_SECONDS) --artifacts $(FUZZ_BUILD)/artifacts/tokenizer_vs_library
 
 demo: build
 	$(BUILD)/diffattn demo
