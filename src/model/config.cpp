@@ -1,6 +1,9 @@
 // config.json of docs/FORMAT.md: parsing with every key checked (unknown keys are errors), the
 // derived per-layer attention shapes, the presets, and the table of tensors a config implies.
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -145,7 +148,11 @@ std::string ModelConfig::to_json() const {
   j["ffn_dim"] = ffn_dim;
   j["max_seq_len"] = max_seq_len;
   j["rope_theta"] = rope_theta;
-  j["norm_eps"] = norm_eps;
+  // norm_eps is kept as a float; written as the shortest decimal that reads back as that
+  // float (1e-05, not its double widening 9.999999747378752e-06)
+  char eps[32];
+  const auto r = std::to_chars(eps, eps + sizeof eps, norm_eps);
+  j["norm_eps"] = std::strtod(std::string(eps, r.ptr).c_str(), nullptr);
   j["tie_embeddings"] = tie_embeddings;
   if (lambda_init) j["lambda_init"] = *lambda_init;
   if (rope_scaling.type != nn::RopeScaling::Type::None) {

@@ -193,7 +193,7 @@ def test_page_in_headless_chromium(server, tmp_path):
         bars = driver.find_element(By.ID, "bars")
         bl = bars.location
         crop = img.crop((bl["x"], bl["y"], bl["x"] + bars.size["width"], bl["y"] + bars.size["height"]))
-        colours = set(crop.getdata())
+        colours = set(crop.get_flattened_data() if hasattr(crop, "get_flattened_data") else crop.getdata())
         for c in [(31, 119, 180), (255, 127, 14), (214, 39, 40), (44, 160, 44)]:
             assert c in colours, f"bar colour {c} missing from the bar chart"
         m1 = driver.find_element(By.ID, "view-map1")

@@ -237,7 +237,7 @@ def test_module_with_transformers_dynamic_cache():
                 xs = x[:, a:b].to(dtype)
                 mask = causal_mask(1, b - a, b, dtype=dtype) if b - a > 1 else None
                 refs[dtype] = m(xs, rotary(cfg_hf, xs, pos), attention_mask=mask,
-                                past_key_values=caches[dtype])[0]
+                                cache=caches[dtype])[0]
             y, _ = ours(x[:, a:b], position_embeddings=rotary(cfg_hf, x[:, a:b], pos),
                         past_key_values=mine)
             rule(f"positions {a}..{b - 1}", y, refs[torch.float64], refs[torch.float32])
