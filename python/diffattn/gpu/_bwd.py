@@ -10,6 +10,9 @@ dO1 = dout and dO2 = -lam dout. With dP = dout V^T, shared by both maps:
     dK1 = s dS1^T Q1, dK2 = s dS2^T Q2 (shared keys: their sum),  dQi = s dSi Ki
     dlam = -rowsum(dout o o2) = -R2  per token; summed over tokens (and pairs) for a broadcast lam
 
+A row that sees exactly one key has P = 1 and dS = 0 exactly; the kernels write that 0 rather
+than the rounding left by dP - D.
+
 Three kernels: the preprocess writes (D1, R2) per row (standard attention: D = rowsum(dout o out)),
 laid out like lse; the key-block kernel owns a block of keys of one group and loops over the
 group's pairs and the query blocks that see it, so dK and dV need no atomics (several programs
@@ -21,7 +24,7 @@ query-block kernel of its own (deterministic).
 import triton
 import triton.language as tl
 
-from ._common import LOG2E, load_tile, mma, store_tile
+from ._common import LOG2E_C, load_tile, mma, store_tile
 
 
 @triton.jit
@@ -72,6 +75,18 @@ def attn_bwd_preprocess_kernel(
 
 
 @triton.jit
+def _sees_one_key(rows, diag, k_len, CAUSAL: tl.constexpr):
+    """Whether each query row sees exactly one key. Its P is then 1 and dS = dP - D is exactly
+    0, but dP (from V) and D (from the saved outputs) round differently; the kernels write the
+    exact 0 (as the CPU backend does). Such rows occur only in masked tiles."""
+    if CAUSAL:
+        n_seen = tl.minimum(tl.maximum(rows + diag + 1, 0), k_len)
+    else:
+        n_seen = tl.zeros_like(rows) + k_len
+    return n_seen == 1
+
+
+@triton.jit
 def _bwd_query_tiles(dk1, dk2, dv, k1, k2, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, lam_ptrs,
                      dq_ptrs, s_qt, s_ot, s_lt, s_dqt, s_qh, s_sh, s_dqh,
                      lo, hi, offs_n, offs_m0, offs_d, offs_dv, q_len, k_len, diag, qk_scale,
@@ -93,14 +108,17 @@ def _bwd_query_tiles(dk1, dk2, dv, k1, k2, v, q_ptrs, do_ptrs, lse_ptrs, delta_p
         lse1 = tl.load(lse_ptrs + offs_m, mask=rows_ok, other=float("inf"))
         d1 = tl.load(delta_ptrs + offs_m, mask=rows_ok, other=0.0)
         # P1^T = exp(s k1 q1^T - lse1), in log2 units  (BLOCK_N, BLOCK_M)
-        p1 = tl.math.exp2(mma(k1, tl.trans(q1), zero, DOT_PREC) * qk_scale - lse1[None, :] * LOG2E)
+        p1 = tl.math.exp2(mma(k1, tl.trans(q1), zero, DOT_PREC) * qk_scale - lse1[None, :] * LOG2E_C)
         if MASKED:
             seen = offs_n[:, None] < k_len
             if CAUSAL:
                 seen = seen & (offs_n[:, None] <= offs_m[None, :] + diag)
             p1 = tl.where(seen, p1, 0.0)
+            one_key = _sees_one_key(offs_m, diag, k_len, CAUSAL)[None, :]
         dp = mma(v, tl.trans(do), zero, DOT_PREC)            # (dout V^T)^T  (BLOCK_N, BLOCK_M)
         ds1 = p1 * (dp - d1[None, :])
+        if MASKED:
+            ds1 = tl.where(one_key, 0.0, ds1)
         dk1 = mma(ds1.to(q1.dtype), q1, dk1, DOT_PREC)
         if ATOMIC_DQ:
             dq1 = mma(tl.trans(ds1.to(k1.dtype)), k1, tl.zeros([BLOCK_M, BLOCK_D], tl.float32),
@@ -114,12 +132,14 @@ def _bwd_query_tiles(dk1, dk2, dv, k1, k2, v, q_ptrs, do_ptrs, lse_ptrs, delta_p
             r2 = tl.load(delta_ptrs + s_sh + offs_m, mask=rows_ok, other=0.0)
             lam = tl.load(lam_ptrs + offs_m * s_lt, mask=rows_ok, other=0.0).to(tl.float32)
             p2 = tl.math.exp2(mma(k2, tl.trans(q2), zero, DOT_PREC) * qk_scale
-                              - lse2[None, :] * LOG2E)
+                              - lse2[None, :] * LOG2E_C)
             if MASKED:
                 p2 = tl.where(seen, p2, 0.0)
             # out = (A1 - lam A2) V (arXiv:2410.05258, Eq. 1), so dV = (P1 - lam P2)^T dout
             dv = mma((p1 - lam[None, :] * p2).to(do.dtype), do, dv, DOT_PREC)
             ds2 = -lam[None, :] * p2 * (dp - r2[None, :])
+            if MASKED:
+                ds2 = tl.where(one_key, 0.0, ds2)
             if SHARED_K:
                 dk1 = mma(ds2.to(q2.dtype), q2, dk1, DOT_PREC)
             else:
@@ -263,14 +283,17 @@ def _dq_key_tiles(dq1, dq2, q1, q2, do, lse1, lse2, d1, r2, lam, k1_ptrs, k2_ptr
         keys = start_n + offs_n0
         k1 = load_tile(k1_ptrs + start_n * s_kt, keys, k_len, offs_d, D, MASKED, D != BLOCK_D)
         v = load_tile(v_ptrs + start_n * s_vt, keys, k_len, offs_dv, DV, MASKED, DV != BLOCK_DV)
-        p1 = tl.math.exp2(mma(q1, tl.trans(k1), zero, DOT_PREC) * qk_scale - lse1[:, None] * LOG2E)
+        p1 = tl.math.exp2(mma(q1, tl.trans(k1), zero, DOT_PREC) * qk_scale - lse1[:, None] * LOG2E_C)
         if MASKED:
             seen = keys[None, :] < k_len
             if CAUSAL:
                 seen = seen & (keys[None, :] <= offs_m[:, None] + diag)
             p1 = tl.where(seen, p1, 0.0)
+            one_key = _sees_one_key(offs_m, diag, k_len, CAUSAL)[:, None]
         dp = mma(do, tl.trans(v), zero, DOT_PREC)                 # dout V^T  (BLOCK_M, BLOCK_N)
         ds1 = p1 * (dp - d1[:, None])
+        if MASKED:
+            ds1 = tl.where(one_key, 0.0, ds1)
         dq1 = mma(ds1.to(k1.dtype), k1, dq1, DOT_PREC)
         if MAPS == 2:
             if SHARED_K:
@@ -279,10 +302,12 @@ def _dq_key_tiles(dq1, dq2, q1, q2, do, lse1, lse2, d1, r2, lam, k1_ptrs, k2_ptr
                 k2 = load_tile(k2_ptrs + start_n * s_kt, keys, k_len, offs_d, D, MASKED,
                                D != BLOCK_D)
             p2 = tl.math.exp2(mma(q2, tl.trans(k2), zero, DOT_PREC) * qk_scale
-                              - lse2[:, None] * LOG2E)
+                              - lse2[:, None] * LOG2E_C)
             if MASKED:
                 p2 = tl.where(seen, p2, 0.0)
             ds2 = -lam[:, None] * p2 * (dp - r2[:, None])
+            if MASKED:
+                ds2 = tl.where(one_key, 0.0, ds2)
             dq2 = mma(ds2.to(k2.dtype), k2, dq2, DOT_PREC)
     return dq1, dq2
 

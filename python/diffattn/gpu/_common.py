@@ -22,6 +22,9 @@ _WIDEN_DOT = tl.constexpr(INTERPRET)
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
 LN2 = 0.6931471805599453    # ln(2): a log2-unit log-sum-exp times LN2 is the natural one
+# the same inside kernels (a @triton.jit function reads only constexpr globals)
+LOG2E_C = tl.constexpr(LOG2E)
+LN2_C = tl.constexpr(LN2)
 
 
 @triton.jit

@@ -104,7 +104,6 @@ _INTERPRET_TILES = {
     "decode": Tiles(16, 16, 1, 1),
 }
 
-PREPROCESS_BLOCK_M = 64     # rows per program of the backward's preprocess (16 interpreted)
 MERGE_BLOCK_C = 64          # value columns per program of the decode merge
 
 _forced = {}

@@ -15,7 +15,7 @@ block_table[b, j // block_size]; any block size works (the table is read per key
 import triton
 import triton.language as tl
 
-from ._common import LN2, load_tile, mma
+from ._common import LN2_C, load_tile, mma
 
 
 @triton.jit
@@ -201,7 +201,7 @@ def _merge_map(O_PART, LSE_PART, part0, s_ps, n_splits, map_idx, s_pm, offs_r, o
         m = m_new
     seen = w_sum > 0.0
     w_safe = tl.where(seen, w_sum, 1.0)
-    lse = tl.where(seen, (m + tl.math.log2(w_safe)) * LN2, float("inf"))   # natural log
+    lse = tl.where(seen, (m + tl.math.log2(w_safe)) * LN2_C, float("inf"))   # natural log
     return acc / w_safe[:, None], lse
 
 

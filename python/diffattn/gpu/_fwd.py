@@ -16,7 +16,7 @@ never visited.
 import triton
 import triton.language as tl
 
-from ._common import LN2, load_tile, mma, store_tile
+from ._common import LN2_C, load_tile, mma, store_tile
 
 
 @triton.jit
@@ -82,7 +82,7 @@ def _finish_map(acc, l, m):
     log). A row that saw no key (l = 0) gets o = 0 and lse = +inf."""
     seen = l > 0.0
     inv_l = tl.where(seen, 1.0 / tl.where(seen, l, 1.0), 0.0)
-    lse = tl.where(seen, (m + tl.math.log2(tl.where(seen, l, 1.0))) * LN2, float("inf"))
+    lse = tl.where(seen, (m + tl.math.log2(tl.where(seen, l, 1.0))) * LN2_C, float("inf"))
     return acc * inv_l[:, None], lse
 
 

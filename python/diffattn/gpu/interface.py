@@ -91,7 +91,9 @@ def _same_dtype(op, **xs):
     dtypes = {n: x.dtype for n, x in xs.items()}
     if len(set(dtypes.values())) > 1:
         got = ", ".join(f"{n} {d}" for n, d in dtypes.items())
-        raise TypeError(f"{op}: {' and '.join(dtypes)} must share one dtype, got {got}")
+        names = list(dtypes)
+        raise TypeError(f"{op}: {', '.join(names[:-1])} and {names[-1]} must share one dtype, "
+                        f"got {got}")
 
 
 def _rows(x):
@@ -409,7 +411,8 @@ def _backward(p, dout, out, lse, o2, lam, lam_strides, scale, deterministic, cu_
     qk_scale = scale * LOG2E
 
     # preprocess: D1 = rowsum(dout (out + lam o2)), R2 = rowsum(dout o2) (standard: rowsum(dout out))
-    pre_m = 16 if INTERPRET else _configs.PREPROCESS_BLOCK_M
+    # ~96 float32 values of dout, out and o2 per thread of 4 warps
+    pre_m = 16 if INTERPRET else max(16, min(64, 4096 // max(16, next_pow2(Dv))))
     attn_bwd_preprocess_kernel[(H, triton.cdiv(max_q, pre_m), B)](
         dout, out, o2, lam, delta, cu_q,
         *p.strides(dout), *p.strides(out), *(p.strides(o2) if maps == 2 else (0, 0, 0)),
