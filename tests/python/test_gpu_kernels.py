@@ -196,6 +196,7 @@ def check_case(q, k, v, lam, dout, causal, dtype, scale=None, deterministic=Fals
 # ------------------------------------------------------------------ dense forward and backward
 
 # id, B, Tq, Tk, H (pairs or heads), G, D, Dv, kind, lam, causal, dtype
+# (Tk - Tq = 30 puts a causal diagonal two keys short of a 32-key tile's edge)
 CASES = [
     ("v1_pair_gqa", 2, 17, 17, 2, 1, 16, 32, "v1", "pair", False, "f32"),
     ("v1_pair_causal_97", 1, 97, 97, 2, 2, 16, 32, "v1", "pair", True, "f32"),
@@ -204,7 +205,7 @@ CASES = [
     ("v1_d24_dv48", 1, 13, 21, 2, 2, 24, 48, "v1", "pair", False, "f32"),
     ("v1_d128_dv256", 1, 19, 35, 1, 1, 128, 256, "v1", "scalar", True, "f32"),
     ("v2_token_gqa", 2, 23, 41, 4, 2, 16, 16, "v2", "token", False, "f32"),
-    ("std_gqa_causal", 2, 17, 29, 4, 2, 16, 16, "std", None, True, "f32"),
+    ("std_gqa_causal_diag30", 2, 17, 47, 4, 2, 16, 16, "std", None, True, "f32"),
     ("std_one_row", 3, 1, 1, 2, 2, 16, 32, "std", None, False, "f32"),
     ("v1_pair_f16", 1, 33, 50, 2, 1, 64, 128, "v1", "pair", False, "f16"),
     ("v1_row_bf16_causal", 2, 1, 19, 2, 1, 16, 32, "v1", "pair", True, "bf16"),
@@ -236,7 +237,8 @@ def test_deterministic_backward_matches_oracle_and_repeats():
 def test_other_tilings_and_split_pairs():
     """BLOCK_M > BLOCK_N everywhere, a scale given, and the key-block backward with a group's
     pairs split over programs (partials summed after)."""
-    q, k, v, lam, gen = make_inputs(1, 37, 53, 4, 1, 16, 32, "v1", "pair", seed=9)
+    # Tk - Tq = 14: a causal diagonal two keys short of a 16-key tile edge
+    q, k, v, lam, gen = make_inputs(1, 37, 51, 4, 1, 16, 32, "v1", "pair", seed=9)
     dout = torch.randn(1, 37, 4, 32, generator=gen)
     with _configs.force(fwd=Tiles(32, 16, 1, 1), bwd_dkdv=Tiles(32, 16, 1, 1),
                         bwd_dq=Tiles(16, 32, 1, 1), bwd_splits=3):
@@ -435,9 +437,12 @@ def test_decode_matches_oracle(case):
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     lens = torch.randint(Tq, Tk + 1, (B,), generator=gen)
     lens[0] = Tk
-    lens[-1] = 0 if B > 2 else max(Tq - 1, 0)
+    # a diagonal two keys short of a 16-key tile edge: (n - Tq + 2) % 16 == 0
+    lens[1] = max(n for n in range(Tq, Tk + 1) if (n - Tq + 2) % 16 == 0)
+    if B > 2:
+        lens[-1] = 0
     if B > 3:
-        lens[1] = max(Tq - 1, 0)             # fewer keys than queries: some rows see none
+        lens[2] = max(Tq - 1, 0)             # fewer keys than queries: some rows see none
     lens = lens.to(torch.int32)
     if bs:
         kc, vc, table = _paged(k, v, lens, bs, gen)
