@@ -151,6 +151,7 @@ def _problems():
         "fwd_bwd_v1_d128": diff(128, 256, False, False),
         "fwd_bwd_v1_d128_causal_det": diff(128, 256, False, True, det=True),
         "fwd_bwd_v2_d128_causal": diff(128, 128, True, True, lam_tok=True),
+        "fwd_bwd_v2_d64": diff(64, 64, True, False, lam_tok=True),
         "fwd_bwd_v1_d64_fp32": diff(64, 128, False, True, dtype=torch.float32, det=True),
         "fwd_bwd_std_d64": std(64, False),
         "fwd_bwd_std_d128_causal_det": std(128, True, det=True),
@@ -195,9 +196,8 @@ def main():
                 if kname not in seen:
                     continue
                 c = seen[kname]["constexprs"]
-                maps, bdv = c["MAPS"], c["BLOCK_DV"]
                 elem = 4 if c.get("DOT_PREC") == "ieee" else 2
-                for t in _configs._TABLES[table][(maps, 64 if bdv <= 64 else (128 if bdv <= 128 else 256), elem == 2)]:
+                for t in _configs.candidates(table, c["MAPS"], c["BLOCK_D"], c["BLOCK_DV"], elem):
                     variants.append({table: t})
         for force in variants:
             start = len(_records)

@@ -1,7 +1,8 @@
 """Tile sizes and launch settings of every kernel of diffattn.gpu, one table per kernel.
 
 Each table gives, for a problem's key (maps, head dims, element size), a list of candidate
-tilings; the first is the default. Defaults were chosen for the H100 by compiling every
+tilings; the first is the default (one that keeps its accumulators in registers where the
+compile check found one). Defaults were chosen for the H100 by compiling every
 candidate for sm_90 on a CPU machine (scripts/gpu_compile_check.py: registers, spills, shared
 memory), not by timing: timing needs the GPU. With DIFFATTN_TRITON_AUTOTUNE=1 (or
 autotune(True)) the first call of each key on a CUDA device times every candidate and keeps the
@@ -28,70 +29,78 @@ class Tiles:
     num_stages: int
 
 
-# forward (_fwd.attn_fwd_kernel): key (maps, BLOCK_DV bucket, 16-bit inputs)
+T = Tiles
+
+# Keys: (maps, BLOCK_D, BLOCK_DV) for 16-bit inputs, where the compile check measured them;
+# (maps, "*", BLOCK_DV) is the fallback for other head dims and ("f32", maps) for float32
+# inputs (products without tensor-core TF32: small tiles). Comments: registers per thread on
+# sm_90 from scripts/gpu_compile_check.py (no spills unless said).
+
+# forward (_fwd.attn_fwd_kernel)
 _FWD = {
-    (1, 64, True): [Tiles(128, 64, 4, 3), Tiles(128, 128, 8, 3), Tiles(64, 64, 4, 3)],
-    (1, 128, True): [Tiles(128, 64, 8, 3), Tiles(128, 128, 8, 3), Tiles(64, 64, 4, 3)],
-    (1, 256, True): [Tiles(64, 64, 8, 2), Tiles(64, 32, 4, 2), Tiles(128, 32, 8, 2)],
-    (2, 64, True): [Tiles(128, 64, 8, 3), Tiles(64, 64, 4, 3), Tiles(128, 32, 8, 3)],
-    (2, 128, True): [Tiles(128, 64, 8, 2), Tiles(64, 64, 4, 3), Tiles(128, 32, 8, 3),
-                     Tiles(64, 64, 8, 3)],
-    (2, 256, True): [Tiles(64, 64, 8, 2), Tiles(64, 32, 4, 2), Tiles(128, 32, 8, 2),
-                     Tiles(64, 32, 8, 3)],
-    (1, 64, False): [Tiles(64, 32, 4, 2), Tiles(64, 64, 4, 2)],
-    (1, 128, False): [Tiles(64, 32, 4, 2), Tiles(32, 32, 4, 2)],
-    (1, 256, False): [Tiles(32, 32, 4, 2), Tiles(64, 16, 4, 2)],
-    (2, 64, False): [Tiles(64, 32, 4, 2), Tiles(32, 32, 4, 2)],
-    (2, 128, False): [Tiles(64, 32, 8, 2), Tiles(32, 32, 4, 2)],
-    (2, 256, False): [Tiles(32, 32, 4, 2), Tiles(32, 16, 4, 2)],
+    (1, 64, 64): [T(128, 64, 4, 3), T(128, 128, 8, 3), T(64, 64, 4, 3)],       # 224, 190, 128
+    (1, 128, 128): [T(128, 64, 8, 3), T(128, 128, 8, 3), T(64, 64, 4, 3)],     # 208, 238, 168
+    (2, 64, 128): [T(128, 64, 8, 2), T(128, 32, 8, 3), T(64, 64, 8, 3)],       # 255, 227, 209
+    (2, 128, 128): [T(128, 32, 8, 3), T(64, 32, 8, 3), T(64, 32, 4, 3),        # 248, 216, 242
+                    T(128, 64, 8, 2)],                                         # 12 B spilled
+    (2, 128, 256): [T(64, 32, 8, 3), T(64, 32, 8, 2), T(64, 64, 8, 2)],        # 246, 247, 128 B
+    (1, "*", 64): [T(128, 64, 4, 3), T(64, 64, 4, 3)],
+    (1, "*", 128): [T(128, 64, 8, 3), T(64, 64, 4, 3)],
+    (1, "*", 256): [T(64, 32, 8, 3), T(64, 64, 8, 2)],
+    (2, "*", 64): [T(128, 64, 8, 3), T(64, 64, 4, 3), T(128, 32, 8, 3)],
+    (2, "*", 128): [T(128, 32, 8, 3), T(64, 32, 8, 3)],
+    (2, "*", 256): [T(64, 32, 8, 3), T(64, 32, 8, 2)],
+    ("f32", 1): [T(64, 16, 8, 2), T(32, 16, 8, 2)],
+    ("f32", 2): [T(64, 16, 8, 2), T(32, 16, 8, 2), T(32, 32, 8, 2)],          # 230, 166, 255
 }
 
-# backward, key blocks (_bwd.attn_bwd_dkdv_kernel): BLOCK_N keys owned, BLOCK_M query rows a step
+# backward, key blocks (_bwd.attn_bwd_dkdv_kernel): BLOCK_N keys owned, BLOCK_M query rows a
+# step. With the atomic dQ this kernel holds dK1, dK2, dV and K1, K2, V: V1 at D = 128 finds no
+# wgmma tiling without spills (M64 N32 w8: 176 B, M16 N64 w8: 232 B; the defaults use mma.sync).
 _BWD_DKDV = {
-    (1, 64, True): [Tiles(32, 128, 4, 3), Tiles(64, 64, 4, 2), Tiles(32, 64, 4, 3)],
-    (1, 128, True): [Tiles(32, 128, 8, 2), Tiles(32, 64, 4, 2), Tiles(64, 64, 8, 2)],
-    (1, 256, True): [Tiles(32, 64, 8, 2), Tiles(16, 64, 4, 2)],
-    (2, 64, True): [Tiles(32, 64, 4, 2), Tiles(32, 128, 8, 2), Tiles(16, 64, 4, 3)],
-    (2, 128, True): [Tiles(32, 64, 4, 2), Tiles(32, 128, 8, 2), Tiles(64, 64, 8, 2)],
-    (2, 256, True): [Tiles(32, 64, 8, 2), Tiles(16, 64, 4, 2), Tiles(32, 32, 4, 2)],
-    (1, 64, False): [Tiles(32, 64, 4, 2)],
-    (1, 128, False): [Tiles(32, 32, 4, 2)],
-    (1, 256, False): [Tiles(16, 32, 4, 2)],
-    (2, 64, False): [Tiles(32, 32, 4, 2)],
-    (2, 128, False): [Tiles(16, 32, 4, 2)],
-    (2, 256, False): [Tiles(16, 32, 8, 2)],
+    (1, 64, 64): [T(32, 128, 8, 2), T(64, 128, 8, 2), T(32, 64, 4, 3),         # 213, 254, 233
+                  T(64, 64, 8, 2)],                                            # 252
+    (1, 128, 128): [T(32, 128, 8, 2), T(16, 128, 8, 2), T(32, 64, 8, 2)],      # 255, 238, 220
+    (2, 64, 128): [T(64, 32, 8, 2), T(16, 128, 8, 2), T(16, 64, 8, 2),         # 246, 255, 237
+                   T(32, 64, 8, 2)],                                           # 32 B spilled
+    (2, 128, 128): [T(32, 32, 8, 2), T(16, 32, 8, 2), T(64, 32, 8, 2),         # 249, 218, 16 B
+                    T(16, 64, 8, 2)],                                          # 40 B spilled
+    (2, 128, 256): [T(32, 32, 8, 2), T(16, 32, 8, 2), T(64, 32, 8, 2),         # 252, 206, 176 B
+                    T(16, 64, 8, 2)],                                          # 232 B spilled
+    (1, "*", 64): [T(32, 64, 4, 3), T(32, 128, 8, 2)],
+    (1, "*", 128): [T(32, 64, 8, 2), T(32, 128, 8, 2)],
+    (1, "*", 256): [T(32, 32, 8, 2), T(16, 64, 8, 2)],
+    (2, "*", 64): [T(32, 64, 8, 2), T(16, 64, 8, 2)],
+    (2, "*", 128): [T(32, 32, 8, 2), T(64, 32, 8, 2)],
+    (2, "*", 256): [T(32, 32, 8, 2), T(16, 32, 8, 2)],
+    ("f32", 1): [T(32, 16, 8, 2), T(16, 16, 8, 2)],
+    ("f32", 2): [T(32, 16, 8, 2), T(16, 16, 8, 2)],                            # 104, 102
 }
 
 # backward, deterministic dQ (_bwd.attn_bwd_dq_kernel): BLOCK_M rows owned, BLOCK_N keys a step
 _BWD_DQ = {
-    (1, 64, True): [Tiles(128, 32, 4, 3), Tiles(64, 64, 4, 2)],
-    (1, 128, True): [Tiles(128, 32, 8, 2), Tiles(64, 64, 4, 2)],
-    (1, 256, True): [Tiles(64, 32, 8, 2), Tiles(64, 16, 4, 2)],
-    (2, 64, True): [Tiles(64, 32, 4, 2), Tiles(128, 32, 8, 2)],
-    (2, 128, True): [Tiles(64, 32, 4, 2), Tiles(128, 32, 8, 2)],
-    (2, 256, True): [Tiles(64, 32, 8, 2), Tiles(32, 32, 4, 2)],
-    (1, 64, False): [Tiles(64, 32, 4, 2)],
-    (1, 128, False): [Tiles(32, 32, 4, 2)],
-    (1, 256, False): [Tiles(32, 16, 4, 2)],
-    (2, 64, False): [Tiles(32, 32, 4, 2)],
-    (2, 128, False): [Tiles(32, 32, 4, 2)],
-    (2, 256, False): [Tiles(32, 16, 8, 2)],
+    (1, 128, 128): [T(128, 32, 8, 2), T(64, 64, 4, 2)],                        # 134, 190
+    (2, 128, 256): [T(64, 32, 8, 2), T(32, 32, 4, 2)],                         # 227, 218
+    (1, "*", 64): [T(128, 32, 4, 3), T(64, 64, 4, 2)],
+    (1, "*", 128): [T(128, 32, 8, 2), T(64, 64, 4, 2)],
+    (1, "*", 256): [T(64, 32, 8, 2), T(64, 16, 4, 2)],
+    (2, "*", 64): [T(64, 32, 4, 2), T(128, 32, 8, 2)],
+    (2, "*", 128): [T(64, 32, 8, 2), T(128, 32, 8, 2)],
+    (2, "*", 256): [T(64, 32, 8, 2), T(32, 32, 4, 2)],
+    ("f32", 1): [T(32, 16, 8, 2), T(16, 32, 8, 2)],
+    ("f32", 2): [T(32, 16, 8, 2), T(16, 32, 8, 2)],                            # 78, 71
 }
 
 # decode split kernel (_decode.attn_decode_split_kernel): BLOCK_M caps the stacked rows
 _DECODE = {
-    (1, 64, True): [Tiles(64, 64, 4, 3), Tiles(64, 128, 4, 3), Tiles(64, 32, 4, 4)],
-    (1, 128, True): [Tiles(64, 64, 4, 3), Tiles(64, 128, 8, 3), Tiles(64, 32, 4, 4)],
-    (1, 256, True): [Tiles(32, 64, 4, 3), Tiles(32, 32, 4, 4)],
-    (2, 64, True): [Tiles(64, 64, 4, 3), Tiles(64, 128, 8, 3), Tiles(64, 32, 4, 4)],
-    (2, 128, True): [Tiles(64, 64, 4, 3), Tiles(64, 128, 8, 3), Tiles(64, 32, 4, 4)],
-    (2, 256, True): [Tiles(32, 64, 4, 3), Tiles(32, 32, 4, 4), Tiles(32, 64, 8, 3)],
-    (1, 64, False): [Tiles(32, 32, 4, 3)],
-    (1, 128, False): [Tiles(32, 32, 4, 3)],
-    (1, 256, False): [Tiles(16, 32, 4, 3)],
-    (2, 64, False): [Tiles(32, 32, 4, 3)],
-    (2, 128, False): [Tiles(32, 32, 4, 3)],
-    (2, 256, False): [Tiles(16, 32, 4, 3)],
+    (1, "*", 64): [T(64, 64, 4, 3), T(64, 128, 4, 3), T(64, 32, 4, 4)],
+    (1, "*", 128): [T(64, 64, 4, 3), T(64, 128, 8, 3), T(64, 32, 4, 4)],
+    (1, "*", 256): [T(32, 64, 4, 3), T(32, 32, 4, 4)],
+    (2, "*", 64): [T(64, 64, 4, 3), T(64, 128, 8, 3), T(64, 32, 4, 4)],
+    (2, "*", 128): [T(64, 64, 4, 3), T(64, 128, 8, 3), T(64, 32, 4, 4)],
+    (2, "*", 256): [T(32, 64, 4, 3), T(32, 32, 4, 4), T(32, 64, 8, 3)],
+    ("f32", 1): [T(32, 32, 4, 3)],
+    ("f32", 2): [T(16, 32, 4, 3)],
 }
 
 _TABLES = {"fwd": _FWD, "bwd_dkdv": _BWD_DKDV, "bwd_dq": _BWD_DQ, "decode": _DECODE}
@@ -111,14 +120,17 @@ _autotune = os.environ.get("DIFFATTN_TRITON_AUTOTUNE", "0") not in ("", "0")
 _tuned = {}
 
 
-def candidates(kernel, maps, block_dv, elem_bytes):
+def candidates(kernel, maps, block_d, block_dv, elem_bytes):
     """The candidate tilings of a kernel for a problem, the default first."""
     if kernel in _forced:
         return [_forced[kernel]]
     if INTERPRET:
         return [_INTERPRET_TILES[kernel]]
+    table = _TABLES[kernel]
+    if elem_bytes > 2:
+        return table[("f32", maps)]
     bucket = 64 if block_dv <= 64 else (128 if block_dv <= 128 else 256)
-    return _TABLES[kernel][(maps, bucket, elem_bytes <= 2)]
+    return table.get((maps, block_d, block_dv)) or table[(maps, "*", bucket)]
 
 
 def forced(name, default=None):

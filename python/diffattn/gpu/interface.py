@@ -245,8 +245,8 @@ def _check_cu_seqlens(op, p, cu_q, cu_k, max_q, max_k):
 
 def _launch_plan(kernel, p, run):
     """Pick a tiling (see _configs) and return it."""
-    block_dv = max(16, next_pow2(p.Dv))
-    cands = _configs.candidates(kernel, p.maps, block_dv, p.q.element_size())
+    cands = _configs.candidates(kernel, p.maps, max(16, next_pow2(p.D)), max(16, next_pow2(p.Dv)),
+                                p.q.element_size())
     key = (p.maps, p.shared, p.causal, p.varlen, p.D, p.Dv, str(p.dtype),
            min(next_pow2(max(p.Tq, p.Tk)), 1 << 14))
     return _configs.pick(kernel, key, cands, run, p.device)
@@ -632,7 +632,7 @@ def _decode(op, maps, q, k_cache, v_cache, lam, cache_seqlens, block_table, scal
         return (out, lse) if return_softmax_lse else out
 
     block_dv = max(16, next_pow2(Dv))
-    cands = _configs.candidates("decode", maps, block_dv, q.element_size())
+    cands = _configs.candidates("decode", maps, max(16, next_pow2(D)), block_dv, q.element_size())
     rows = QPG * Tq
 
     def plan(tiles):
