@@ -19,6 +19,7 @@ block_table are checked when they are CPU tensors; on a GPU they are trusted (as
 does), so that no call waits for the device.
 """
 
+import contextlib
 import math
 
 import torch
@@ -78,6 +79,11 @@ def _device(op, q):
         return q.device
     raise ValueError(f"{op}: q is on {q.device}; the Triton kernels run on CUDA devices "
                      f"(or on the CPU under TRITON_INTERPRET=1)")
+
+
+def _on(device):
+    """Launches go to the tensors' GPU, not whichever is current (several GPUs, one process)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _same_device(op, device, **xs):
@@ -287,7 +293,8 @@ def _forward(p, lam, lam_strides, scale, cu_q, cu_k):
             *p.strides(out), *s_lse, max_q, max_k, p.QPG, **_meta(p, tiles))
 
     if max_q > 0:
-        run(_launch_plan("fwd", p, run))
+        with _on(p.device):
+            run(_launch_plan("fwd", p, run))
     return out, lse, o2
 
 
@@ -490,8 +497,9 @@ def diff_attention_bwd(dout, q, k, v, lam, out, lse, o2, causal=False, scale=Non
     scale = _flags(op, causal, scale, p.D)
     lam_in = lam
     lam, lam_strides = p.check_lam(lam)
-    dq, dk, dv, delta = _backward(p, dout, out, lse, o2, lam, lam_strides, scale, deterministic,
-                                  None, None)
+    with _on(p.device):
+        dq, dk, dv, delta = _backward(p, dout, out, lse, o2, lam, lam_strides, scale,
+                                      deterministic, None, None)
     return dq, dk, dv, _dlam(lam_in, delta, False)
 
 
@@ -501,8 +509,9 @@ def attention_bwd(dout, q, k, v, out, lse, causal=False, scale=None, determinist
     p = _Problem(op, q, k, v, 1, False)
     p.causal = causal
     scale = _flags(op, causal, scale, p.D)
-    dq, dk, dv, _ = _backward(p, dout, out, lse, None, None, (0, 0, 0), scale, deterministic,
-                              None, None)
+    with _on(p.device):
+        dq, dk, dv, _ = _backward(p, dout, out, lse, None, None, (0, 0, 0), scale, deterministic,
+                                  None, None)
     return dq, dk, dv
 
 
@@ -516,8 +525,9 @@ def diff_attention_varlen_bwd(dout, q, k, v, lam, out, lse, o2, cu_seqlens_q, cu
                                max_seqlen_k, causal, scale)
     lam_in = lam
     lam, lam_strides = p.check_lam(lam)
-    dq, dk, dv, delta = _backward(p, dout, out, lse, o2, lam, lam_strides, scale, deterministic,
-                                  cu_seqlens_q, cu_seqlens_k)
+    with _on(p.device):
+        dq, dk, dv, delta = _backward(p, dout, out, lse, o2, lam, lam_strides, scale,
+                                      deterministic, cu_seqlens_q, cu_seqlens_k)
     return dq[0], dk[0], dv[0], _dlam(lam_in, delta, True)
 
 
@@ -527,8 +537,9 @@ def attention_varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, ma
     op = "attention_varlen_bwd"
     p, scale = _varlen_problem(op, q, k, v, 1, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                max_seqlen_k, causal, scale)
-    dq, dk, dv, _ = _backward(p, dout, out, lse, None, None, (0, 0, 0), scale, deterministic,
-                              cu_seqlens_q, cu_seqlens_k)
+    with _on(p.device):
+        dq, dk, dv, _ = _backward(p, dout, out, lse, None, None, (0, 0, 0), scale, deterministic,
+                                  cu_seqlens_q, cu_seqlens_k)
     return dq[0], dk[0], dv[0]
 
 
@@ -675,7 +686,8 @@ def _decode(op, maps, q, k_cache, v_cache, lam, cache_seqlens, block_table, scal
 
     key = (maps, shared, causal, paged, D, Dv, str(q.dtype), QPG * Tq,
            min(next_pow2(capacity), 1 << 17))
-    run(_configs.pick("decode", key, cands, run, device))
+    with _on(device):
+        run(_configs.pick("decode", key, cands, run, device))
     return (out, lse) if return_softmax_lse else out
 
 
