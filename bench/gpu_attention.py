@@ -245,9 +245,8 @@ def internal_check(device, dry):
 
 def run_pytest(timeout_s):
     """tests/python/test_gpu_kernels.py on this device, when pytest is present."""
-    try:
-        import pytest  # noqa: F401
-    except ImportError:
+    import importlib.util
+    if importlib.util.find_spec("pytest") is None:
         return {"ran": False, "reason": "pytest is not installed"}
     test = os.path.join(ROOT, "tests", "python", "test_gpu_kernels.py")
     if not os.path.exists(test):

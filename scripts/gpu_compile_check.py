@@ -30,7 +30,6 @@ if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
              "interpreted)")
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
@@ -38,7 +37,6 @@ from triton.compiler import compile as triton_compile  # noqa: E402
 from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
 
 from diffattn.gpu import _configs, interface  # noqa: E402
-from diffattn.gpu._configs import Tiles  # noqa: E402
 
 SHARED_LIMIT = {90: 227 * 1024, 80: 163 * 1024, 89: 99 * 1024}
 

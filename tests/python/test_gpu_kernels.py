@@ -17,7 +17,6 @@ outweigh every error before it).
 """
 
 import math
-import os
 
 import numpy as np
 import pytest

@@ -132,7 +132,7 @@ class _Problem:
     (B, T, heads, dim); varlen ones (total, heads, dim) with batch stride 0 and rows offset
     by cu_seqlens inside the kernels."""
 
-    def __init__(self, op, q, k, v, maps, varlen):
+    def __init__(self, op, q, k, v, maps, varlen, causal, scale):
         self.op = op
         self.maps = maps
         self.varlen = varlen
@@ -180,6 +180,8 @@ class _Problem:
             raise ValueError(f"{op}: k must have {want} heads (G from v {tuple(v.shape)}); got k "
                              f"{tuple(k.shape)}")
         _head_dims(op, D, Dv)
+        self.scale = _flags(op, causal, scale, D)
+        self.causal = causal
         self.B, self.Tq, self.Tk, self.H, self.G, self.D, self.Dv = B, Tq, Tk, H, G, D, Dv
         self.QPG = H // G
         self.shared = shared
@@ -220,7 +222,7 @@ def _check_lam(op, lam, H, B, Tq, varlen, device):
 
 def _check_cu_seqlens(op, p, cu_q, cu_k, max_q, max_k):
     """cu_seqlens_q/k: int32 (B + 1) offsets into the packed rows, as flash-attn takes them."""
-    for name, cu, total in (("cu_seqlens_q", cu_q, p.Tq), ("cu_seqlens_k", cu_k, p.Tk)):
+    for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
         if not isinstance(cu, torch.Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(cu).__name__}")
         if cu.dtype != torch.int32:
@@ -269,18 +271,17 @@ def _meta(p, tiles):
 # ------------------------------------------------------------------ forward
 
 
-def _forward(p, lam, lam_strides, scale, cu_q, cu_k):
+def _forward(p, lam, lam_strides, cu_q, cu_k):
     """out (B, Tq, H, Dv) [varlen: (1, total_q, ...)], lse, o2 (None for standard)."""
-    B, Tq, H, Dv = p.B, p.Tq, p.H, p.Dv
-    rows = Tq if not p.varlen else p.Tq
+    B, Tq, H, Dv = p.B, p.Tq, p.H, p.Dv   # varlen: B sequences, Tq packed rows
     nb = 1 if p.varlen else B
-    out = torch.empty((nb, rows, H, Dv), dtype=p.dtype, device=p.device)
+    out = torch.empty((nb, Tq, H, Dv), dtype=p.dtype, device=p.device)
     o2 = torch.empty_like(out) if p.maps == 2 else None
-    lse = torch.empty((nb, p.maps * H, rows), dtype=torch.float32, device=p.device)
+    lse = torch.empty((nb, p.maps * H, Tq), dtype=torch.float32, device=p.device)
     if out.numel() == 0:
         lse.fill_(float("inf"))
         return out, lse, o2
-    qk_scale = scale * LOG2E
+    qk_scale = p.scale * LOG2E
     s_lse = (0 if p.varlen else lse.stride(0)), lse.stride(1)
     max_q = p.max_q if p.varlen else Tq
     max_k = p.max_k if p.varlen else p.Tk
@@ -305,31 +306,25 @@ def diff_attention_fwd(q, k, v, lam, causal=False, scale=None):
     lam () or (H) or (B, Tq, H). Returns (out, lse, o2): out, o2 (B, Tq, H, Dv) in q's dtype,
     lse (B, 2H, Tq) float32. causal: query i sees key j iff j <= i + Tk - Tq."""
     op = "diff_attention_fwd"
-    p = _Problem(op, q, k, v, 2, False)
-    p.causal = causal
-    scale = _flags(op, causal, scale, p.D)
+    p = _Problem(op, q, k, v, 2, False, causal, scale)
     lam, lam_strides = p.check_lam(lam)
-    return _forward(p, lam, lam_strides, scale, None, None)
+    return _forward(p, lam, lam_strides, None, None)
 
 
 def attention_fwd(q, k, v, causal=False, scale=None):
     """Standard attention forward: q (B, Tq, H, D), k (B, Tk, G, D), v (B, Tk, G, Dv).
     Returns (out (B, Tq, H, Dv) in q's dtype, lse (B, H, Tq) float32)."""
     op = "attention_fwd"
-    p = _Problem(op, q, k, v, 1, False)
-    p.causal = causal
-    scale = _flags(op, causal, scale, p.D)
-    out, lse, _ = _forward(p, None, (0, 0, 0), scale, None, None)
+    p = _Problem(op, q, k, v, 1, False, causal, scale)
+    out, lse, _ = _forward(p, None, (0, 0, 0), None, None)
     return out, lse
 
 
 def _varlen_problem(op, q, k, v, maps, cu_q, cu_k, max_q, max_k, causal, scale):
-    p = _Problem(op, q, k, v, maps, True)
-    p.causal = causal
-    scale = _flags(op, causal, scale, p.D)
+    p = _Problem(op, q, k, v, maps, True, causal, scale)
     _check_cu_seqlens(op, p, cu_q, cu_k, max_q, max_k)
     p.max_q, p.max_k = max_q, max_k
-    return p, scale
+    return p
 
 
 def diff_attention_varlen_fwd(q, k, v, lam, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -339,10 +334,10 @@ def diff_attention_varlen_fwd(q, k, v, lam, cu_seqlens_q, cu_seqlens_k, max_seql
     sequence b holds rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] (int32). Returns out, o2
     (total_q, H, Dv) and lse (2H, total_q) float32; causal is bottom-right per sequence."""
     op = "diff_attention_varlen_fwd"
-    p, scale = _varlen_problem(op, q, k, v, 2, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                               max_seqlen_k, causal, scale)
+    p = _varlen_problem(op, q, k, v, 2, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                        max_seqlen_k, causal, scale)
     lam, lam_strides = p.check_lam(lam)
-    out, lse, o2 = _forward(p, lam, lam_strides, scale, cu_seqlens_q, cu_seqlens_k)
+    out, lse, o2 = _forward(p, lam, lam_strides, cu_seqlens_q, cu_seqlens_k)
     return out[0], lse[0], o2[0]
 
 
@@ -351,9 +346,9 @@ def attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     """Standard attention over packed sequences: q (total_q, H, D), k (total_k, G, D),
     v (total_k, G, Dv). Returns (out (total_q, H, Dv), lse (H, total_q) float32)."""
     op = "attention_varlen_fwd"
-    p, scale = _varlen_problem(op, q, k, v, 1, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                               max_seqlen_k, causal, scale)
-    out, lse, _ = _forward(p, None, (0, 0, 0), scale, cu_seqlens_q, cu_seqlens_k)
+    p = _varlen_problem(op, q, k, v, 1, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                        max_seqlen_k, causal, scale)
+    out, lse, _ = _forward(p, None, (0, 0, 0), cu_seqlens_q, cu_seqlens_k)
     return out[0], lse[0]
 
 
@@ -386,7 +381,7 @@ def _bwd_splits(p, tiles):
     return max(1, min(p.QPG, triton.cdiv(2 * sms, max(programs, 1))))
 
 
-def _backward(p, dout, out, lse, o2, lam, lam_strides, scale, deterministic, cu_q, cu_k):
+def _backward(p, dout, out, lse, o2, lam, lam_strides, deterministic, cu_q, cu_k):
     """(dq, dk, dv, delta) in the 4-D (varlen: leading 1) layouts; delta (nb, MAPS*H, rows)."""
     op = p.op
     if not isinstance(deterministic, bool):
@@ -415,6 +410,7 @@ def _backward(p, dout, out, lse, o2, lam, lam_strides, scale, deterministic, cu_
         dq.zero_(), dk.zero_(), dv.zero_()
         return dq, dk, dv, delta
     s_lse = (0 if p.varlen else lse.stride(0)), lse.stride(1)
+    scale = p.scale
     qk_scale = scale * LOG2E
 
     # preprocess: D1 = rowsum(dout (out + lam o2)), R2 = rowsum(dout o2) (standard: rowsum(dout out))
@@ -492,13 +488,11 @@ def diff_attention_bwd(dout, q, k, v, lam, out, lse, o2, causal=False, scale=Non
     dout (B, Tq, H, Dv). Returns (dq, dk, dv, dlam) shaped like (q, k, v, lam). deterministic:
     dQ by its own kernel instead of atomic adds (the same result on every run)."""
     op = "diff_attention_bwd"
-    p = _Problem(op, q, k, v, 2, False)
-    p.causal = causal
-    scale = _flags(op, causal, scale, p.D)
+    p = _Problem(op, q, k, v, 2, False, causal, scale)
     lam_in = lam
     lam, lam_strides = p.check_lam(lam)
     with _on(p.device):
-        dq, dk, dv, delta = _backward(p, dout, out, lse, o2, lam, lam_strides, scale,
+        dq, dk, dv, delta = _backward(p, dout, out, lse, o2, lam, lam_strides,
                                       deterministic, None, None)
     return dq, dk, dv, _dlam(lam_in, delta, False)
 
@@ -506,11 +500,9 @@ def diff_attention_bwd(dout, q, k, v, lam, out, lse, o2, causal=False, scale=Non
 def attention_bwd(dout, q, k, v, out, lse, causal=False, scale=None, deterministic=False):
     """Gradients of attention_fwd from its saved (out, lse): returns (dq, dk, dv)."""
     op = "attention_bwd"
-    p = _Problem(op, q, k, v, 1, False)
-    p.causal = causal
-    scale = _flags(op, causal, scale, p.D)
+    p = _Problem(op, q, k, v, 1, False, causal, scale)
     with _on(p.device):
-        dq, dk, dv, _ = _backward(p, dout, out, lse, None, None, (0, 0, 0), scale, deterministic,
+        dq, dk, dv, _ = _backward(p, dout, out, lse, None, None, (0, 0, 0), deterministic,
                                   None, None)
     return dq, dk, dv
 
@@ -521,12 +513,12 @@ def diff_attention_varlen_bwd(dout, q, k, v, lam, out, lse, o2, cu_seqlens_q, cu
     """Gradients of diff_attention_varlen_fwd: dout (total_q, H, Dv), lse (2H, total_q).
     Returns (dq, dk, dv, dlam) shaped like (q, k, v, lam)."""
     op = "diff_attention_varlen_bwd"
-    p, scale = _varlen_problem(op, q, k, v, 2, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                               max_seqlen_k, causal, scale)
+    p = _varlen_problem(op, q, k, v, 2, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                        max_seqlen_k, causal, scale)
     lam_in = lam
     lam, lam_strides = p.check_lam(lam)
     with _on(p.device):
-        dq, dk, dv, delta = _backward(p, dout, out, lse, o2, lam, lam_strides, scale,
+        dq, dk, dv, delta = _backward(p, dout, out, lse, o2, lam, lam_strides,
                                       deterministic, cu_seqlens_q, cu_seqlens_k)
     return dq[0], dk[0], dv[0], _dlam(lam_in, delta, True)
 
@@ -535,10 +527,10 @@ def attention_varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, ma
                          max_seqlen_k, causal=False, scale=None, deterministic=False):
     """Gradients of attention_varlen_fwd: returns (dq, dk, dv)."""
     op = "attention_varlen_bwd"
-    p, scale = _varlen_problem(op, q, k, v, 1, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                               max_seqlen_k, causal, scale)
+    p = _varlen_problem(op, q, k, v, 1, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                        max_seqlen_k, causal, scale)
     with _on(p.device):
-        dq, dk, dv, _ = _backward(p, dout, out, lse, None, None, (0, 0, 0), scale, deterministic,
+        dq, dk, dv, _ = _backward(p, dout, out, lse, None, None, (0, 0, 0), deterministic,
                                   cu_seqlens_q, cu_seqlens_k)
     return dq[0], dk[0], dv[0]
 
