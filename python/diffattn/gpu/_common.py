@@ -5,14 +5,14 @@ Scores are kept in log2 units (the softmax scale folded with log2(e)), so the ke
 the log-sum-exp they save is converted back to natural-log units, as the CPU contract stores it.
 """
 
-import os
-
 import triton
 import triton.language as tl
+from triton import knobs
 
-# @triton.jit decides at decoration time whether a kernel is compiled or interpreted, from this
-# variable; everything here reads it once, at import, the same way.
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+# @triton.jit decides at decoration time whether a kernel is compiled or interpreted (from
+# TRITON_INTERPRET, through this knob); the kernel modules are decorated right after this one is
+# imported, so the two agree.
+INTERPRET = bool(knobs.runtime.interpret)
 
 # The interpreter keeps bfloat16 tiles as their uint16 bit patterns and its tl.dot multiplies
 # those integers (Triton 3.9), so under the interpreter every product widens its operands to
