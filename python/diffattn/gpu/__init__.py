@@ -48,8 +48,9 @@ Tiles (_configs.py): one table per kernel keyed by (maps, head dims, 16-bit or f
 default first, chosen on the CPU by compiling every candidate for sm_90
 (scripts/gpu_compile_check.py: registers, spills, shared memory; every default keeps its
 accumulators in registers). Forward, bf16: 128x64 (8 warps) for D = 64, Dv = 128; 64x32
-(8 warps) for D = 128, Dv = 256; key-block backward 64x32 (D = 64) and 32x32 (D = 128, mma.sync:
-no wgmma tiling of three accumulators fits without spills); decode 64-key tiles, 4 warps.
+(8 warps) for D = 128, Dv = 256; key-block backward 16 query rows x 64 keys (D = 64) and 32x32
+(D = 128, mma.sync: no wgmma tiling of its three accumulators fits without spills); decode
+64-key tiles, 4 warps.
 DIFFATTN_TRITON_AUTOTUNE=1 (or _configs.autotune()) times every candidate on first use on a
 GPU and keeps the fastest; _configs.tuned() reports the choices. Under the interpreter every
 kernel uses one small tiling.

@@ -53,15 +53,16 @@ def attn_bwd_preprocess_kernel(
     if start_m >= q_len:
         return
     b64 = b.to(tl.int64)
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_m = start_m + offs_m0
     offs_dv = tl.arange(0, BLOCK_DV)
-    rows = q0 + offs_m[:, None]
+    rows = tl.cast(q0 + start_m, tl.int64) + offs_m0[:, None]   # rows x strides may pass 2^31
     do = load_tile(DOUT + b64 * s_db + rows * s_dt + h * s_dh + offs_dv[None, :], offs_m, q_len,
                    offs_dv, DV, True, DV != BLOCK_DV).to(tl.float32)     # (BLOCK_M, BLOCK_DV)
     out = load_tile(OUT + b64 * s_ob + rows * s_ot + h * s_oh + offs_dv[None, :], offs_m, q_len,
                     offs_dv, DV, True, DV != BLOCK_DV).to(tl.float32)
     rows_ok = offs_m < q_len
-    d_ptrs = DELTA + b64 * s_sb + (MAPS * h) * s_sh + q0 + offs_m
+    d_ptrs = DELTA + b64 * s_sb + tl.cast(MAPS * h, tl.int64) * s_sh + q0 + offs_m
     if MAPS == 2:
         o2 = load_tile(O2 + b64 * s_2b + rows * s_2t + h * s_2h + offs_dv[None, :], offs_m, q_len,
                        offs_dv, DV, True, DV != BLOCK_DV).to(tl.float32)
@@ -96,15 +97,18 @@ def _bwd_query_tiles(dk1, dk2, dv, k1, k2, v, q_ptrs, do_ptrs, lse_ptrs, delta_p
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
     """Query blocks [lo, hi) of one pair against one key block. k1, k2 (BLOCK_N, BLOCK_D),
     v (BLOCK_N, BLOCK_DV); dk1, dk2 (BLOCK_N, BLOCK_D) and dv (BLOCK_N, BLOCK_DV) float32.
-    The pointers address row 0 of the pair's map-1 sub-head (map 2: + s_qh, + s_sh, + s_dqh).
+    The (BLOCK_M, .) tile pointers q_ptrs, do_ptrs, dq_ptrs address rows 0.. of the pair's
+    map-1 sub-head (map 2: + s_qh, + s_dqh), as do lse_ptrs, delta_ptrs (+ s_sh: map 2) and
+    lam_ptrs; each step adds its row offset in int64 (rows x strides may pass 2^31).
     Scores are formed transposed, (BLOCK_N, BLOCK_M), so dK and dV are plain products. Rows past
     q_len read lse = +inf, so their P is 0; MASKED adds the causal diagonal and the key bound."""
     zero = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_m0                                 # (BLOCK_M,)
         rows_ok = offs_m < q_len
-        q1 = load_tile(q_ptrs + start_m * s_qt, offs_m, q_len, offs_d, D, True, D != BLOCK_D)
-        do = load_tile(do_ptrs + start_m * s_ot, offs_m, q_len, offs_dv, DV, True, DV != BLOCK_DV)
+        m64 = tl.cast(start_m, tl.int64)
+        q1 = load_tile(q_ptrs + m64 * s_qt, offs_m, q_len, offs_d, D, True, D != BLOCK_D)
+        do = load_tile(do_ptrs + m64 * s_ot, offs_m, q_len, offs_dv, DV, True, DV != BLOCK_DV)
         lse1 = tl.load(lse_ptrs + offs_m, mask=rows_ok, other=float("inf"))
         d1 = tl.load(delta_ptrs + offs_m, mask=rows_ok, other=0.0)
         # P1^T = exp(s k1 q1^T - lse1), in log2 units  (BLOCK_N, BLOCK_M)
@@ -123,10 +127,10 @@ def _bwd_query_tiles(dk1, dk2, dv, k1, k2, v, q_ptrs, do_ptrs, lse_ptrs, delta_p
         if ATOMIC_DQ:
             dq1 = mma(tl.trans(ds1.to(k1.dtype)), k1, tl.zeros([BLOCK_M, BLOCK_D], tl.float32),
                       DOT_PREC)
-            tl.atomic_add(dq_ptrs + offs_m[:, None] * s_dqt, dq1,
+            tl.atomic_add(dq_ptrs + m64 * s_dqt, dq1,
                           mask=rows_ok[:, None] & (offs_d[None, :] < D), sem="relaxed")
         if MAPS == 2:
-            q2 = load_tile(q_ptrs + start_m * s_qt + s_qh, offs_m, q_len, offs_d, D, True,
+            q2 = load_tile(q_ptrs + m64 * s_qt + s_qh, offs_m, q_len, offs_d, D, True,
                            D != BLOCK_D)
             lse2 = tl.load(lse_ptrs + s_sh + offs_m, mask=rows_ok, other=float("inf"))
             r2 = tl.load(delta_ptrs + s_sh + offs_m, mask=rows_ok, other=0.0)
@@ -147,7 +151,7 @@ def _bwd_query_tiles(dk1, dk2, dv, k1, k2, v, q_ptrs, do_ptrs, lse_ptrs, delta_p
             if ATOMIC_DQ:
                 dq2 = mma(tl.trans(ds2.to(k2.dtype)), k2, tl.zeros([BLOCK_M, BLOCK_D], tl.float32),
                           DOT_PREC)
-                tl.atomic_add(dq_ptrs + s_dqh + offs_m[:, None] * s_dqt, dq2,
+                tl.atomic_add(dq_ptrs + m64 * s_dqt + s_dqh, dq2,
                               mask=rows_ok[:, None] & (offs_d[None, :] < D), sem="relaxed")
         else:
             dv = mma(p1.to(do.dtype), do, dv, DOT_PREC)
@@ -195,7 +199,9 @@ def attn_bwd_dkdv_kernel(
     if start_n >= k_len:
         return
     b64 = b.to(tl.int64)
-    offs_n = start_n + tl.arange(0, BLOCK_N)
+    key0 = tl.cast(k0 + start_n, tl.int64)   # keys x strides may pass 2^31 elements
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_n = start_n + offs_n0
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -204,13 +210,13 @@ def attn_bwd_dkdv_kernel(
         kh = 2 * g
     else:
         kh = g
-    k_off = b64 * s_kb + (k0 + offs_n[:, None]) * s_kt + kh * s_kh + offs_d[None, :]
+    k_off = b64 * s_kb + (key0 + offs_n0[:, None]) * s_kt + kh * s_kh + offs_d[None, :]
     k1 = load_tile(K + k_off, offs_n, k_len, offs_d, D, True, D != BLOCK_D)   # (BLOCK_N, BLOCK_D)
     if MAPS == 2 and not SHARED_K:
         k2 = load_tile(K + k_off + s_kh, offs_n, k_len, offs_d, D, True, D != BLOCK_D)
     else:
         k2 = k1
-    v_off = b64 * s_vb + (k0 + offs_n[:, None]) * s_vt + g * s_vh + offs_dv[None, :]
+    v_off = b64 * s_vb + (key0 + offs_n0[:, None]) * s_vt + g * s_vh + offs_dv[None, :]
     v = load_tile(V + v_off, offs_n, k_len, offs_dv, DV, True, DV != BLOCK_DV)
     dk1 = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dk2 = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -237,16 +243,19 @@ def attn_bwd_dkdv_kernel(
     p_hi = tl.minimum(p_lo + per, QPG)
     for p in range(p_lo, p_hi):
         h = g * QPG + p
-        q_ptrs = Q + b64 * s_qb + (q0 + offs_m0[:, None]) * s_qt + (MAPS * h) * s_qh + offs_d[None, :]
-        do_ptrs = DOUT + b64 * s_ob + (q0 + offs_m0[:, None]) * s_ot + h * s_oh + offs_dv[None, :]
-        lse_ptrs = LSE + b64 * s_sb + (MAPS * h) * s_sh + q0
-        delta_ptrs = DELTA + b64 * s_sb + (MAPS * h) * s_sh + q0
+        q_ptrs = (Q + b64 * s_qb + q0 * s_qt + offs_m0[:, None] * s_qt + (MAPS * h) * s_qh
+                  + offs_d[None, :])
+        do_ptrs = (DOUT + b64 * s_ob + q0 * s_ot + offs_m0[:, None] * s_ot + h * s_oh
+                   + offs_dv[None, :])
+        lse_ptrs = LSE + b64 * s_sb + tl.cast(MAPS * h, tl.int64) * s_sh + q0
+        delta_ptrs = DELTA + b64 * s_sb + tl.cast(MAPS * h, tl.int64) * s_sh + q0
         if MAPS == 2:
             lam_ptrs = LAM + b64 * s_lb + q0 * s_lt + h * s_lh
         else:
             lam_ptrs = lse_ptrs  # unused: standard attention has no lambda
         if ATOMIC_DQ:
-            dq_ptrs = DQ + b64 * s_dqb + q0 * s_dqt + (MAPS * h) * s_dqh + offs_d[None, :]
+            dq_ptrs = (DQ + b64 * s_dqb + q0 * s_dqt + offs_m0[:, None] * s_dqt
+                       + (MAPS * h) * s_dqh + offs_d[None, :])
         else:
             dq_ptrs = q_ptrs     # unused: the deterministic dQ kernel writes dQ
         dk1, dk2, dv = _bwd_query_tiles(
@@ -260,13 +269,15 @@ def attn_bwd_dkdv_kernel(
             offs_dv, q_len, k_len, diag, qk_scale, MAPS, SHARED_K, False, CAUSAL, ATOMIC_DQ, D, DV,
             BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, DOT_PREC)
 
-    dk_off = split * s_dks + b64 * s_dkb + (k0 + offs_n[:, None]) * s_dkt + kh * s_dkh + offs_d[None, :]
+    dk_off = (tl.cast(split, tl.int64) * s_dks + b64 * s_dkb + (key0 + offs_n0[:, None]) * s_dkt
+              + kh * s_dkh + offs_d[None, :])
     store_tile(DK_OUT + dk_off, (dk1 * sm_scale).to(DK_OUT.dtype.element_ty), offs_n, k_len, offs_d, D,
                D != BLOCK_D)
     if MAPS == 2 and not SHARED_K:
         store_tile(DK_OUT + dk_off + s_dkh, (dk2 * sm_scale).to(DK_OUT.dtype.element_ty), offs_n, k_len,
                    offs_d, D, D != BLOCK_D)
-    dv_off = split * s_dvs + b64 * s_dvb + (k0 + offs_n[:, None]) * s_dvt + g * s_dvh + offs_dv[None, :]
+    dv_off = (tl.cast(split, tl.int64) * s_dvs + b64 * s_dvb + (key0 + offs_n0[:, None]) * s_dvt
+              + g * s_dvh + offs_dv[None, :])
     store_tile(DV_OUT + dv_off, dv.to(DV_OUT.dtype.element_ty), offs_n, k_len, offs_dv, DV, DV != BLOCK_DV)
 
 
@@ -277,12 +288,13 @@ def _dq_key_tiles(dq1, dq2, q1, q2, do, lse1, lse2, d1, r2, lam, k1_ptrs, k2_ptr
                   CAUSAL: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Key tiles [lo, hi) for one query block: dq1, dq2 (BLOCK_M, BLOCK_D) float32 (unscaled)."""
+    """Key tiles [lo, hi) for one query block: dq1, dq2 (BLOCK_M, BLOCK_D) float32 (unscaled);
+    the K/V pointers address key lo and move on by a tile per step (returned where they end)."""
     zero = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for start_n in range(lo, hi, BLOCK_N):
         keys = start_n + offs_n0
-        k1 = load_tile(k1_ptrs + start_n * s_kt, keys, k_len, offs_d, D, MASKED, D != BLOCK_D)
-        v = load_tile(v_ptrs + start_n * s_vt, keys, k_len, offs_dv, DV, MASKED, DV != BLOCK_DV)
+        k1 = load_tile(k1_ptrs, keys, k_len, offs_d, D, MASKED, D != BLOCK_D)
+        v = load_tile(v_ptrs, keys, k_len, offs_dv, DV, MASKED, DV != BLOCK_DV)
         p1 = tl.math.exp2(mma(q1, tl.trans(k1), zero, DOT_PREC) * qk_scale - lse1[:, None] * LOG2E_C)
         if MASKED:
             seen = keys[None, :] < k_len
@@ -299,8 +311,7 @@ def _dq_key_tiles(dq1, dq2, q1, q2, do, lse1, lse2, d1, r2, lam, k1_ptrs, k2_ptr
             if SHARED_K:
                 k2 = k1
             else:
-                k2 = load_tile(k2_ptrs + start_n * s_kt, keys, k_len, offs_d, D, MASKED,
-                               D != BLOCK_D)
+                k2 = load_tile(k2_ptrs, keys, k_len, offs_d, D, MASKED, D != BLOCK_D)
             p2 = tl.math.exp2(mma(q2, tl.trans(k2), zero, DOT_PREC) * qk_scale
                               - lse2[:, None] * LOG2E_C)
             if MASKED:
@@ -309,7 +320,10 @@ def _dq_key_tiles(dq1, dq2, q1, q2, do, lse1, lse2, d1, r2, lam, k1_ptrs, k2_ptr
             if MASKED:
                 ds2 = tl.where(one_key, 0.0, ds2)
             dq2 = mma(ds2.to(k2.dtype), k2, dq2, DOT_PREC)
-    return dq1, dq2
+        k1_ptrs += BLOCK_N * s_kt
+        k2_ptrs += BLOCK_N * s_kt
+        v_ptrs += BLOCK_N * s_vt
+    return dq1, dq2, k1_ptrs, k2_ptrs, v_ptrs
 
 
 @triton.jit
@@ -352,17 +366,19 @@ def attn_bwd_dq_kernel(
         return
     g = h // QPG
     b64 = b.to(tl.int64)
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    row0 = tl.cast(q0 + start_m, tl.int64)  # rows x strides may pass 2^31 elements
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_m = start_m + offs_m0
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     rows_ok = offs_m < q_len
 
-    q_off = b64 * s_qb + (q0 + offs_m[:, None]) * s_qt + (MAPS * h) * s_qh + offs_d[None, :]
+    q_off = b64 * s_qb + (row0 + offs_m0[:, None]) * s_qt + (MAPS * h) * s_qh + offs_d[None, :]
     q1 = load_tile(Q + q_off, offs_m, q_len, offs_d, D, True, D != BLOCK_D)
-    do = load_tile(DOUT + b64 * s_ob + (q0 + offs_m[:, None]) * s_ot + h * s_oh + offs_dv[None, :],
-                   offs_m, q_len, offs_dv, DV, True, DV != BLOCK_DV)
-    s_off = b64 * s_sb + (MAPS * h) * s_sh + q0 + offs_m
+    do = load_tile(DOUT + b64 * s_ob + (row0 + offs_m0[:, None]) * s_ot + h * s_oh
+                   + offs_dv[None, :], offs_m, q_len, offs_dv, DV, True, DV != BLOCK_DV)
+    s_off = b64 * s_sb + tl.cast(MAPS * h, tl.int64) * s_sh + q0 + offs_m
     lse1 = tl.load(LSE + s_off, mask=rows_ok, other=float("inf"))
     d1 = tl.load(DELTA + s_off, mask=rows_ok, other=0.0)
     if MAPS == 2:
@@ -397,15 +413,15 @@ def attn_bwd_dq_kernel(
     full = (full // BLOCK_N) * BLOCK_N
     dq1 = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dq2 = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    dq1, dq2 = _dq_key_tiles(dq1, dq2, q1, q2, do, lse1, lse2, d1, r2, lam, k1_ptrs, k2_ptrs,
-                             v_ptrs, s_kt, s_vt, 0, full, offs_m, offs_n0, offs_d, offs_dv, k_len,
-                             diag, qk_scale, MAPS, SHARED_K, False, CAUSAL, D, DV, BLOCK_D,
-                             BLOCK_DV, BLOCK_M, BLOCK_N, DOT_PREC)
-    dq1, dq2 = _dq_key_tiles(dq1, dq2, q1, q2, do, lse1, lse2, d1, r2, lam, k1_ptrs, k2_ptrs,
-                             v_ptrs, s_kt, s_vt, full, hi, offs_m, offs_n0, offs_d, offs_dv, k_len,
-                             diag, qk_scale, MAPS, SHARED_K, True, CAUSAL, D, DV, BLOCK_D,
-                             BLOCK_DV, BLOCK_M, BLOCK_N, DOT_PREC)
-    dq_off = b64 * s_dqb + (q0 + offs_m[:, None]) * s_dqt + (MAPS * h) * s_dqh + offs_d[None, :]
+    dq1, dq2, k1_ptrs, k2_ptrs, v_ptrs = _dq_key_tiles(
+        dq1, dq2, q1, q2, do, lse1, lse2, d1, r2, lam, k1_ptrs, k2_ptrs, v_ptrs, s_kt, s_vt, 0,
+        full, offs_m, offs_n0, offs_d, offs_dv, k_len, diag, qk_scale, MAPS, SHARED_K, False,
+        CAUSAL, D, DV, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, DOT_PREC)
+    dq1, dq2, k1_ptrs, k2_ptrs, v_ptrs = _dq_key_tiles(
+        dq1, dq2, q1, q2, do, lse1, lse2, d1, r2, lam, k1_ptrs, k2_ptrs, v_ptrs, s_kt, s_vt, full,
+        hi, offs_m, offs_n0, offs_d, offs_dv, k_len, diag, qk_scale, MAPS, SHARED_K, True, CAUSAL,
+        D, DV, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, DOT_PREC)
+    dq_off = b64 * s_dqb + (row0 + offs_m0[:, None]) * s_dqt + (MAPS * h) * s_dqh + offs_d[None, :]
     store_tile(DQ + dq_off, (dq1 * sm_scale).to(DQ.dtype.element_ty), offs_m, q_len, offs_d, D,
                D != BLOCK_D)
     if MAPS == 2:

@@ -29,12 +29,13 @@ def _fwd_key_tiles(acc1, l1, m1, acc2, l2, m2, q1, q2,
                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
     """Key tiles [lo, hi) of one query block. acc (BLOCK_M, BLOCK_DV), l and m (BLOCK_M,) per
-    map, in log2 units; q1, q2 (BLOCK_M, BLOCK_D). MASKED: the tiles may hold keys past k_len or
+    map, in log2 units; q1, q2 (BLOCK_M, BLOCK_D); the K/V pointers address key lo and move on
+    by a tile per step (returned where they end). MASKED: the tiles may hold keys past k_len or
     (CAUSAL) keys past the diagonal: query i sees key j iff j <= i + diag, diag = Tk - Tq."""
     for start_n in range(lo, hi, BLOCK_N):
         keys = start_n + offs_n                                   # (BLOCK_N,)
-        k1 = load_tile(k1_ptrs + start_n * s_kt, keys, k_len, offs_d, D, MASKED, D != BLOCK_D)
-        v = load_tile(v_ptrs + start_n * s_vt, keys, k_len, offs_dv, DV, MASKED, DV != BLOCK_DV)
+        k1 = load_tile(k1_ptrs, keys, k_len, offs_d, D, MASKED, D != BLOCK_D)
+        v = load_tile(v_ptrs, keys, k_len, offs_dv, DV, MASKED, DV != BLOCK_DV)
         zero = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         s1 = mma(q1, tl.trans(k1), zero, DOT_PREC) * qk_scale    # (BLOCK_M, BLOCK_N), log2 units
         if MASKED:
@@ -58,8 +59,7 @@ def _fwd_key_tiles(acc1, l1, m1, acc2, l2, m2, q1, q2,
             if SHARED_K:
                 k2 = k1
             else:
-                k2 = load_tile(k2_ptrs + start_n * s_kt, keys, k_len, offs_d, D, MASKED,
-                               D != BLOCK_D)
+                k2 = load_tile(k2_ptrs, keys, k_len, offs_d, D, MASKED, D != BLOCK_D)
             s2 = mma(q2, tl.trans(k2), zero, DOT_PREC) * qk_scale
             if MASKED:
                 s2 = tl.where(seen, s2, float("-inf"))
@@ -73,7 +73,10 @@ def _fwd_key_tiles(acc1, l1, m1, acc2, l2, m2, q1, q2,
             l2 = l2 * alpha2 + tl.sum(p2, 1)
             acc2 = mma(p2.to(v.dtype), v, acc2 * alpha2[:, None], DOT_PREC)  # the same V tile
             m2 = m2_new
-    return acc1, l1, m1, acc2, l2, m2
+        k1_ptrs += BLOCK_N * s_kt
+        k2_ptrs += BLOCK_N * s_kt
+        v_ptrs += BLOCK_N * s_vt
+    return acc1, l1, m1, acc2, l2, m2, k1_ptrs, k2_ptrs, v_ptrs
 
 
 @triton.jit
@@ -125,13 +128,16 @@ def attn_fwd_kernel(
         return
     g = h // QPG
     b64 = b.to(tl.int64)
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    row0 = tl.cast(q0 + start_m, tl.int64)  # rows x strides may pass 2^31 elements
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_m = start_m + offs_m0
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
 
     # query sub-heads MAPS*h (map 1) and MAPS*h + 1 (map 2); key heads 2g, 2g + 1 (V1) or g
-    q_ptrs = Q + b64 * s_qb + q0 * s_qt + offs_m[:, None] * s_qt + (MAPS * h) * s_qh + offs_d[None, :]
+    q_ptrs = (Q + b64 * s_qb + row0 * s_qt + offs_m0[:, None] * s_qt + (MAPS * h) * s_qh
+              + offs_d[None, :])
     if MAPS == 2 and not SHARED_K:
         kh = 2 * g
     else:
@@ -166,20 +172,20 @@ def attn_fwd_kernel(
         hi = k_len
         full = k_len
     full = (full // BLOCK_N) * BLOCK_N
-    acc1, l1, m1, acc2, l2, m2 = _fwd_key_tiles(
+    acc1, l1, m1, acc2, l2, m2, k1_ptrs, k2_ptrs, v_ptrs = _fwd_key_tiles(
         acc1, l1, m1, acc2, l2, m2, q1, q2, k1_ptrs, k2_ptrs, v_ptrs, s_kt, s_vt, 0, full,
         offs_m, offs_n, offs_d, offs_dv, k_len, diag, qk_scale, MAPS, SHARED_K, False, CAUSAL,
         D, DV, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, DOT_PREC)
-    acc1, l1, m1, acc2, l2, m2 = _fwd_key_tiles(
+    acc1, l1, m1, acc2, l2, m2, k1_ptrs, k2_ptrs, v_ptrs = _fwd_key_tiles(
         acc1, l1, m1, acc2, l2, m2, q1, q2, k1_ptrs, k2_ptrs, v_ptrs, s_kt, s_vt, full, hi,
         offs_m, offs_n, offs_d, offs_dv, k_len, diag, qk_scale, MAPS, SHARED_K, True, CAUSAL,
         D, DV, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, DOT_PREC)
 
     rows_ok = offs_m < q_len
     o1, lse1 = _finish_map(acc1, l1, m1)
-    lse_ptrs = LSE + b64 * s_sb + (MAPS * h) * s_sh + q0 + offs_m
+    lse_ptrs = LSE + b64 * s_sb + tl.cast(MAPS * h, tl.int64) * s_sh + q0 + offs_m
     tl.store(lse_ptrs, lse1, mask=rows_ok)
-    o_ptrs = b64 * s_ob + q0 * s_ot + offs_m[:, None] * s_ot + h * s_oh + offs_dv[None, :]
+    o_ptrs = b64 * s_ob + row0 * s_ot + offs_m0[:, None] * s_ot + h * s_oh + offs_dv[None, :]
     if MAPS == 2:
         o2, lse2 = _finish_map(acc2, l2, m2)
         tl.store(lse_ptrs + s_sh, lse2, mask=rows_ok)
