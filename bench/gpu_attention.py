@@ -52,7 +52,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from diffattn import gpu  # noqa: E402
+# "import diffattn.gpu", not "from diffattn import gpu": without the compiled core, the package's
+# __getattr__ answers the latter's attribute probe with an ImportError
+import diffattn.gpu as gpu  # noqa: E402
 from diffattn.gpu import _configs  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from diffattn import gpu
+import diffattn.gpu as gpu
 from diffattn.gpu import _configs
 from diffattn.gpu._common import INTERPRET
 from diffattn.gpu._configs import Tiles
