@@ -168,10 +168,11 @@ def _rule(name, got, ref, lowp):
     fin = torch.isfinite(ref)
     if not torch.equal(torch.isinf(got.double()), torch.isinf(ref)):
         return name, float("inf"), "infinite entries differ"
+    # half a unit in the last place of the result's own dtype: the rounding of the stored result
+    half_ulp = 0.5 * torch.finfo(got.dtype).eps if got.dtype != torch.float32 else 0.0
     got, lowp, ref = got.double()[fin], lowp.double()[fin], ref[fin]
     err = (got - ref).abs().max().item()
     naive = (lowp - ref).abs().max().item()
-    half_ulp = 0.5 * torch.finfo(lowp.dtype).eps if lowp.dtype != torch.float32 else 0.0
     floor = (4 * torch.finfo(torch.float32).eps + half_ulp) * max(ref.abs().max().item(), 1.0)
     return name, err / max(naive, 1e-30), ("ok" if err <= 2 * naive + floor else
                                            f"error {err:.2e} > 2 x {naive:.2e} + {floor:.1e}")
@@ -227,6 +228,34 @@ def internal_check(device, dry):
             rows.append(_rule(f"{tag} lse", lse, r64[1], rlp[1]))
             for gname, g, g64, glp in zip(("dq", "dk", "dv", "dlam"), grads, r64[2], rlp[2]):
                 rows.append(_rule(f"{tag} {gname}", g, g64, glp))
+    # varlen: packed sequences of their own lengths, each against the oracle on its own
+    lens = [37, 0, 5, 50] if dry else [1500, 1, 0, 777, 2048]
+    H, G, D, Dv, dt = (2, 1, 16, 32, torch.bfloat16) if dry else (8, 2, 128, 128, torch.bfloat16)
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device=device)
+    T = sum(lens)
+    q = torch.randn(T, 2 * H, D, generator=gen).to(dt).to(device)
+    k = torch.randn(T, G, D, generator=gen).to(dt).to(device)
+    v = torch.randn(T, G, Dv, generator=gen).to(dt).to(device)
+    lam = (torch.rand(T, H, generator=gen) * 1.5 - 0.2).to(device)
+    dout = torch.randn(T, H, Dv, generator=gen).to(dt).to(device)
+    out, lse, o2 = gpu.diff_attention_varlen_fwd(q, k, v, lam, cu, cu, max(lens), max(lens),
+                                                 causal=True)
+    grads = gpu.diff_attention_varlen_bwd(dout, q, k, v, lam, out, lse, o2, cu, cu, max(lens),
+                                          max(lens), causal=True)
+    for b, n in enumerate(lens):
+        if n == 0:
+            continue
+        sl = slice(int(cu[b]), int(cu[b + 1]))
+        refs = {}
+        for prec in (torch.float64, dt):
+            xs = [x[sl][None].detach().to(prec).requires_grad_() for x in (q, k, v, lam)]
+            o, ls = _oracle(*xs, True)
+            refs[prec] = (o.detach(), ls.detach(), torch.autograd.grad(o, xs, dout[sl][None].to(prec)))
+        r64, rlp = refs[torch.float64], refs[dt]
+        rows.append(_rule(f"varlen seq {b} ({n} rows) out", out[sl][None], r64[0], rlp[0]))
+        rows.append(_rule(f"varlen seq {b} lse", lse[:, sl][None], r64[1], rlp[1]))
+        for gname, g, g64, glp in zip(("dq", "dk", "dv", "dlam"), grads, r64[2], rlp[2]):
+            rows.append(_rule(f"varlen seq {b} {gname}", g[sl][None], g64, glp))
     # paged decode, ragged lengths
     B, H, G, D, Dv, bs = (2, 4, 2, 16, 32, 8) if dry else (4, 8, 2, 128, 256, 64)
     lens = [37, 5] if dry else [5000, 17, 4096, 1]
