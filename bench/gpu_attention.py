@@ -190,7 +190,8 @@ def internal_check(device, dry):
         cases = [("v1 bf16 causal T=2048 gqa", 2, 2048, 2048, 8, 2, 64, 128, "v1", torch.bfloat16,
                   True),
                  ("v1 bf16 D=128 Tq<Tk", 1, 700, 1500, 4, 2, 128, 256, "v1", torch.bfloat16, True),
-                 ("v2 fp16 token-lambda", 2, 1000, 1000, 8, 1, 128, 128, "v2", torch.float16, False),
+                 ("v2 fp16 token-lambda", 2, 1000, 1000, 8, 1, 128, 128, "v2", torch.float16,
+                  False),
                  ("std bf16 causal Tq>Tk", 2, 1100, 900, 8, 2, 128, 128, "std", torch.bfloat16,
                   True),
                  ("v1 fp32", 1, 300, 333, 2, 1, 64, 128, "v1", torch.float32, True)]
@@ -250,7 +251,8 @@ def internal_check(device, dry):
         for prec in (torch.float64, dt):
             xs = [x[sl][None].detach().to(prec).requires_grad_() for x in (q, k, v, lam)]
             o, ls = _oracle(*xs, True)
-            refs[prec] = (o.detach(), ls.detach(), torch.autograd.grad(o, xs, dout[sl][None].to(prec)))
+            g = torch.autograd.grad(o, xs, dout[sl][None].to(prec))
+            refs[prec] = (o.detach(), ls.detach(), g)
         r64, rlp = refs[torch.float64], refs[dt]
         rows.append(_rule(f"varlen seq {b} ({n} rows) out", out[sl][None], r64[0], rlp[0]))
         rows.append(_rule(f"varlen seq {b} lse", lse[:, sl][None], r64[1], rlp[1]))
@@ -604,7 +606,8 @@ def main():
             (at32k[0]["of_copy_bw"]["fused-paged"], None, 0.8),
     }
     report["goals"] = {k: {"value": v, "min": m, "goal": g,
-                           "met": None if (v is None or dry) else bool(v >= g and (m is None or m >= g))}
+                           "met": None if (v is None or dry)
+                           else bool(v >= g and (m is None or m >= g))}
                        for k, (v, m, g) in goals.items()}
     print("\n| goal | measured | min | met |\n|---|---|---|---|")
     for k, g in report["goals"].items():
@@ -614,7 +617,8 @@ def main():
     if report["tuned"]:
         print("\nautotuned tilings:", json.dumps(report["tuned"], indent=1))
     report["seconds"] = round(time.time() - t_start, 1)
-    print(f"\n{report['seconds']} s" + ("  (dry run: the numbers above mean nothing)" if dry else ""))
+    print(f"\n{report['seconds']} s"
+          + ("  (dry run: the numbers above mean nothing)" if dry else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1, default=str)

@@ -67,7 +67,8 @@ def _compile_instead_of_launch(target):
             while c is not None:  # the innermost frame says what went wrong
                 chain.append(str(c))
                 c = c.__cause__ or c.__context__
-            msg = "\n".join(chain) if os.environ.get("VERBOSE") else chain[-1].splitlines()[-1][:200]
+            msg = ("\n".join(chain) if os.environ.get("VERBOSE")
+                   else chain[-1].splitlines()[-1][:200])
             rec["error"] = f"{type(e).__name__}: {msg}"
             _records.append(rec)
             return None
@@ -220,7 +221,8 @@ def main():
                     print(f"{name:28s} {r['kernel']:26s} {tiles:18s} regs {r['regs']:3d} "
                           f"spill {r['spill_bytes']:5d} B  smem {r['shared'] // 1024:3d} KiB  "
                           f"{'wgmma' if r['wgmma'] else 'mma  '}  {r['compile_s']:5.1f} s"
-                          f"{'' if r['ok'] else '   <-- ' + ('spills' if r['spill_bytes'] else 'smem')}")
+                          + ("" if r["ok"] else
+                             "   <-- " + ("spills" if r["spill_bytes"] else "smem")))
                 sys.stdout.flush()
     if args.json:
         with open(args.json, "w") as f:

@@ -411,8 +411,9 @@ def _paged(k, v, lens, block_size, gen):
     kc = torch.randn((num_blocks, block_size) + k.shape[2:], generator=gen).to(k.dtype)
     vc = torch.randn((num_blocks, block_size) + v.shape[2:], generator=gen).to(v.dtype)
     pad = max_blocks * block_size - Tk
-    kp = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)).reshape((B, max_blocks, block_size) + k.shape[2:])
-    vp = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad)).reshape((B, max_blocks, block_size) + v.shape[2:])
+    pages = (B, max_blocks, block_size)
+    kp = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)).reshape(pages + k.shape[2:])
+    vp = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad)).reshape(pages + v.shape[2:])
     for b in range(B):
         kc[order[b]] = kp[b]
         vc[order[b]] = vp[b]
@@ -546,7 +547,8 @@ def test_cuda_long_grouped_shapes(dt):
 def test_cuda_deterministic_bits_and_atomic_agree():
     B, T, H, G, D, Dv = 2, 700, 8, 2, 128, 256
     q, k, v, lam, gen = make_inputs(B, T, T, H, G, D, Dv, "v1", "token", seed=22)
-    q, k, v, lam = (x.to(torch.bfloat16 if x.dim() == 4 else x.dtype).cuda() for x in (q, k, v, lam))
+    q, k, v = (x.to(torch.bfloat16).cuda() for x in (q, k, v))
+    lam = lam.cuda()
     dout = torch.randn(B, T, H, Dv, generator=gen).to(torch.bfloat16).cuda()
     (out, lse, o2), _ = run_gpu(q, k, v, lam, dout, True)
     det = [gpu.diff_attention_bwd(dout, q, k, v, lam, out, lse, o2, causal=True,

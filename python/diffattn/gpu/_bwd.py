@@ -112,7 +112,8 @@ def _bwd_query_tiles(dk1, dk2, dv, k1, k2, v, q_ptrs, do_ptrs, lse_ptrs, delta_p
         lse1 = tl.load(lse_ptrs + offs_m, mask=rows_ok, other=float("inf"))
         d1 = tl.load(delta_ptrs + offs_m, mask=rows_ok, other=0.0)
         # P1^T = exp(s k1 q1^T - lse1), in log2 units  (BLOCK_N, BLOCK_M)
-        p1 = tl.math.exp2(mma(k1, tl.trans(q1), zero, DOT_PREC) * qk_scale - lse1[None, :] * LOG2E_C)
+        p1 = tl.math.exp2(mma(k1, tl.trans(q1), zero, DOT_PREC) * qk_scale
+                          - lse1[None, :] * LOG2E_C)
         if MASKED:
             seen = offs_n[:, None] < k_len
             if CAUSAL:
@@ -271,14 +272,15 @@ def attn_bwd_dkdv_kernel(
 
     dk_off = (tl.cast(split, tl.int64) * s_dks + b64 * s_dkb + (key0 + offs_n0[:, None]) * s_dkt
               + kh * s_dkh + offs_d[None, :])
-    store_tile(DK_OUT + dk_off, (dk1 * sm_scale).to(DK_OUT.dtype.element_ty), offs_n, k_len, offs_d, D,
-               D != BLOCK_D)
+    store_tile(DK_OUT + dk_off, (dk1 * sm_scale).to(DK_OUT.dtype.element_ty), offs_n, k_len,
+               offs_d, D, D != BLOCK_D)
     if MAPS == 2 and not SHARED_K:
-        store_tile(DK_OUT + dk_off + s_dkh, (dk2 * sm_scale).to(DK_OUT.dtype.element_ty), offs_n, k_len,
-                   offs_d, D, D != BLOCK_D)
+        store_tile(DK_OUT + dk_off + s_dkh, (dk2 * sm_scale).to(DK_OUT.dtype.element_ty), offs_n,
+                   k_len, offs_d, D, D != BLOCK_D)
     dv_off = (tl.cast(split, tl.int64) * s_dvs + b64 * s_dvb + (key0 + offs_n0[:, None]) * s_dvt
               + g * s_dvh + offs_dv[None, :])
-    store_tile(DV_OUT + dv_off, dv.to(DV_OUT.dtype.element_ty), offs_n, k_len, offs_dv, DV, DV != BLOCK_DV)
+    store_tile(DV_OUT + dv_off, dv.to(DV_OUT.dtype.element_ty), offs_n, k_len, offs_dv, DV,
+               DV != BLOCK_DV)
 
 
 @triton.jit
@@ -295,7 +297,8 @@ def _dq_key_tiles(dq1, dq2, q1, q2, do, lse1, lse2, d1, r2, lam, k1_ptrs, k2_ptr
         keys = start_n + offs_n0
         k1 = load_tile(k1_ptrs, keys, k_len, offs_d, D, MASKED, D != BLOCK_D)
         v = load_tile(v_ptrs, keys, k_len, offs_dv, DV, MASKED, DV != BLOCK_DV)
-        p1 = tl.math.exp2(mma(q1, tl.trans(k1), zero, DOT_PREC) * qk_scale - lse1[:, None] * LOG2E_C)
+        p1 = tl.math.exp2(mma(q1, tl.trans(k1), zero, DOT_PREC) * qk_scale
+                          - lse1[:, None] * LOG2E_C)
         if MASKED:
             seen = keys[None, :] < k_len
             if CAUSAL:

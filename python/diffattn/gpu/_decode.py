@@ -102,8 +102,8 @@ def attn_decode_split_kernel(
     Q, K, V, SEQLENS, BLOCK_TABLE, O_PART, LSE_PART,
     qk_scale,                       # scale * log2(e)
     s_qb, s_qt, s_qh,               # q        (B, Tq, MAPS*H, D)
-    s_kblk, s_krow, s_kh,           # k_cache  (num_blocks, block_size, KH, D), or (B, Tk_max, KH, D)
-    s_vblk, s_vrow, s_vh,           # v_cache  (num_blocks, block_size, G, DV), or (B, Tk_max, G, DV)
+    s_kblk, s_krow, s_kh,           # k_cache  (num_blocks, block_size, KH, D) or (B, Tk_max, ...)
+    s_vblk, s_vrow, s_vh,           # v_cache  (num_blocks, block_size, G, DV) or (B, Tk_max, ...)
     s_btb,                          # block_table (B, max_blocks) int32
     s_pb, s_pg, s_ps, s_pm,         # lse_part (B, G*NRB, S, MAPS, BLOCK_R) float32; o_part the
                                     #   same with a trailing BLOCK_DV (element offset * BLOCK_DV)

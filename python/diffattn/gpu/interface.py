@@ -232,8 +232,8 @@ def _check_cu_seqlens(op, p, cu_q, cu_k, max_q, max_k):
                              f"{tuple(cu.shape)}")
         _same_device(op, p.device, **{name: cu})
     if cu_q.shape[0] != cu_k.shape[0]:
-        raise ValueError(f"{op}: cu_seqlens_q and cu_seqlens_k must have the same length B + 1, got "
-                         f"{cu_q.shape[0]} and {cu_k.shape[0]}")
+        raise ValueError(f"{op}: cu_seqlens_q and cu_seqlens_k must have the same length B + 1, "
+                         f"got {cu_q.shape[0]} and {cu_k.shape[0]}")
     for name, m in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
         if isinstance(m, bool) or not isinstance(m, int) or m < 0:
             raise TypeError(f"{op}: {name} must be a non-negative int, got {m!r}")
@@ -413,7 +413,8 @@ def _backward(p, dout, out, lse, o2, lam, lam_strides, deterministic, cu_q, cu_k
     scale = p.scale
     qk_scale = scale * LOG2E
 
-    # preprocess: D1 = rowsum(dout (out + lam o2)), R2 = rowsum(dout o2) (standard: rowsum(dout out))
+    # preprocess: D1 = rowsum(dout (out + lam o2)), R2 = rowsum(dout o2)
+    # (standard attention: D = rowsum(dout out))
     # ~96 float32 values of dout, out and o2 per thread of 4 warps
     pre_m = 16 if INTERPRET else max(16, min(64, 4096 // max(16, next_pow2(Dv))))
     attn_bwd_preprocess_kernel[(H, triton.cdiv(max_q, pre_m), B)](
@@ -429,8 +430,12 @@ def _backward(p, dout, out, lse, o2, lam, lam_strides, deterministic, cu_q, cu_k
 
     def run_dkdv(tiles, splits, dk_out, dv_out):
         meta = _meta(p, tiles)
-        s_dk = (dk_out.stride(0) if splits > 1 else 0,) + p.strides(dk_out[0] if splits > 1 else dk_out)
-        s_dv = (dv_out.stride(0) if splits > 1 else 0,) + p.strides(dv_out[0] if splits > 1 else dv_out)
+        # (split, batch, row, head) strides; split 0 when writing dk, dv themselves
+        if splits > 1:
+            s_dk = (dk_out.stride(0),) + p.strides(dk_out[0])
+            s_dv = (dv_out.stride(0),) + p.strides(dv_out[0])
+        else:
+            s_dk, s_dv = (0,) + p.strides(dk_out), (0,) + p.strides(dv_out)
         grid = (triton.cdiv(max_k, tiles.BLOCK_N), p.G * splits, B)
         attn_bwd_dkdv_kernel[grid](
             *common, dq_acc, dk_out, dv_out, cu_q, cu_k, qk_scale, scale,
