@@ -57,6 +57,9 @@ except ImportError as _e:  # the compiled core is absent (a GPU machine with onl
 
     def __getattr__(name):
         # diffattn.gpu (the Triton kernels) imports without the core; everything else needs it.
+        if name == "gpu":
+            import importlib
+            return importlib.import_module(".gpu", __name__)
         raise ImportError(f"diffattn.{name} needs the compiled core diffattn._core, which did not "
                           f"import ({_core_error}); build and install the package with "
                           f"`pip install .` (diffattn.gpu works without it)")
