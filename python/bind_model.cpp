@@ -177,6 +177,24 @@ void bind_model(py::module_& m) {
       "file and the tensor or key: OSError for unreadable or corrupted files, ValueError for a "
       "config that is not diffattn/1.");
 
+  m.def(
+      "read_safetensors",
+      [](const std::string& path) {
+        const SafeTensorsFile f = read_safetensors(path);
+        py::dict tensors;
+        for (const auto& [name, t] : f.tensors) {
+          py::array_t<float> a = new_array(t.shape);
+          if (!t.data.empty()) std::memcpy(a.mutable_data(), t.data.data(), sizeof(float) * t.data.size());
+          tensors[py::str(name)] = a;
+        }
+        return py::make_tuple(tensors, f.metadata);
+      },
+      py::arg("path"),
+      "The tensors of a safetensors file as float32 arrays (F32, BF16 and F16 stored) and its "
+      "metadata: (dict, dict). The file is checked as the safetensors library checks it (the "
+      "tensors tile the data exactly, every shape and offset agrees); OSError names the file and "
+      "the tensor.");
+
   py::class_<HfTokenizer>(m, "HfTokenizer",
                           "A Hugging Face tokenizer.json (byte-level BPE: GPT-2, Llama 3 and their "
                           "copies); ids equal the tokenizers library's.")

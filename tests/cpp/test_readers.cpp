@@ -217,6 +217,52 @@ TEST(SafeTensorsReader, HeaderLengthIsCapped) {
       {"...\": dtype I8 is not supported"});
 }
 
+// The reference library's rules (tests/python/test_safetensors_oracle.py compares the verdicts
+// on many more files): the tensors tile the data exactly, and the header is JSON as serde reads it.
+TEST(SafeTensorsReader, TheDataIsCoveredExactly) {
+  const std::string a = R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
+  const std::string data(8, '\0');
+  EXPECT_EQ(parse_safetensors(safetensors_bytes("{" + a + "}", data), "t.st").tensors.size(), 1u);
+  expect_error<IoError>([&] { parse_safetensors(safetensors_bytes("{" + a + "}", data + "tail"), "t.st"); },
+                        {"t.st: the tensors cover 8 of the 12 data bytes", "4 bytes after the last tensor"});
+  expect_error<IoError>(
+      [&] { parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", "gap." + data), "t.st"); },
+      {"t.st: tensor \"a\" begins at data byte 4, expected 0", "a gap of 4 bytes"});
+  expect_error<IoError>(
+      [&] { parse_safetensors(safetensors_bytes("{" + a + R"(,"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", data), "t.st"); },
+      {"tensor \"b\" begins at data byte 4, expected 8", "overlaps"});
+  // An empty tensor is placed like any other: at the end (or the start), not inside another.
+  EXPECT_NO_THROW(parse_safetensors(safetensors_bytes("{" + a + R"(,"z":{"dtype":"F32","shape":[0],"data_offsets":[8,8]}})", data), "t.st"));
+  expect_error<IoError>(
+      [&] { parse_safetensors(safetensors_bytes("{" + a + R"(,"z":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})", data), "t.st"); },
+      {"tensor \"z\" begins at data byte 4, expected 8"});
+  // nlohmann stopped at a NUL and skipped a byte order mark; serde (the library) refuses both.
+  expect_error<IoError>([&] { parse_safetensors(safetensors_bytes("{" + a + std::string("}\0junk", 6), data), "t.st"); },
+                        {"t.st: corrupted safetensors header: not valid JSON (a NUL byte at offset"});
+  expect_error<IoError>([&] { parse_safetensors(safetensors_bytes("\xEF\xBB\xBF{" + a + "}", data), "t.st"); },
+                        {"byte order mark"});
+  // A field of an entry twice, or __metadata__ twice, is an error; a tensor or metadata key
+  // twice keeps the last (as the library does).
+  expect_error<IoError>(
+      [&] { parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","dtype":"F16","shape":[2],"data_offsets":[0,8]}})", data), "t.st"); },
+      {"the key \"dtype\" appears twice in \"a\""});
+  expect_error<IoError>(
+      [&] { parse_safetensors(safetensors_bytes(R"({"__metadata__":{},"__metadata__":{},)" + a + "}", data), "t.st"); },
+      {"the key \"__metadata__\" appears twice in the top-level object"});
+  const SafeTensorsFile last = parse_safetensors(
+      safetensors_bytes(R"({"__metadata__":{"k":"1","k":"2"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)" + a + "}", data), "t.st");
+  EXPECT_EQ(last.tensors.at("a").shape, (Shape{2}));
+  EXPECT_EQ(last.metadata.at("k"), "2");
+  // __metadata__ may be null; -0 is not a size; a dtype outside the format's list is named.
+  EXPECT_NO_THROW(parse_safetensors(safetensors_bytes(R"({"__metadata__":null,)" + a + "}", data), "t.st"));
+  expect_error<IoError>(
+      [&] { parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[-0],"data_offsets":[0,0]}})", ""), "t.st"); },
+      {"is not a list of sizes"});
+  expect_error<IoError>(
+      [&] { parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"f32","shape":[2],"data_offsets":[0,8]}})", data), "t.st"); },
+      {"dtype \"f32\" is not a safetensors dtype"});
+}
+
 TEST(SafeTensorsReader, HeaderIsReadWithoutTheData) {
   // A header announcing 8 GiB of data in a sparse file: the header alone is read (a whole-file
   // read would allocate 8 GiB).
