@@ -31,10 +31,18 @@ std::vector<int32_t> generate_ids(Model& m, const std::vector<int32_t>& prompt,
                                   const std::function<bool(int32_t)>& on_token = {});
 // The ids a model directory's generation ends at: generation_config.json's eos_token_id (a
 // number or a list) when the file exists, else the tokenizer's end-of-sequence id, else none.
-std::vector<int32_t> stop_ids_for(const std::string& model_dir, const Tokenizer& tok);
+// An eos_token_id the model cannot produce (not below model_vocab) is an IoError naming the file
+// and the id.
+std::vector<int32_t> stop_ids_for(const std::string& model_dir, const Tokenizer& tok,
+                                  int64_t model_vocab);
+// Restricts sampling to the ids that both the model (below model_vocab) and the tokenizer (its
+// tokens, holes left out) have: a padded embedding's extra rows are never drawn, so generated
+// text always decodes. InvalidArgument when no id is left.
+void restrict_to_tokens(SamplerOptions& o, const Tokenizer& tok, int64_t model_vocab);
 
 // Prefills the prompt through the KV cache, then decodes one token at a time, passing each new
-// piece of text to on_text as soon as it is known (streamed output). Returns the new text.
+// piece of text to on_text as soon as it is known (streamed output). Returns the new text. Only
+// ids the tokenizer has are drawn (restrict_to_tokens).
 std::string generate(Model& m, const Tokenizer& tok, const std::string& prompt,
                      const GenerateOptions& o,
                      const std::function<void(const std::string&)>& on_text = {});
