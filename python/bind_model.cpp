@@ -6,6 +6,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "bind_common.h"
@@ -162,6 +164,25 @@ void bind_model(py::module_& m) {
           "new token ids continuing prompt_ids through the KV cache (temperature 0: greedy; "
           "kv_dtype 'f32', 'bf16' or 'f16' stores the cache in that type); stops at max_new, "
           "at max_seq_len or before an id in stop_ids")
+      .def(
+          "save",
+          [](const Model& self, const std::string& path, const std::string& dtype, const std::string& format,
+             int64_t shards) {
+            const DType dt = parse_dtype(dtype, "Model.save: dtype");
+            if (format != "diffattn" && format != "hf") {
+              throw InvalidArgument("Model.save: format is \"" + format + "\", expected diffattn or hf");
+            }
+            if (format == "diffattn" && shards != 1) {
+              throw InvalidArgument("Model.save: shards applies to format=\"hf\" (diffattn's format is one file)");
+            }
+            py::gil_scoped_release nogil;
+            return format == "hf" ? save_hf_model(self, path, dt, shards) : save_model(self, path, dt);
+          },
+          py::arg("path"), py::arg("dtype") = "f32", py::arg("format") = "diffattn", py::arg("shards") = 1,
+          "Writes the model as a directory (format 'diffattn' or 'hf': DiffLlama / Llama), replacing "
+          "a model already there as one: at any moment, a kill included, the directory holds the "
+          "old model or the new one, and its other files stay. Returns '' or a note on what of "
+          "the old directory could not be put back.")
       .def_property_readonly("trainable", &Model::trainable,
                              "False for a model over weights kept as loaded (Hugging Face BF16/F16)")
       .def_property_readonly("storage", &Model::storage, "where the weights live")
@@ -176,6 +197,44 @@ void bind_model(py::module_& m) {
       "Load a model directory (config.json + model.safetensors, docs/FORMAT.md). Errors name the "
       "file and the tensor or key: OSError for unreadable or corrupted files, ValueError for a "
       "config that is not diffattn/1.");
+
+  m.def(
+      "save_model",
+      [](const std::string& path, const std::string& config, const py::dict& tensors, const std::string& dtype) {
+        const char* op = "save_model";
+        const ModelConfig cfg = ModelConfig::from_json(config, std::string(op) + ": config");
+        const DType dt = parse_dtype(dtype, std::string(op) + ": dtype");
+        for (auto item : tensors) {
+          const std::string name = py::str(item.first);
+          const auto& table = tensor_table(cfg);
+          if (std::none_of(table.begin(), table.end(), [&](const TensorInfo& t) { return t.name == name; })) {
+            throw InvalidArgument(std::string(op) + ": tensors[\"" + name + "\"] is not a tensor of this config");
+          }
+        }
+        Model m(cfg);
+        for (const TensorInfo& t : m.tensors()) {
+          if (!tensors.contains(t.name)) {
+            throw InvalidArgument(std::string(op) + ": tensors has no \"" + t.name + "\" of shape " + shape_str(t.shape));
+          }
+          const std::string label = "tensors[\"" + t.name + "\"]";
+          const ConstView v = view_of(op, label.c_str(), tensors[py::str(t.name)]);
+          check_shape(op, label.c_str(), v.shape, t.shape, "the config's");
+          for (int64_t i = 0; i < t.numel; ++i) {
+            if (!std::isfinite(v.data[i])) {
+              throw InvalidArgument(std::string(op) + ": " + label + " holds " + (std::isnan(v.data[i]) ? "NaN" : "Inf") +
+                                    " at flat index " + std::to_string(i));
+            }
+          }
+          std::memcpy(m.params.data() + t.offset, v.data, sizeof(float) * static_cast<size_t>(t.numel));
+        }
+        py::gil_scoped_release nogil;
+        return save_model(m, path, dt);
+      },
+      py::arg("path"), py::arg("config"), py::arg("tensors"), py::arg("dtype") = "f32",
+      "Writes a model directory in diffattn's format from config.json's text and {FORMAT.md name: "
+      "float32 array}: every tensor checked against the config (name, shape, finite values), then "
+      "written as one replacement of the directory's model (a kill at any moment leaves the old "
+      "model or the new one; the directory's other files stay).");
 
   m.def(
       "read_safetensors",

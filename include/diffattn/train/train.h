@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "diffattn/data/data.h"
+#include "diffattn/model/checkpoint.h"
 #include "diffattn/model/config.h"
 #include "diffattn/model/model.h"
 #include "diffattn/model/optimizer.h"
@@ -114,10 +115,11 @@ class Trainer {
            const std::function<void(const StepLog&)>& on_step = {});
   // One optimizer step (accum micro-batches); returns its log (no eval, no save).
   StepLog step(const Dataset& train);
-  // Writes the checkpoint files in the order checkpoint_files() gives. Each is written
-  // atomically and the resume point comes first, so a kill at any moment leaves either no
-  // resume point (as before the first save: the run starts again without --resume) or a whole
-  // one; the model files that follow are loadable once both are there.
+  // Writes the checkpoint files in the order checkpoint_files() gives: the resume point, one
+  // atomic file, then the model (config.json, model.safetensors and model_files) through
+  // save_model, which replaces the directory's model as one. A kill at any moment leaves either
+  // no resume point (as before the first save: the run starts again without --resume) or a
+  // whole one, and the directory's model old or new, whole.
   void save() const;
   static const std::vector<std::string>& checkpoint_files();
   // Changes how long the run goes and how often it evaluates and saves (what `train --resume`
@@ -131,6 +133,9 @@ class Trainer {
   const std::string& dir() const { return dir_; }
   bool progress = false;  // progress bar on stderr
   bool write_log = true;
+  // Saved with the model (its tokenizer.model; replace_tokenizer so that a tokenizer the
+  // directory held before is not left beside it).
+  ModelFiles model_files;
 
  private:
   std::string dir_;
