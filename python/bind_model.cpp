@@ -7,10 +7,12 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 
 #include "bind_common.h"
+#include "diffattn/base/memory.h"
 #include "diffattn/data/hf_tokenizer.h"
 #include "diffattn/model/checkpoint.h"
 #include "diffattn/model/config.h"
@@ -24,8 +26,8 @@ namespace diffattn::python {
 
 namespace {
 
-std::vector<int32_t> token_array(const char* op, const char* name, const py::handle& obj,
-                                 const Model& m, Shape& shape) {
+// obj's shape checked as int64 (B, T), B, T >= 1, T at most max_seq_len; nothing is read yet.
+py::array int64_tokens(const char* op, const char* name, const py::handle& obj, const Model& m, Shape& shape) {
   if (!py::isinstance<py::array>(obj)) {
     throw InvalidArgument(std::string(op) + ": " + name + " must be a NumPy int64 array (B, T), got " +
                           std::string(py::str(py::type::of(obj).attr("__name__"))));
@@ -40,18 +42,28 @@ std::vector<int32_t> token_array(const char* op, const char* name, const py::han
     throw InvalidArgument(std::string(op) + ": " + name + " has shape " + shape_str(shape) +
                           ", expected (B, T) with B, T >= 1");
   }
-  const auto c = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(obj);
-  const int64_t V = m.config().vocab_size;
-  std::vector<int32_t> out(static_cast<size_t>(shape[0] * shape[1]));
-  const int64_t* src = c.data();
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (src[i] < 0 || src[i] >= V) {
-      throw InvalidArgument(std::string(op) + ": " + name + "[" + std::to_string(i / static_cast<size_t>(shape[1])) +
-                            ", " + std::to_string(i % static_cast<size_t>(shape[1])) + "] = " +
-                            std::to_string(src[i]) + " is outside the vocabulary [0, " +
-                            std::to_string(V) + ")");
+  if (shape[1] > m.config().max_seq_len) {
+    throw InvalidArgument(std::string(op) + ": " + name + " has T = " + std::to_string(shape[1]) +
+                          " positions, more than max_seq_len = " + std::to_string(m.config().max_seq_len));
+  }
+  return a;
+}
+
+// The ids of a checked (B, T) int64 array, read through its strides (a stride-0 view is read,
+// never copied whole), each checked against the vocabulary.
+std::vector<int32_t> token_ids(const char* op, const char* name, const py::array& a, const Model& m) {
+  const auto r = py::reinterpret_borrow<py::array_t<int64_t>>(a).unchecked<2>();
+  const int64_t V = m.config().vocab_size, B = r.shape(0), T = r.shape(1);
+  std::vector<int32_t> out(static_cast<size_t>(B * T));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t id = r(b, t);
+      if (id < 0 || id >= V) {
+        throw InvalidArgument(std::string(op) + ": " + name + "[" + std::to_string(b) + ", " + std::to_string(t) +
+                              "] = " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
+      }
+      out[static_cast<size_t>(b * T + t)] = static_cast<int32_t>(id);
     }
-    out[i] = static_cast<int32_t>(src[i]);
   }
   return out;
 }
@@ -61,24 +73,33 @@ struct Batch {
   int64_t B = 0, T = 0;
 };
 
+// Shapes first, then the memory a forward (and backward) of (B, T) takes with its (B, T, vocab)
+// logits, and only then are the ids read: a huge batch is an error naming it, before any work.
 Batch batch_of(const char* op, const Model& m, const py::handle& tokens, const py::handle* targets) {
   Batch b;
-  Shape ts;
-  b.tokens = token_array(op, "tokens", tokens, m, ts);
-  b.B = ts[0];
-  b.T = ts[1];
+  Shape ts, gs;
+  const py::array ta = int64_tokens(op, "tokens", tokens, m, ts);
+  py::array ga;
   if (targets) {
-    Shape gs;
-    b.targets = token_array(op, "targets", *targets, m, gs);
+    ga = int64_tokens(op, "targets", *targets, m, gs);
     if (gs != ts) {
       throw InvalidArgument(std::string(op) + ": targets has shape " + shape_str(gs) +
                             ", expected the shape of tokens " + shape_str(ts));
     }
   }
-  if (b.T > m.config().max_seq_len) {
-    throw InvalidArgument(std::string(op) + ": tokens has T = " + std::to_string(b.T) +
-                          " positions, more than max_seq_len = " + std::to_string(m.config().max_seq_len));
+  b.B = ts[0];
+  b.T = ts[1];
+  int64_t step = 0;
+  try {
+    step = data::train_step_bytes(m.config(), b.B, b.T);
+  } catch (const InvalidArgument&) {
+    step = INT64_MAX;  // the product overflows: more than any machine has
   }
+  check_fits_in_memory(static_cast<double>(step) + 8.0 * static_cast<double>(b.B) * static_cast<double>(b.T) *
+                                                       static_cast<double>(m.config().vocab_size),
+                       std::string(op) + ": tokens of shape " + shape_str(ts) + " (a forward of B x T positions)");
+  b.tokens = token_ids(op, "tokens", ta, m);
+  if (targets) b.targets = token_ids(op, "targets", ga, m);
   return b;
 }
 
