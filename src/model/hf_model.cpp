@@ -223,6 +223,13 @@ class Shards {
   // the project's format is always the one file.
   Shards(const std::string& dir, HfStore& store, bool with_index) : dir_(dir), store_(store) {
     const std::string index = dir + "/model.safetensors.index.json";
+    if (with_index && file_exists(index) && file_exists(dir + "/model.safetensors")) {
+      // transformers loads model.safetensors when both are there, diffattn read the index: one
+      // of them is a stale leftover, and which one is not for a reader to guess.
+      throw IoError(dir + ": holds both model.safetensors and model.safetensors.index.json (transformers "
+                    "would load model.safetensors and ignore the index's shards); one of them is "
+                    "left over from another model: remove it");
+    }
     if (with_index && file_exists(index)) {
       map_ = parse_hf_weight_map(read_file(index, kMaxJsonFileBytes), index);
       where_ = index;
