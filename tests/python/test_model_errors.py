@@ -216,3 +216,8 @@ def test_nan_inputs_are_errors():
     for scale in (float("nan"), float("inf")):
         with pytest.raises(ValueError, match="scale must be finite"):
             diffattn.attention(x, x, x, scale=scale)
+    c = {"attention": "diff_v1", "vocab_size": 100, "d_model": 64, "n_layers": 2, "ffn_dim": 128,
+         "n_heads": 2, "n_kv_heads": 2, "head_dim": 16, "tie_embeddings": False}
+    for kv in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(ValueError, match="accounting: bytes per value must be a finite number > 0"):
+            diffattn.account(c, 4096, kv)
