@@ -3,7 +3,7 @@ Python byte-level BPE of the same tokenizer.json (the classic GPT-2 encoder: a r
 merges by rank with a per-word cache), on the same text, in one run. Not a test.
 
     .venv/bin/python bench/tokenizer_speed.py \
-        --tokenizer ../shared/data/tokenizers/gpt2 --text build/data/kjv.txt --mb 2
+        --tokenizer ../shared/data/tokenizers/llama3 --text build/data/kjv.txt --mb 2
 
 The Python baseline approximates the \\p{L}/\\p{N} classes of GPT-2's and Llama 3's regexes
 with Python's Unicode-aware \\w and \\d, which agree on the English text used here; the script

@@ -1,5 +1,7 @@
 // Fuzzes the Hugging Face tokenizer.json reader and its encoder. An input that starts with '{'
-// is a tokenizer.json: it loads or throws a diffattn::Error. Any other input is a text for a
+// is a tokenizer.json: it loads or throws a diffattn::Error; a file that loads has one string
+// per id and one id per string (an added token never takes another token's id), and encodes.
+// Any other input is a text for a
 // fixed byte-level BPE tokenizer (every byte, chained merges, an added token): valid UTF-8
 // must encode, and decode back to exactly itself; invalid UTF-8 must throw InvalidArgument.
 #include <cstddef>
@@ -26,7 +28,7 @@ const diffattn::HfTokenizer& fixed() {
     }
     vocab += "\"ab\": 256, \"abab\": 257, \"\\u0120a\": 258, \"aa\": 259, \"aaaa\": 260";
     const std::string json =
-        "{\"added_tokens\": [{\"id\": 300, \"content\": \"<|x|>\", \"special\": true}], "
+        "{\"added_tokens\": [{\"id\": 261, \"content\": \"<|x|>\", \"special\": true}], "
         "\"normalizer\": null, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}, "
         "\"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {" +
         vocab + "}, \"merges\": [\"a b\", \"ab ab\", \"\\u0120 a\", \"a a\", \"aa aa\"]}}";
@@ -43,6 +45,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     try {
       const diffattn::HfTokenizer t = diffattn::HfTokenizer::from_json(text, "fuzz/tokenizer.json");
       (void)t.decode(t.encode("Hello, world! 123 \xc3\xa9", true));
+      for (int32_t id = 0; id < t.vocab_size() && id < 4096; ++id) {
+        const std::string& s = t.token(id);
+        if (!s.empty() && t.id_of(s) != id) std::abort();  // two ids for one string, or the reverse
+      }
     } catch (const diffattn::Error&) {
     }
     return 0;

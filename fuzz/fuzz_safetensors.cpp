@@ -1,10 +1,15 @@
 // Fuzzes the safetensors reader (src/model/safetensors.cpp) in memory: parse_safetensors (header
 // length, JSON header, dtypes, shapes, offsets, decoding) and the header alone. Any input either
-// parses, with every tensor's data as long as its shape says, or throws a diffattn::Error.
+// parses, with every tensor's data as long as its shape says and the tensors tiling the data
+// exactly (no gap, no overlap, no tail: the safetensors library's rule), or throws a
+// diffattn::Error.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <utility>
+#include <vector>
+#include <algorithm>
 
 #include "diffattn/model/safetensors.h"
 
@@ -14,6 +19,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const diffattn::SafeTensorsHeader h = diffattn::parse_safetensors_header(bytes, "fuzz.safetensors");
     const diffattn::SafeTensorsFile f = diffattn::parse_safetensors(bytes, "fuzz.safetensors");
     if (f.tensors.size() != h.tensors.size()) std::abort();
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    for (const auto& [name, e] : h.tensors) ranges.push_back({e.begin, e.end});
+    std::sort(ranges.begin(), ranges.end());
+    uint64_t at = 0;
+    for (const auto& [b, e] : ranges) {
+      if (b != at) std::abort();
+      at = e;
+    }
+    if (h.data_offset + at != bytes.size()) std::abort();
     for (const auto& [name, t] : f.tensors) {
       int64_t n = 1;
       for (int64_t d : t.shape) n *= d;  // checked by the reader: cannot overflow here

@@ -8,10 +8,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <optional>
 #include <string>
 
 #include "bind_common.h"
+#include "diffattn/base/memory.h"
 #include "diffattn/kernels/attention.h"
 
 namespace py = pybind11;
@@ -49,6 +51,15 @@ AttnParams std_params(const char* op, const py::handle& q, const py::handle& k,
                       const py::handle& v, const AttnOptions& o) {
   return attn_params(strided_view_of(op, "q", q), strided_view_of(op, "k", k),
                      strided_view_of(op, "v", v), o);
+}
+
+// The maps a call returns ((B, H, Tq, Tk) float32 each) must fit in memory: checked before the
+// forward runs, not after (views of a few bytes can describe terabytes of maps).
+void check_maps_fit(const char* op, const AttnParams& p, int maps) {
+  double bytes = 4.0 * maps;
+  for (int64_t n : {p.B, p.H, p.Tq, p.Tk}) bytes *= static_cast<double>(n);
+  check_fits_in_memory(bytes, std::string(op) + ": " + std::to_string(maps) + " map(s) of shape (B, H, Tq, Tk) = " +
+                                  shape_str({p.B, p.H, p.Tq, p.Tk}));
 }
 
 // Forward with saved statistics; returns (out, lse, o2) where o2 is None for standard attention.
@@ -251,6 +262,7 @@ diff_attention(..., return_stats=True)) it runs no forward; without them it runs
          bool causal, std::optional<double> scale) {
         const char* op = "diff_attention_maps";
         const AttnParams p = diff_params(op, q, k, v, lam, options(causal, scale, "signed", op));
+        check_maps_fit(op, p, 2);
         const Forward f = forward(p, Backend::Auto);
         return py::make_tuple(maps_of(f, 0), maps_of(f, 1));
       },
@@ -265,6 +277,7 @@ recomputed from the forward's saved log-sum-exp.)doc");
          std::optional<double> scale) {
         const char* op = "attention_map";
         const AttnParams p = std_params(op, q, k, v, options(causal, scale, "signed", op));
+        check_maps_fit(op, p, 1);
         return maps_of(forward(p, Backend::Auto), 0);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false,

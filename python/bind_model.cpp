@@ -6,9 +6,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <climits>
+#include <cmath>
 #include <cstring>
 
 #include "bind_common.h"
+#include "diffattn/base/memory.h"
 #include "diffattn/data/hf_tokenizer.h"
 #include "diffattn/model/checkpoint.h"
 #include "diffattn/model/config.h"
@@ -22,8 +26,8 @@ namespace diffattn::python {
 
 namespace {
 
-std::vector<int32_t> token_array(const char* op, const char* name, const py::handle& obj,
-                                 const Model& m, Shape& shape) {
+// obj's shape checked as int64 (B, T), B, T >= 1, T at most max_seq_len; nothing is read yet.
+py::array int64_tokens(const char* op, const char* name, const py::handle& obj, const Model& m, Shape& shape) {
   if (!py::isinstance<py::array>(obj)) {
     throw InvalidArgument(std::string(op) + ": " + name + " must be a NumPy int64 array (B, T), got " +
                           std::string(py::str(py::type::of(obj).attr("__name__"))));
@@ -38,18 +42,28 @@ std::vector<int32_t> token_array(const char* op, const char* name, const py::han
     throw InvalidArgument(std::string(op) + ": " + name + " has shape " + shape_str(shape) +
                           ", expected (B, T) with B, T >= 1");
   }
-  const auto c = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(obj);
-  const int64_t V = m.config().vocab_size;
-  std::vector<int32_t> out(static_cast<size_t>(shape[0] * shape[1]));
-  const int64_t* src = c.data();
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (src[i] < 0 || src[i] >= V) {
-      throw InvalidArgument(std::string(op) + ": " + name + "[" + std::to_string(i / static_cast<size_t>(shape[1])) +
-                            ", " + std::to_string(i % static_cast<size_t>(shape[1])) + "] = " +
-                            std::to_string(src[i]) + " is outside the vocabulary [0, " +
-                            std::to_string(V) + ")");
+  if (shape[1] > m.config().max_seq_len) {
+    throw InvalidArgument(std::string(op) + ": " + name + " has T = " + std::to_string(shape[1]) +
+                          " positions, more than max_seq_len = " + std::to_string(m.config().max_seq_len));
+  }
+  return a;
+}
+
+// The ids of a checked (B, T) int64 array, read through its strides (a stride-0 view is read,
+// never copied whole), each checked against the vocabulary.
+std::vector<int32_t> token_ids(const char* op, const char* name, const py::array& a, const Model& m) {
+  const auto r = py::reinterpret_borrow<py::array_t<int64_t>>(a).unchecked<2>();
+  const int64_t V = m.config().vocab_size, B = r.shape(0), T = r.shape(1);
+  std::vector<int32_t> out(static_cast<size_t>(B * T));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t id = r(b, t);
+      if (id < 0 || id >= V) {
+        throw InvalidArgument(std::string(op) + ": " + name + "[" + std::to_string(b) + ", " + std::to_string(t) +
+                              "] = " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
+      }
+      out[static_cast<size_t>(b * T + t)] = static_cast<int32_t>(id);
     }
-    out[i] = static_cast<int32_t>(src[i]);
   }
   return out;
 }
@@ -59,24 +73,33 @@ struct Batch {
   int64_t B = 0, T = 0;
 };
 
+// Shapes first, then the memory a forward (and backward) of (B, T) takes with its (B, T, vocab)
+// logits, and only then are the ids read: a huge batch is an error naming it, before any work.
 Batch batch_of(const char* op, const Model& m, const py::handle& tokens, const py::handle* targets) {
   Batch b;
-  Shape ts;
-  b.tokens = token_array(op, "tokens", tokens, m, ts);
-  b.B = ts[0];
-  b.T = ts[1];
+  Shape ts, gs;
+  const py::array ta = int64_tokens(op, "tokens", tokens, m, ts);
+  py::array ga;
   if (targets) {
-    Shape gs;
-    b.targets = token_array(op, "targets", *targets, m, gs);
+    ga = int64_tokens(op, "targets", *targets, m, gs);
     if (gs != ts) {
       throw InvalidArgument(std::string(op) + ": targets has shape " + shape_str(gs) +
                             ", expected the shape of tokens " + shape_str(ts));
     }
   }
-  if (b.T > m.config().max_seq_len) {
-    throw InvalidArgument(std::string(op) + ": tokens has T = " + std::to_string(b.T) +
-                          " positions, more than max_seq_len = " + std::to_string(m.config().max_seq_len));
+  b.B = ts[0];
+  b.T = ts[1];
+  int64_t step = 0;
+  try {
+    step = data::train_step_bytes(m.config(), b.B, b.T);
+  } catch (const InvalidArgument&) {
+    step = INT64_MAX;  // the product overflows: more than any machine has
   }
+  check_fits_in_memory(static_cast<double>(step) + 8.0 * static_cast<double>(b.B) * static_cast<double>(b.T) *
+                                                       static_cast<double>(m.config().vocab_size),
+                       std::string(op) + ": tokens of shape " + shape_str(ts) + " (a forward of B x T positions)");
+  b.tokens = token_ids(op, "tokens", ta, m);
+  if (targets) b.targets = token_ids(op, "targets", ga, m);
   return b;
 }
 
@@ -162,6 +185,25 @@ void bind_model(py::module_& m) {
           "new token ids continuing prompt_ids through the KV cache (temperature 0: greedy; "
           "kv_dtype 'f32', 'bf16' or 'f16' stores the cache in that type); stops at max_new, "
           "at max_seq_len or before an id in stop_ids")
+      .def(
+          "save",
+          [](const Model& self, const std::string& path, const std::string& dtype, const std::string& format,
+             int64_t shards) {
+            const DType dt = parse_dtype(dtype, "Model.save: dtype");
+            if (format != "diffattn" && format != "hf") {
+              throw InvalidArgument("Model.save: format is \"" + format + "\", expected diffattn or hf");
+            }
+            if (format == "diffattn" && shards != 1) {
+              throw InvalidArgument("Model.save: shards applies to format=\"hf\" (diffattn's format is one file)");
+            }
+            py::gil_scoped_release nogil;
+            return format == "hf" ? save_hf_model(self, path, dt, shards) : save_model(self, path, dt);
+          },
+          py::arg("path"), py::arg("dtype") = "f32", py::arg("format") = "diffattn", py::arg("shards") = 1,
+          "Writes the model as a directory (format 'diffattn' or 'hf': DiffLlama / Llama), replacing "
+          "a model already there as one: at any moment, a kill included, the directory holds the "
+          "old model or the new one, and its other files stay. Returns '' or a note on what of "
+          "the old directory could not be put back.")
       .def_property_readonly("trainable", &Model::trainable,
                              "False for a model over weights kept as loaded (Hugging Face BF16/F16)")
       .def_property_readonly("storage", &Model::storage, "where the weights live")
@@ -180,6 +222,62 @@ void bind_model(py::module_& m) {
       "Load a model directory (config.json + model.safetensors, docs/FORMAT.md). Errors name the "
       "file and the tensor or key: OSError for unreadable or corrupted files, ValueError for a "
       "config that is not diffattn/1.");
+
+  m.def(
+      "save_model",
+      [](const std::string& path, const std::string& config, const py::dict& tensors, const std::string& dtype) {
+        const char* op = "save_model";
+        const ModelConfig cfg = ModelConfig::from_json(config, std::string(op) + ": config");
+        const DType dt = parse_dtype(dtype, std::string(op) + ": dtype");
+        for (auto item : tensors) {
+          const std::string name = py::str(item.first);
+          const auto& table = tensor_table(cfg);
+          if (std::none_of(table.begin(), table.end(), [&](const TensorInfo& t) { return t.name == name; })) {
+            throw InvalidArgument(std::string(op) + ": tensors[\"" + name + "\"] is not a tensor of this config");
+          }
+        }
+        Model m(cfg);
+        for (const TensorInfo& t : m.tensors()) {
+          if (!tensors.contains(t.name)) {
+            throw InvalidArgument(std::string(op) + ": tensors has no \"" + t.name + "\" of shape " + shape_str(t.shape));
+          }
+          const std::string label = "tensors[\"" + t.name + "\"]";
+          const ConstView v = view_of(op, label.c_str(), tensors[py::str(t.name)]);
+          check_shape(op, label.c_str(), v.shape, t.shape, "the config's");
+          for (int64_t i = 0; i < t.numel; ++i) {
+            if (!std::isfinite(v.data[i])) {
+              throw InvalidArgument(std::string(op) + ": " + label + " holds " + (std::isnan(v.data[i]) ? "NaN" : "Inf") +
+                                    " at flat index " + std::to_string(i));
+            }
+          }
+          std::memcpy(m.params.data() + t.offset, v.data, sizeof(float) * static_cast<size_t>(t.numel));
+        }
+        py::gil_scoped_release nogil;
+        return save_model(m, path, dt);
+      },
+      py::arg("path"), py::arg("config"), py::arg("tensors"), py::arg("dtype") = "f32",
+      "Writes a model directory in diffattn's format from config.json's text and {FORMAT.md name: "
+      "float32 array}: every tensor checked against the config (name, shape, finite values), then "
+      "written as one replacement of the directory's model (a kill at any moment leaves the old "
+      "model or the new one; the directory's other files stay).");
+
+  m.def(
+      "read_safetensors",
+      [](const std::string& path) {
+        const SafeTensorsFile f = read_safetensors(path);
+        py::dict tensors;
+        for (const auto& [name, t] : f.tensors) {
+          py::array_t<float> a = new_array(t.shape);
+          if (!t.data.empty()) std::memcpy(a.mutable_data(), t.data.data(), sizeof(float) * t.data.size());
+          tensors[py::str(name)] = a;
+        }
+        return py::make_tuple(tensors, f.metadata);
+      },
+      py::arg("path"),
+      "The tensors of a safetensors file as float32 arrays (F32, BF16 and F16 stored) and its "
+      "metadata: (dict, dict). The file is checked as the safetensors library checks it (the "
+      "tensors tile the data exactly, every shape and offset agrees); OSError names the file and "
+      "the tensor.");
 
   py::class_<HfTokenizer>(m, "HfTokenizer",
                           "A Hugging Face tokenizer.json (byte-level BPE: GPT-2, Llama 3 and their "

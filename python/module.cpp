@@ -5,15 +5,21 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "bind_common.h"
+#include "diffattn/base/memory.h"
 
 namespace py = pybind11;
 
 namespace diffattn::python {
 
 namespace {
+
+// Output arrays above this size are checked against the machine's memory before allocation
+// (smaller ones cost a check each call and cannot exhaust it).
+constexpr double kCheckedArrayBytes = 64.0 * (1 << 20);
 
 // obj as a float32 NumPy array, or an error naming op, name, type and dtype; shape filled.
 py::array float32_array(const char* op, const char* name, const py::handle& obj, Shape& shape) {
@@ -69,6 +75,9 @@ py::array_t<float> new_strided_array(const Shape& shape, const Shape& strides) {
     if (shape[i] == 0) return new_array(shape);
     span += (shape[i] - 1) * std::max<int64_t>(strides[i], 0);
   }
+  if (4.0 * static_cast<double>(span) > kCheckedArrayBytes) {
+    check_fits_in_memory(4.0 * static_cast<double>(span), "an output array of shape " + shape_str(shape));
+  }
   py::array_t<float> buffer(static_cast<py::ssize_t>(span));
   std::vector<py::ssize_t> dims(shape.begin(), shape.end()), bytes(strides.size());
   for (size_t i = 0; i < strides.size(); ++i) {
@@ -78,8 +87,26 @@ py::array_t<float> new_strided_array(const Shape& shape, const Shape& strides) {
 }
 
 py::array_t<float> new_array(const Shape& shape) {
+  // Sized by the caller's arrays (a stride-0 view is a few bytes whatever its shape): checked
+  // against the machine's memory first, an error naming the shape rather than a bad_alloc.
+  double bytes = 4.0;
+  for (int64_t n : shape) bytes *= static_cast<double>(n);
+  if (bytes > kCheckedArrayBytes) check_fits_in_memory(bytes, "an output array of shape " + shape_str(shape));
   std::vector<py::ssize_t> dims(shape.begin(), shape.end());
   return py::array_t<float>(dims);
+}
+
+// A message may quote bytes from a file (a key that is not UTF-8): decoded with
+// backslashreplace, so the exception always carries its message (PyErr_SetString would end in
+// a UnicodeDecodeError without it).
+void set_error(PyObject* type, const char* what) {
+  PyObject* msg = PyUnicode_DecodeUTF8(what, static_cast<Py_ssize_t>(std::strlen(what)), "backslashreplace");
+  if (msg == nullptr) {
+    PyErr_Clear();
+    msg = PyUnicode_FromString("(an error whose message could not be decoded)");
+  }
+  PyErr_SetObject(type, msg);
+  Py_XDECREF(msg);
 }
 
 void check_shape(const char* op, const char* name, const Shape& got, const Shape& want,
@@ -99,9 +126,11 @@ PYBIND11_MODULE(_core, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const diffattn::InvalidArgument& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
+      diffattn::python::set_error(PyExc_ValueError, e.what());
     } catch (const diffattn::IoError& e) {
-      PyErr_SetString(PyExc_OSError, e.what());
+      diffattn::python::set_error(PyExc_OSError, e.what());
+    } catch (const diffattn::Error& e) {
+      diffattn::python::set_error(PyExc_RuntimeError, e.what());
     }
   });
   diffattn::python::bind_kernels(m);

@@ -21,9 +21,10 @@ int run_convert(const std::vector<std::string>& argv) {
          "o_proj; DIFF V2 and a fixed lambda_init have no DiffLlama equivalent and are refused).\n"
          "--to diffattn: any model diffattn loads (a Hugging Face directory included) in diffattn's\n"
          "format: float32 and trainable, or with --dtype bf16|f16 half the bytes, loaded for\n"
-         "inference in that type (e.g. a DIFF V2 model to serve). A tokenizer.json /\n"
-         "tokenizer_config.json / tokenizer.model beside the model is copied along. Loading either\n"
-         "result gives the same logits (at --dtype f32).");
+         "inference in that type (e.g. a DIFF V2 model to serve). The tokenizer files and\n"
+         "generation_config.json beside the model are copied along. Loading either result gives\n"
+         "the same logits (at --dtype f32). --out is replaced as a whole, atomically: at any moment\n"
+         "it holds its old model or the new one, and its other files (not the old model's) stay.");
   a.option("--model", "DIR", "", "the model to convert (required)")
       .option("--to", "FORMAT", "", "hf or diffattn (required)")
       .option("--out", "DIR", "", "the directory to write (required)")
@@ -41,16 +42,12 @@ int run_convert(const std::vector<std::string>& argv) {
     throw UsageError("--shards applies to --to hf (diffattn's format is one file)");
   }
   const Model m = load_model(in);
-  if (to == "hf") {
-    save_hf_model(m, out, dtype, shards);
-  } else {
-    save_model(m, out, dtype);
-  }
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model"}) {
-    struct stat st {};
-    const std::string src = in + "/" + f;
-    if (::stat(src.c_str(), &st) == 0) write_file_atomic(out + "/" + f, read_file(src));
-  }
+  // The tokenizer and generation_config.json go with the model, in the same atomic replacement:
+  // a kill at any moment leaves --out holding the old model or the new one, whole, and an old
+  // model's tokenizer or weight files never survive beside the new one.
+  const ModelFiles side = model_side_files(in);
+  const std::string note = to == "hf" ? save_hf_model(m, out, dtype, shards, side) : save_model(m, out, dtype, side);
+  if (!note.empty()) std::cerr << "diffattn convert: note: " << note << "\n";
   std::cout << "wrote " << out << " (" << (to == "hf" ? "Hugging Face " : "diffattn ")
             << (to == "hf" ? (m.config().attention == nn::AttnKind::DiffV1 ? "diffllama" : "llama")
                            : nn::attn_kind_name(m.config().attention))

@@ -17,12 +17,15 @@ int run_eval(const std::vector<std::string>& argv) {
       .option("--corpus", "SPEC", "kjv", "kjv or the path of a text file")
       .option("--batch", "B", "8", "sequences per batch")
       .option("--seq-len", "T", "128", "tokens per sequence (at most the model's max_seq_len)")
-      .option("--batches", "N", "0", "at most N batches (0: the whole validation split)");
+      .option("--batches", "N", "0", "at most N batches (0: the whole validation split)")
+      .option("--tokenizer", "WHICH", "model",
+              "model: the directory's tokenizer (a Hugging Face directory must have one); bytes: raw "
+              "bytes as token ids");
   if (!a.parse(argv)) return 0;
   if (!a.given("--model")) throw UsageError("--model DIR is required");
   const std::string dir = a.str("--model");
   Model m = load_model(dir);
-  const auto tok = data::tokenizer_for(dir);
+  const auto tok = data::tokenizer_for(dir, data::parse_tokenizer_choice(a.str("--tokenizer"), "--tokenizer"));
   const data::Corpus c = data::load_corpus(a.str("--corpus"), data::default_cache_dir());
   const std::vector<int32_t> valid = tok->encode(c.valid);
   const int64_t T = std::min(a.integer("--seq-len"), m.config().max_seq_len);

@@ -124,7 +124,10 @@ int run_generate(const std::vector<std::string>& argv) {
               "time a prefill of --bench-prompt tokens and N decode steps instead: load time, peak "
               "RSS against the weights, prefill GFLOP/s against the same-run sgemm rate, decode "
               "tokens/s against read bandwidth / bytes read a token")
-      .option("--bench-prompt", "P", "64", "prompt tokens of --bench");
+      .option("--bench-prompt", "P", "64", "prompt tokens of --bench")
+      .option("--tokenizer", "WHICH", "model",
+              "model: the directory's tokenizer (a Hugging Face directory must have one); bytes: raw "
+              "bytes as token ids");
   if (!a.parse(argv)) return 0;
   if (!a.given("--model")) throw UsageError("--model DIR is required");
   const std::string dir = a.str("--model");
@@ -139,7 +142,7 @@ int run_generate(const std::vector<std::string>& argv) {
     return bench_decode(m, std::max<int64_t>(1, std::min<int64_t>(bench_prompt, m.config().max_seq_len / 2)),
                         bench_steps, load_s, kv_dtype);
   }
-  const auto tok = data::tokenizer_for(dir);
+  const auto tok = data::tokenizer_for(dir, data::parse_tokenizer_choice(a.str("--tokenizer"), "--tokenizer"));
   data::GenerateOptions o;
   o.max_new = a.integer("--max-new", 0, int64_t{1} << 40);
   o.sampler.temperature = a.number("--temperature", 0, 1e30);
@@ -149,7 +152,7 @@ int run_generate(const std::vector<std::string>& argv) {
     throw UsageError("--top-p must be in (0, 1], got " + a.str("--top-p"));
   }
   o.sampler.seed = static_cast<uint64_t>(a.integer("--seed", 0, INT64_MAX));
-  o.stop_ids = data::stop_ids_for(dir, *tok);
+  o.stop_ids = data::stop_ids_for(dir, *tok, m.config().vocab_size);
   o.kv_dtype = kv_dtype;
   const std::string prompt = a.str("--prompt");
   {

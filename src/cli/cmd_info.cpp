@@ -1,5 +1,7 @@
 // `diffattn info DIR`: a model directory's config, its tensors with their parameter counts,
 // and lambda per layer.
+#include <sys/stat.h>
+
 #include <iostream>
 
 #include "cli/args.h"
@@ -18,8 +20,19 @@ int run_info(const std::vector<std::string>& argv) {
   const std::string dir = a.str("DIR");
   Model m = load_model(dir);
   const ModelConfig& c = m.config();
-  const auto tok = data::tokenizer_for(dir);
-  std::cout << "model " << dir << " (" << tok->name() << " tokenizer)\nweights: " << m.storage()
+  // A Hugging Face directory may come without its tokenizer: say so rather than refuse to show it.
+  std::unique_ptr<data::Tokenizer> tok;
+  std::string tokenizer;
+  struct stat st {};
+  if (is_hf_model_dir(dir) && ::stat((dir + "/tokenizer.json").c_str(), &st) != 0 &&
+      ::stat((dir + "/tokenizer.model").c_str(), &st) != 0) {
+    tokenizer = "no tokenizer: generating needs its tokenizer.json, or --tokenizer bytes";
+    tok = data::byte_tokenizer();  // for the V2 lambda sample below (a V2 model is diffattn's own)
+  } else {
+    tok = data::tokenizer_for(dir);
+    tokenizer = tok->name() + " tokenizer";
+  }
+  std::cout << "model " << dir << " (" << tokenizer << ")\nweights: " << m.storage()
             << "\n\nconfig (diffattn's form)\n" << c.to_json() << "\n";
   std::vector<std::vector<std::string>> rows;
   for (const TensorInfo& t : m.tensors()) {

@@ -68,13 +68,16 @@ int run_maps(const std::vector<std::string>& argv) {
       .flag("--mean-layers", "average over every layer (of --head, or of the head mean)")
       .option("--lambda", "X", "", "use lambda X for the differential map instead of the learned one")
       .option("--mode", "MODE", "signed", "signed (the paper) or clamp (the textbook's renormalised clamp)")
-      .option("--out", "DIR", "maps", "directory for the PNG and .npy files");
+      .option("--out", "DIR", "maps", "directory for the PNG and .npy files")
+      .option("--tokenizer", "WHICH", "model",
+              "model: the directory's tokenizer (a Hugging Face directory must have one); bytes: raw "
+              "bytes as token ids");
   if (!a.parse(argv)) return 0;
   if (!a.given("--model")) throw UsageError("--model DIR is required");
   if (!a.given("--prompt")) throw UsageError("--prompt TEXT is required");
   const std::string dir = a.str("--model");
   Model m = load_model(dir);
-  const auto tok = data::tokenizer_for(dir);
+  const auto tok = data::tokenizer_for(dir, data::parse_tokenizer_choice(a.str("--tokenizer"), "--tokenizer"));
   const Prompt p = tokenize(*tok, a.str("--prompt"), m.config().max_seq_len);
   const int64_t T = static_cast<int64_t>(p.ids.size()), L = m.config().n_layers;
   int64_t layer = a.integer("--layer");

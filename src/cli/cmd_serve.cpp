@@ -39,7 +39,10 @@ int run_serve(const std::vector<std::string>& argv) {
               "the KV pool's storage: f32, bf16 or f16 (half the bytes, rounded once when\n"
               "      written; attention still computes in float32)")
       .option("--prefill-chunk", "N", "512", "prompt tokens prefilled per step, over all sequences")
-      .option("--workers", "N", "128", "connections served at once (each stream holds one)");
+      .option("--workers", "N", "128", "connections served at once (each stream holds one)")
+      .option("--tokenizer", "WHICH", "model",
+              "model: the directory's tokenizer (a Hugging Face directory must have one); bytes: raw "
+              "bytes as token ids");
   if (!args.parse(argv)) return 0;
   if (!args.given("--model")) throw UsageError("--model DIR is required");
   serve::ServerOptions o;
@@ -58,6 +61,7 @@ int run_serve(const std::vector<std::string>& argv) {
   o.engine.kv_dtype = parse_dtype(args.str("--kv-dtype"), "--kv-dtype");
   o.engine.prefill_chunk = args.integer("--prefill-chunk", 1, 1 << 20);
   o.workers = static_cast<int>(args.integer("--workers", 1, 4096));
+  o.tokenizer = data::parse_tokenizer_choice(args.str("--tokenizer"), "--tokenizer");
   serve::run_server(o, [](const std::string& host, int port) {
     const std::string h = host.find(':') != std::string::npos ? "[" + host + "]" : host;
     std::cout << "diffattn serve: listening on http://" << h << ":" << port

@@ -210,9 +210,14 @@ int run_train(const std::vector<std::string>& argv) {
                      a.given("--eval-batches") ? o.eval_batches : tr->options().eval_batches,
                      a.given("--save-every") ? o.save_every : tr->options().save_every);
     if (tr->steps_done() >= tr->options().steps) {
+      // A kill after the last resume point and before the model files that follow it leaves
+      // the model of the step before: the resume point's model is written out first.
+      tr->model_files.replace_tokenizer = true;
+      if (exists(dir + "/tokenizer.model")) tr->model_files.extra["tokenizer.model"] = read_file(dir + "/tokenizer.model");
+      save_model(tr->model(), dir, DType::F32, tr->model_files);
       throw UsageError(dir + " is already at step " + std::to_string(tr->steps_done()) + " of " +
                        std::to_string(tr->options().steps) +
-                       "; pass --steps N with N larger to train further");
+                       " (its model files are that step's); pass --steps N with N larger to train further");
     }
     corpus = data::load_corpus(tr->options().corpus, cache);
     tok = data::tokenizer_for(dir);
@@ -221,6 +226,12 @@ int run_train(const std::vector<std::string>& argv) {
     if (exists(dir + "/train_state.safetensors")) {
       throw UsageError(dir + " already holds a training run; pass --resume to continue it, or "
                        "choose another --out");
+    }
+    // A run writes its tokenizer into --out before its first checkpoint: beside another model,
+    // that model would read with the wrong tokenizer. And a new run would replace it.
+    if (exists(dir + "/config.json")) {
+      throw UsageError(dir + " already holds a model (config.json); choose another --out for a new "
+                       "run (--init DIR starts from that model)");
     }
     corpus = data::load_corpus(o.corpus, cache);
     if (a.given("--init")) {
@@ -263,6 +274,9 @@ int run_train(const std::vector<std::string>& argv) {
       tr = std::make_unique<data::Trainer>(dir, cfg, o);
     }
   }
+  // The run's tokenizer goes with every save of its model (none: a byte-level model).
+  tr->model_files.replace_tokenizer = true;
+  if (tok->name() == "sentencepiece") tr->model_files.extra["tokenizer.model"] = read_file(dir + "/tokenizer.model");
   const data::TokenWindows train(tok->encode(corpus.train), tr->options().seed, corpus.name + " train");
   const std::vector<int32_t> valid = tok->encode(corpus.valid);
   print_summary(std::cerr, tr->model(), tr->options(), train.describe() + ", " + tok->name() + " tokenizer");

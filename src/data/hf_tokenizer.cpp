@@ -361,7 +361,9 @@ HfTokenizer::~HfTokenizer() = default;
 HfTokenizer HfTokenizer::from_json(const std::string& text, const std::string& where) {
   json j;
   try {
-    j = parse_json_object(text, where);
+    // A key twice (a token in vocab, "merges", "model"): the library keeps one of them, and
+    // which one is an accident of its deserializer; refused.
+    j = parse_json_object(text, where, json_no_duplicates);
   } catch (const InvalidArgument& e) {
     throw IoError(e.what());
   }
@@ -392,24 +394,42 @@ HfTokenizer HfTokenizer::from_json(const std::string& text, const std::string& w
   t->ignore_merges = bool_field(m, "ignore_merges", false, mw);
 
   int64_t n_ids = 0;
-  auto add_id = [&](const std::string& tok, int64_t id, const std::string& what) {
+  // Grows the id tables to hold id (checked against the limit).
+  auto reserve_id = [&](int64_t id, const std::string& what) {
     if (id < 0 || id >= kMaxVocab) {
       throw IoError(what + ": id " + std::to_string(id) + " is outside 0.." + std::to_string(kMaxVocab - 1));
     }
-    if (utf8_error(tok) != std::string::npos) throw IoError(what + ": a token is not valid UTF-8");
     if (id >= n_ids) {
       n_ids = id + 1;
       t->tokens.resize(static_cast<size_t>(n_ids));
       t->special.resize(static_cast<size_t>(n_ids), 0);
       t->added_id.resize(static_cast<size_t>(n_ids), 0);
     }
-    t->tokens[static_cast<size_t>(id)] = tok;
-    t->vocab[tok] = static_cast<int32_t>(id);
+  };
+  // An id as the library reads it (a u32): a JSON integer without a sign.
+  auto id_value = [&](const json& v, const std::string& what) -> int64_t {
+    if (!v.is_number_unsigned()) throw IoError(what + ": the id " + json_brief(v) + " is not a whole number >= 0");
+    const uint64_t id = v.get<uint64_t>();
+    return id >= static_cast<uint64_t>(kMaxVocab) ? kMaxVocab : static_cast<int64_t>(id);
   };
   for (const auto& [tok, id] : m["vocab"].items()) {
-    if (!id.is_number_integer()) throw IoError(mw + ": the id of a vocab entry is not an integer");
-    add_id(tok, id.get<int64_t>(), mw + ".vocab");
+    const std::string what = mw + ".vocab[" + quote_name(tok, 40) + "]";
+    const int64_t i = id_value(id, what);
+    reserve_id(i, what);
+    if (utf8_error(tok) != std::string::npos) throw IoError(what + ": the token is not valid UTF-8");
+    if (tok.empty()) throw IoError(what + ": the empty string is not a token (id " + std::to_string(i) + ")");
+    // Two strings for one id: decoding the id would give either, depending on the library's
+    // hash order.
+    std::string& slot = t->tokens[static_cast<size_t>(i)];
+    if (!slot.empty()) {
+      throw IoError(what + ": id " + std::to_string(i) + " is also the id of " + quote_name(slot, 40) +
+                    " (one id, one token)");
+    }
+    slot = tok;
+    t->vocab[tok] = static_cast<int32_t>(i);
   }
+  // What the library calls the model's vocabulary size: its entries (holes do not count).
+  const int64_t model_entries = static_cast<int64_t>(t->vocab.size());
   for (int b = 0; b < 256; ++b) {
     auto it = t->vocab.find(t->byte_char[static_cast<size_t>(b)]);
     t->byte_id[static_cast<size_t>(b)] = it == t->vocab.end() ? -1 : it->second;
@@ -435,34 +455,72 @@ HfTokenizer HfTokenizer::from_json(const std::string& text, const std::string& w
       throw IoError(mw + ".merges[" + std::to_string(r) + "]: expected \"a b\" or [a, b], got " + json_brief(e));
     }
     auto ia = t->vocab.find(a), ib = t->vocab.find(b), iab = t->vocab.find(a + b);
-    if (ia == t->vocab.end() || ib == t->vocab.end()) {
-      throw IoError(mw + ".merges[" + std::to_string(r) + "]: \"" + a + "\" or \"" + b +
-                    "\" is not in the vocab");
+    const std::string what = mw + ".merges[" + std::to_string(r) + "]";
+    for (auto [it, part] : {std::pair{ia, &a}, std::pair{ib, &b}}) {
+      if (it == t->vocab.end()) throw IoError(what + ": " + quote_name(*part, 40) + " is not in the vocab");
     }
-    // A merge whose result has no id can never produce a token: skipped (GPT-2's own file
-    // has one, "\u0120Cla ude").
-    if (iab == t->vocab.end()) continue;
+    // A merge whose result has no id: the tokenizers library refuses the file ("Token ... out of
+    // vocabulary"), so does this (GPT-2's tokenizer.json has one, "\u0120Cla ude", and neither
+    // the library nor transformers loads it).
+    if (iab == t->vocab.end()) {
+      throw IoError(what + ": " + quote_name(a + " " + b, 40) + " merges into " + quote_name(a + b, 40) +
+                    ", which is not in the vocab (the tokenizers library refuses such a file)");
+    }
     const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(ia->second)) << 32) |
                          static_cast<uint32_t>(ib->second);
-    t->merges.emplace(key, std::make_pair(static_cast<int32_t>(r), iab->second));  // first rank wins
+    // A pair listed twice takes its last rank, as the library's map does.
+    t->merges.insert_or_assign(key, std::make_pair(static_cast<int32_t>(r), iab->second));
   }
 
   if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
     if (!j["added_tokens"].is_array()) throw IoError(where + ": \"added_tokens\" must be a list");
+    // The ids the library gives added tokens, whatever the file says: a token of the model's
+    // vocab keeps its id, one added before keeps that one, any other takes the next id past
+    // the model's entries and the added ids so far (AddedVocabulary::add_tokens). A file whose
+    // ids differ (an added token on an id the vocab already gives another string: the byte
+    // \x03 would decode as <|eot_id|>) is refused rather than read two ways.
+    std::unordered_map<std::string, int32_t> added_ids;
+    int64_t max_added = -1;
     for (size_t i = 0; i < j["added_tokens"].size(); ++i) {
       const json& a = j["added_tokens"][i];
       const std::string aw = where + ": added_tokens[" + std::to_string(i) + "]";
-      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer()) {
-        throw IoError(aw + ": needs an integer \"id\"");
-      }
+      if (!a.is_object() || !a.contains("id")) throw IoError(aw + ": needs an integer \"id\"");
       AddedToken tok;
       tok.content = str_field(a, "content", aw);
       if (tok.content.empty()) throw IoError(aw + ": empty content");
+      if (utf8_error(tok.content) != std::string::npos) throw IoError(aw + ": the content is not valid UTF-8");
       tok.special = bool_field(a, "special", false, aw);
-      const int64_t id = a["id"].get<int64_t>();
-      add_id(tok.content, id, aw);
+      const int64_t id = id_value(a["id"], aw);
+      int64_t expected;
+      if (auto it = added_ids.find(tok.content); it != added_ids.end()) {
+        expected = it->second;
+      } else if (auto v = t->vocab.find(tok.content); v != t->vocab.end()) {
+        expected = v->second;
+      } else {
+        expected = max_added < 0 ? model_entries
+                                 : (max_added >= model_entries || model_entries == 0 ? max_added + 1 : model_entries);
+      }
+      if (id != expected) {
+        const bool taken = id < n_ids && !t->tokens[static_cast<size_t>(id)].empty() &&
+                           t->tokens[static_cast<size_t>(id)] != tok.content;
+        throw IoError(aw + ": " + quote_name(tok.content, 40) + " has id " + std::to_string(id) +
+                      (taken ? ", the id of " + quote_name(t->tokens[static_cast<size_t>(id)], 40) : std::string()) +
+                      "; the tokenizers library gives it id " + std::to_string(expected) +
+                      " (a file whose ids disagree with the library's is refused)");
+      }
+      reserve_id(id, aw);
+      if (!added_ids.count(tok.content)) {
+        std::string& slot = t->tokens[static_cast<size_t>(id)];
+        if (!slot.empty() && slot != tok.content) {
+          throw IoError(aw + ": id " + std::to_string(id) + " is also the id of " + quote_name(slot, 40));
+        }
+        slot = tok.content;
+        t->vocab[tok.content] = static_cast<int32_t>(id);
+        added_ids[tok.content] = static_cast<int32_t>(id);
+        max_added = std::max(max_added, id);
+      }
       tok.id = static_cast<int32_t>(id);
-      t->special[static_cast<size_t>(id)] = tok.special;
+      t->special[static_cast<size_t>(id)] = t->special[static_cast<size_t>(id)] || tok.special;
       t->added_id[static_cast<size_t>(id)] = 1;
       t->added.push_back(tok);
     }
@@ -497,11 +555,12 @@ HfTokenizer HfTokenizer::from_json(const std::string& text, const std::string& w
   }
   parse_post(j.value("post_processor", json()), where + ": post_processor", t->vocab, t->prefix,
              t->suffix);
-  for (int32_t id : t->prefix) {
-    if (id >= n_ids) throw IoError(where + ": post_processor: id " + std::to_string(id) + " is not a token");
-  }
-  for (int32_t id : t->suffix) {
-    if (id >= n_ids) throw IoError(where + ": post_processor: id " + std::to_string(id) + " is not a token");
+  for (const std::vector<int32_t>* side : {&t->prefix, &t->suffix}) {
+    for (int32_t id : *side) {
+      if (id >= n_ids || t->tokens[static_cast<size_t>(id)].empty()) {
+        throw IoError(where + ": post_processor: id " + std::to_string(id) + " is not a token");
+      }
+    }
   }
   return HfTokenizer(std::move(t));
 }

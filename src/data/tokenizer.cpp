@@ -13,6 +13,7 @@
 #include "diffattn/base/files.h"
 #include "diffattn/data/data.h"
 #include "diffattn/data/hf_tokenizer.h"
+#include "diffattn/model/checkpoint.h"
 
 namespace diffattn::data {
 
@@ -28,7 +29,14 @@ class ByteTokenizer : public Tokenizer {
   std::string decode(const std::vector<int32_t>& ids) const override {
     std::string s;
     s.reserve(ids.size());
-    for (int32_t id : ids) s.push_back(static_cast<char>(id & 0xff));
+    for (size_t n = 0; n < ids.size(); ++n) {
+      // Not id & 0xff: id 260 of a padded vocabulary is no byte, and must not read as \x04.
+      if (ids[n] < 0 || ids[n] > 255) {
+        throw InvalidArgument("decode: ids[" + std::to_string(n) + "] = " + std::to_string(ids[n]) +
+                              " is not a byte (the byte tokenizer's ids are 0..255)");
+      }
+      s.push_back(static_cast<char>(ids[n]));
+    }
     return s;
   }
   int64_t vocab_size() const override { return 256; }
@@ -181,6 +189,9 @@ class HfTokenizerAdapter : public Tokenizer {
   int64_t vocab_size() const override { return t_.vocab_size(); }
   std::string name() const override { return "tokenizer.json"; }
   int32_t eos_id() const override { return t_.eos_id(); }
+  bool is_token(int32_t id) const override {
+    return id >= 0 && id < t_.vocab_size() && !t_.token(id).empty();
+  }
 
  private:
   HfTokenizer t_;
@@ -192,11 +203,23 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path) {
   return std::make_unique<HfTokenizerAdapter>(HfTokenizer::load(path));
 }
 
-std::unique_ptr<Tokenizer> tokenizer_for(const std::string& model_dir) {
+TokenizerChoice parse_tokenizer_choice(const std::string& name, const std::string& where) {
+  if (name == "model") return TokenizerChoice::kModel;
+  if (name == "bytes") return TokenizerChoice::kBytes;
+  throw InvalidArgument(where + " is \"" + name + "\", expected model (the directory's own) or bytes");
+}
+
+std::unique_ptr<Tokenizer> tokenizer_for(const std::string& model_dir, TokenizerChoice choice) {
+  if (choice == TokenizerChoice::kBytes) return byte_tokenizer();
   struct stat st {};
   if (::stat((model_dir + "/tokenizer.json").c_str(), &st) == 0) return load_hf_tokenizer(model_dir);
   const std::string p = model_dir + "/tokenizer.model";
   if (::stat(p.c_str(), &st) == 0) return load_sentencepiece(p);
+  if (is_hf_model_dir(model_dir)) {
+    throw IoError(model_dir + ": a Hugging Face model directory without a tokenizer (no tokenizer.json "
+                  "and no tokenizer.model): copy the model's tokenizer.json and tokenizer_config.json "
+                  "into it, or pass --tokenizer bytes to use raw bytes as token ids");
+  }
   return byte_tokenizer();
 }
 

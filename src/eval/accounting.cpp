@@ -1,6 +1,8 @@
 // Accounting (accounting.h) over FORMAT.md's tensor list.
 #include "diffattn/eval/accounting.h"
 
+#include <cmath>
+
 namespace diffattn {
 
 namespace {
@@ -82,7 +84,9 @@ std::vector<TensorSpec> format_tensors(const ModelConfig& c) {
 
 Accounting account(const ModelConfig& c, int64_t context, double bytes_per_value) {
   if (context < 1) throw InvalidArgument("accounting: context must be >= 1, got " + std::to_string(context));
-  if (!(bytes_per_value > 0)) throw InvalidArgument("accounting: bytes per value must be > 0");
+  if (!(bytes_per_value > 0) || !std::isfinite(bytes_per_value)) {
+    throw InvalidArgument("accounting: bytes per value must be a finite number > 0");
+  }
   Accounting a;
   a.config = c;
   for (const TensorSpec& t : format_tensors(c)) {
@@ -120,6 +124,7 @@ double sequence_flops(const Accounting& a, int64_t T) {
 
 }  // namespace diffattn
 
+#include <cmath>
 #include <sys/stat.h>
 
 #include "diffattn/base/files.h"

@@ -16,6 +16,10 @@ AttentionViews views_of(const std::vector<std::string>& tokens, const float* q, 
                         const float* v, int64_t D, int64_t Dv, float lambda, DiffMode mode,
                         bool causal) {
   const int64_t T = static_cast<int64_t>(tokens.size());
+  // A NaN or infinite lambda would give NaN maps, not an answer.
+  if (!std::isfinite(lambda)) {
+    throw InvalidArgument("views: lambda must be a finite number, got " + std::to_string(lambda));
+  }
   AttentionViews r;
   r.tokens = tokens;
   r.T = T;

@@ -18,7 +18,12 @@
 //   a connection beyond those is answered 503 on the accepting thread and closed;
 // - the listen backlog is 128, not httplib's 5 (a burst of connections lost SYNs: 1 s stalls);
 // - the listening socket gets SO_REUSEADDR only (httplib's default sets SO_REUSEPORT, which lets
-//   a second server bind the same port and take half of its connections).
+//   a second server bind the same port and take half of its connections);
+// - every request head is read whole and checked against RFC 9112's framing (request_head.h)
+//   before httplib parses it: a head that a second parser could read differently (two
+//   Content-Lengths, Transfer-Encoding with Content-Length, whitespace before a colon, control
+//   bytes, line folding, bare CR or LF) is answered 400 and its connection closed, so nothing
+//   sent after it on the connection is ever answered; so is every error httplib answers itself.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -37,6 +42,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -44,6 +50,7 @@
 
 #include "diffattn/base/error.h"
 #include "http/http_server.h"
+#include "http/request_head.h"
 
 namespace diffattn::http {
 
@@ -121,11 +128,59 @@ class ConnectionStream final : public httplib::Stream {
     writing_ = false;
     head_done_ = false;
     crlfcrlf_ = 0;
-    head_bytes_ = body_bytes_ = written_ = 0;
+    head_bytes_ = body_bytes_ = written_ = skipped_ = 0;
     timed_out_ = over_limit_ = close_after_ = false;
   }
 
   bool has_buffered() const { return off_ < len_; }
+
+  enum class Head { kReady, kClosed, kTimeout, kTooLarge };
+  // Buffers the next request's head (from its request line to the blank line that ends it,
+  // after skipping empty lines before it), within the request's deadline and max_head_bytes;
+  // on kReady, head views it in the buffer, where httplib will read it from.
+  Head read_head(std::string_view& head) {
+    size_t scanned = 0;  // bytes after off_ known to hold no CRLF CRLF
+    for (;;) {
+      while (len_ - off_ >= 2 && buf_[off_] == '\r' && buf_[off_ + 1] == '\n') {
+        off_ += 2;  // an empty line before the request line (RFC 9112 2.2)
+        skipped_ += 2;
+        scanned = 0;
+      }
+      const std::string_view have(buf_.data() + off_, len_ - off_);
+      const size_t end = have.find("\r\n\r\n", scanned);
+      if (end != std::string_view::npos) {
+        head = have.substr(0, end + 4);
+        return Head::kReady;
+      }
+      scanned = have.size() >= 3 ? have.size() - 3 : 0;
+      if (have.size() + skipped_ > g_opt->limits.max_head_bytes) {
+        over_limit_ = true;
+        return Head::kTooLarge;
+      }
+      // More bytes: keep the buffered ones at the front, room for a whole head behind them.
+      if (off_ > 0) {
+        std::memmove(buf_.data(), buf_.data() + off_, len_ - off_);
+        len_ -= off_;
+        off_ = 0;
+      }
+      if (buf_.size() - len_ < 4096) buf_.resize(std::max(buf_.size() * 2, len_ + 16 * 1024));
+      const Wait w = wait_for(fd_, POLLIN, read_deadline_, listener_);
+      if (w == Wait::kTimeout) {
+        timed_out_ = true;
+        return Head::kTimeout;
+      }
+      if (w != Wait::kReady) return Head::kClosed;
+      const ssize_t n = ::recv(fd_, buf_.data() + len_, buf_.size() - len_, MSG_DONTWAIT);
+      if (n == 0) return Head::kClosed;
+      if (n < 0) {
+        if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+        return Head::kClosed;
+      }
+      len_ += static_cast<size_t>(n);
+    }
+  }
+  // Bytes of the request read so far (head included): any at all means the client began one.
+  bool began() const { return skipped_ > 0 || len_ > off_; }
   bool timed_out() const { return timed_out_; }
   bool over_limit() const { return over_limit_; }
   bool head_over_limit() const { return over_limit_ && !head_done_; }
@@ -226,6 +281,7 @@ class ConnectionStream final : public httplib::Stream {
   bool head_done_ = false;
   int crlfcrlf_ = 0;  // how much of "\r\n\r\n" the last bytes read matched
   size_t head_bytes_ = 0, body_bytes_ = 0, written_ = 0;
+  size_t skipped_ = 0;  // empty lines before this request's request line
   bool timed_out_ = false, over_limit_ = false, close_after_ = false;
 };
 
@@ -252,6 +308,17 @@ std::string raw_response(int status, const char* reason, const std::string& mess
          "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
          "\r\nCache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n" + extra_headers +
          "Connection: close\r\n\r\n" + body;
+}
+
+const char* reason_phrase(int status) {
+  switch (status) {
+    case 400: return "Bad Request";
+    case 408: return "Request Timeout";
+    case 411: return "Length Required";
+    case 431: return "Request Header Fields Too Large";
+    case 505: return "HTTP Version Not Supported";
+    default: return "Error";
+  }
 }
 
 // Reads and drops what the client has sent, waiting up to wait_ms for the first bytes, so that
@@ -361,6 +428,16 @@ class HardenedServer final : public httplib::Server {
     ::setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
     ConnectionStream strm(sock, svr_sock_);
     bool ok = true;
+    // Writes a whole answer of our own; the connection closes after it.
+    auto answer_and_close = [&](int status, const std::string& message) {
+      const std::string r = raw_response(status, reason_phrase(status), message);
+      for (size_t at = 0; at < r.size();) {
+        const ssize_t n = strm.write(r.data() + at, r.size() - at);
+        if (n < 0) break;
+        at += static_cast<size_t>(n);
+      }
+      strm.close_after();
+    };
     for (int served = 0; served < g_opt->limits.keep_alive_requests && svr_sock_ != INVALID_SOCKET; ++served) {
       if (!strm.has_buffered() &&
           wait_for(sock, POLLIN, Clock::now() + std::chrono::seconds(g_opt->limits.idle_seconds), svr_sock_) !=
@@ -368,6 +445,23 @@ class HardenedServer final : public httplib::Server {
         break;  // idle too long, or the server is stopping
       }
       strm.begin_request();
+      // The head, whole, checked before httplib parses a byte of it.
+      std::string_view head;
+      const ConnectionStream::Head got = strm.read_head(head);
+      if (got == ConnectionStream::Head::kClosed) break;  // nothing (more) was asked
+      if (got == ConnectionStream::Head::kTimeout) {
+        answer_and_close(408, timeout_message());
+        break;
+      }
+      if (got == ConnectionStream::Head::kTooLarge) {
+        answer_and_close(431, head_limit_message());
+        break;
+      }
+      const HeadCheck check = check_request_head(head);
+      if (check.status != 0) {
+        answer_and_close(check.status, check.message);
+        break;
+      }
       bool client_closes = false;
       t_stream = &strm;
       ok = process_request(strm, served + 1 == g_opt->limits.keep_alive_requests, client_closes, nullptr);
@@ -385,6 +479,12 @@ class HardenedServer final : public httplib::Server {
         }
       }
       if (!ok || client_closes || strm.must_close()) break;
+    }
+    if (strm.must_close()) {
+      // Refused or cut short: what the client sent after it is dropped unread, but closing with
+      // unread bytes would reset the connection and could take our answer with it.
+      ::shutdown(sock, SHUT_WR);
+      drain(sock, 100);
     }
     return ok;
   }
@@ -530,9 +630,10 @@ void serve(const Options& o) {
     } else {
       msg = "request rejected (HTTP " + std::to_string(res.status) + ")";
     }
-    if (t_stream != nullptr && t_stream->must_close()) {
-      res.set_header("Connection", "close");  // the connection loop closes it after this answer
-    }
+    // An error httplib found itself (a request it could not parse, a body over the limit): the
+    // connection's framing is in doubt, so it closes after this answer.
+    if (t_stream != nullptr) t_stream->close_after();
+    res.set_header("Connection", "close");  // the connection loop closes it after this answer
     res.set_content(g_opt->error_body(res.status, msg), "application/json");
   });
   int bound = port;

@@ -3,6 +3,7 @@
 // error naming the tensor and the file.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -15,11 +16,94 @@
 #include "diffattn/model/config.h"
 #include "diffattn/model/model.h"
 #include "diffattn/model/safetensors.h"
+#include "model/model_dir.h"
 
 namespace diffattn {
 
-void save_model(const Model& m, const std::string& dir, DType dtype) {
-  make_dirs(dir);
+namespace {
+
+const char* const kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                                       "special_tokens_map.json", "added_tokens.json", "vocab.json",
+                                       "merges.txt", "chat_template.jinja", "chat_template.json"};
+
+// PREFIX-NNNNN-of-NNNNN.SUFFIX, transformers' shard names.
+bool is_shard_name(const std::string& n, const std::string& prefix, const std::string& suffix) {
+  if (n.size() != prefix.size() + 15 + suffix.size() || n.rfind(prefix, 0) != 0 ||
+      n.compare(n.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return false;
+  }
+  const std::string mid = n.substr(prefix.size(), 15);  // -NNNNN-of-NNNNN
+  for (size_t i : {1u, 2u, 3u, 4u, 5u, 10u, 11u, 12u, 13u, 14u}) {
+    if (mid[i] < '0' || mid[i] > '9') return false;
+  }
+  return mid[0] == '-' && mid.compare(6, 4, "-of-") == 0;
+}
+
+// The shard names an index file in dir lists (none when it is absent or unreadable).
+std::set<std::string> indexed_shards(const std::string& dir) {
+  std::set<std::string> out;
+  for (const char* index : {"model.safetensors.index.json", "pytorch_model.bin.index.json"}) {
+    try {
+      for (const auto& [tensor, file] : parse_hf_weight_map(read_file(dir + "/" + index, kMaxJsonFileBytes), index)) {
+        out.insert(file);
+      }
+    } catch (const Error&) {
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string commit_model_dir(DirectoryUpdate& u, const std::string& dir, const ModelFiles& files) {
+  for (const auto& [name, bytes] : files.extra) u.write(name, bytes);
+  const std::set<std::string> shards = indexed_shards(dir);
+  return u.commit([&](const std::string& n) { return is_model_file(n, shards, files.replace_tokenizer); });
+}
+
+bool is_model_file(const std::string& name, const std::set<std::string>& indexed, bool tokenizer) {
+  static const char* const kModel[] = {"config.json", "generation_config.json", "model.safetensors",
+                                       "model.safetensors.index.json", "pytorch_model.bin",
+                                       "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack"};
+  // write_file_atomic's temporary files (NAME.tmp.PID.N) of a write cut short count as NAME.
+  std::string n = name;
+  if (const size_t t = n.rfind(".tmp."); t != std::string::npos) {
+    const std::string rest = n.substr(t + 5);  // PID.N
+    const size_t dot = rest.find('.');
+    auto digits = [](const std::string& x) {
+      return !x.empty() && std::all_of(x.begin(), x.end(), [](char c) { return c >= '0' && c <= '9'; });
+    };
+    if (dot != std::string::npos && digits(rest.substr(0, dot)) && digits(rest.substr(dot + 1))) n = n.substr(0, t);
+  }
+  for (const char* m : kModel) {
+    if (n == m) return true;
+  }
+  if (indexed.count(n) || is_shard_name(n, "model", ".safetensors") || is_shard_name(n, "pytorch_model", ".bin")) {
+    return true;
+  }
+  if (tokenizer) {
+    for (const char* t : kTokenizerFiles) {
+      if (n == t) return true;
+    }
+  }
+  return false;
+}
+
+ModelFiles model_side_files(const std::string& dir) {
+  ModelFiles f;
+  f.replace_tokenizer = true;  // the copy has the source's tokenizer, or none
+  struct stat st {};
+  for (const char* t : kTokenizerFiles) {
+    const std::string p = dir + "/" + t;
+    if (::stat(p.c_str(), &st) == 0) f.extra[t] = read_file(p);
+  }
+  const std::string g = dir + "/generation_config.json";
+  if (::stat(g.c_str(), &st) == 0) f.extra["generation_config.json"] = read_file(g, kMaxJsonFileBytes);
+  return f;
+}
+
+std::string save_model(const Model& m, const std::string& dir, DType dtype, const ModelFiles& files) {
+  DirectoryUpdate u(dir);
   std::vector<SafeTensorRef> refs;
   std::vector<std::vector<float>> converted;  // a model over kept weights: float32 copies
   converted.reserve(m.tensors().size());
@@ -33,9 +117,9 @@ void save_model(const Model& m, const std::string& dir, DType dtype) {
     }
     refs.push_back({t.name, t.shape, data});
   }
-  // Weights first, then the config: a reader that finds the new config finds the new weights.
-  write_safetensors(dir + "/model.safetensors", refs, {{"format", "diffattn/1"}}, dtype);
-  write_file_atomic(dir + "/config.json", m.config().to_json());
+  write_safetensors(u.path("model.safetensors"), refs, {{"format", "diffattn/1"}}, dtype);
+  u.write("config.json", m.config().to_json());
+  return commit_model_dir(u, dir, files);
 }
 
 namespace {

@@ -19,7 +19,7 @@ nn::AttnKind parse_attn_kind(const std::string& name, const std::string& where) 
   if (name == "diff_v1") return nn::AttnKind::DiffV1;
   if (name == "diff_v2") return nn::AttnKind::DiffV2;
   if (name == "standard") return nn::AttnKind::Standard;
-  throw InvalidArgument(where + ": attention is \"" + name +
+  throw InvalidArgument(where + ": attention is \"" + printable(name.substr(0, 40)) +
                         "\", expected \"diff_v1\", \"diff_v2\" or \"standard\"");
 }
 
@@ -176,7 +176,7 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& w
       "n_kv_heads", "head_dim", "ffn_dim",  "max_seq_len", "rope_theta",    "norm_eps",
       "tie_embeddings", "lambda_init", "rope_scaling", "attention_bias", "mlp_bias"};
   for (const auto& [key, value] : j.items()) {
-    if (!known.count(key)) throw InvalidArgument(where + ": unknown key \"" + key + "\"");
+    if (!known.count(key)) throw InvalidArgument(where + ": unknown key \"" + printable(key.substr(0, 80)) + "\"");
   }
   auto need = [&](const char* key) -> const json& {
     if (!j.contains(key)) throw InvalidArgument(where + ": missing key \"" + key + "\"");

@@ -30,6 +30,7 @@
 #include "diffattn/model/model.h"
 #include "diffattn/model/safetensors.h"
 #include "model/config_json.h"
+#include "model/model_dir.h"
 
 namespace diffattn {
 
@@ -222,6 +223,13 @@ class Shards {
   // the project's format is always the one file.
   Shards(const std::string& dir, HfStore& store, bool with_index) : dir_(dir), store_(store) {
     const std::string index = dir + "/model.safetensors.index.json";
+    if (with_index && file_exists(index) && file_exists(dir + "/model.safetensors")) {
+      // transformers loads model.safetensors when both are there, diffattn read the index: one
+      // of them is a stale leftover, and which one is not for a reader to guess.
+      throw IoError(dir + ": holds both model.safetensors and model.safetensors.index.json (transformers "
+                    "would load model.safetensors and ignore the index's shards); one of them is "
+                    "left over from another model: remove it");
+    }
     if (with_index && file_exists(index)) {
       map_ = parse_hf_weight_map(read_file(index, kMaxJsonFileBytes), index);
       where_ = index;
@@ -649,7 +657,8 @@ Model load_hf_model(const std::string& dir) {
 
 namespace diffattn {
 
-void save_hf_model(const Model& m, const std::string& dir, DType dtype, int64_t shards) {
+std::string save_hf_model(const Model& m, const std::string& dir, DType dtype, int64_t shards,
+                          const ModelFiles& files) {
   const ModelConfig& c = m.config();
   const bool diff = c.attention == nn::AttnKind::DiffV1;
   if (c.attention == nn::AttnKind::DiffV2) {
@@ -777,9 +786,9 @@ void save_hf_model(const Model& m, const std::string& dir, DType dtype, int64_t 
   j["use_cache"] = true;
   j["torch_dtype"] = dtype == DType::F32 ? "float32" : dtype == DType::BF16 ? "bfloat16" : "float16";
 
-  make_dirs(dir);
-  // Shards of about equal bytes, in the order above; then the index, then config.json (a reader
-  // that finds the new config finds the new weights).
+  // The whole directory is written beside DIR and swapped in (DirectoryUpdate): shards of about
+  // equal bytes, in the order above, their index, the configs.
+  DirectoryUpdate u(dir);
   int64_t total = 0;
   for (const auto& t : out) total += static_cast<int64_t>(t.second.second.size());
   const int64_t n_files = std::min<int64_t>(shards, static_cast<int64_t>(out.size()));
@@ -814,16 +823,16 @@ void save_hf_model(const Model& m, const std::string& dir, DType dtype, int64_t 
       refs.push_back({out[i].first, out[i].second.first, out[i].second.second.data()});
       weight_map[out[i].first] = name;
     }
-    write_safetensors(dir + "/" + name, refs, {{"format", "pt"}}, dtype);
+    write_safetensors(u.path(name), refs, {{"format", "pt"}}, dtype);
   }
   if (n_files > 1) {
     json index = {{"metadata", {{"total_size", total * static_cast<int64_t>(dtype_size(dtype))}}},
                   {"weight_map", weight_map}};
-    write_file_atomic(dir + "/model.safetensors.index.json", index.dump(2) + "\n");
+    u.write("model.safetensors.index.json", index.dump(2) + "\n");
   }
-  write_file_atomic(dir + "/generation_config.json",
-                    json{{"_from_model_config", true}}.dump(2) + "\n");
-  write_file_atomic(dir + "/config.json", j.dump(2) + "\n");
+  u.write("generation_config.json", json{{"_from_model_config", true}}.dump(2) + "\n");
+  u.write("config.json", j.dump(2) + "\n");
+  return commit_model_dir(u, dir, files);
 }
 
 }  // namespace diffattn

@@ -77,12 +77,42 @@ void check_header_length(uint64_t hl, uint64_t file_size, const std::string& nam
   }
 }
 
-// The JSON header text (hl bytes) of a file of file_size bytes, checked entry by entry.
+// The dtypes of the safetensors format (the reference library's list) with their sizes in bits:
+// a file may name any of them; diffattn computes with F32, BF16 and F16 and refuses the others
+// by name once the file is known to be well formed.
+struct DtypeInfo {
+  const char* name;
+  uint64_t bits;
+};
+constexpr DtypeInfo kSafetensorsDtypes[] = {
+    {"BOOL", 8}, {"F4", 4}, {"F6_E2M3", 6}, {"F6_E3M2", 6}, {"U8", 8}, {"I8", 8},
+    {"F8_E5M2", 8}, {"F8_E4M3", 8}, {"F8_E8M0", 8}, {"I16", 16}, {"U16", 16}, {"F16", 16},
+    {"BF16", 16}, {"I32", 32}, {"U32", 32}, {"F32", 32}, {"C64", 64}, {"F64", 64}, {"I64", 64},
+    {"U64", 64}};
+
+// Where a safetensors header may repeat a key, as the reference reader (serde) decides: a
+// tensor name or a metadata key (the last wins, in both readers), but not "__metadata__" itself
+// nor a field of a tensor's entry.
+bool header_duplicate_allowed(const std::vector<std::string>& path, const std::string& key) {
+  return (path.empty() && key != "__metadata__") || (path.size() == 1 && path[0] == "__metadata__");
+}
+
+// The JSON header text (hl bytes) of a file of file_size bytes, checked as the reference
+// library (huggingface/safetensors) checks it, so a file one accepts the other accepts:
+//  - the header is a JSON object (UTF-8, no NUL, no byte order mark); "__metadata__" is null or
+//    an object of strings; every other key is a tensor whose entry has a dtype of the format's
+//    list, a shape of unsigned integers and data_offsets of exactly two unsigned integers
+//    (other fields are ignored; a repeated field is an error);
+//  - sorted by data_offsets, the tensors tile the data exactly: the first begins at 0, each
+//    begins where the previous one ends, the last ends at the end of the file, and each holds
+//    exactly the bytes its dtype and shape need (products checked for overflow). A gap before,
+//    between or after the tensors, or an overlap, is an error: no byte of the file is unread.
 SafeTensorsHeader parse_header_json(const char* text, uint64_t hl, uint64_t file_size,
                                     const std::string& path) {
   json header;
   try {
-    header = parse_json_bounded(text, text + hl, path + ": corrupted safetensors header");
+    header = parse_json_bounded(text, text + hl, path + ": corrupted safetensors header",
+                                header_duplicate_allowed);
   } catch (const InvalidArgument& e) {
     throw IoError(e.what());
   }
@@ -91,9 +121,16 @@ SafeTensorsHeader parse_header_json(const char* text, uint64_t hl, uint64_t file
   h.data_offset = 8 + hl;
   h.file_size = file_size;
   const uint64_t data_size = file_size - 8 - hl;
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  struct Range {
+    uint64_t begin, end;
+    std::string name;
+    bool operator<(const Range& o) const { return begin != o.begin ? begin < o.begin : end < o.end; }
+  };
+  std::vector<Range> ranges;
+  std::string unsupported;  // the first tensor of a dtype diffattn does not compute with
   for (const auto& [name, v] : header.items()) {
     if (name == "__metadata__") {
+      if (v.is_null()) continue;
       if (!v.is_object()) throw IoError(path + ": __metadata__ must be an object of strings");
       for (const auto& [k, s] : v.items()) {
         if (!s.is_string()) throw IoError(path + ": __metadata__[" + quote_name(k) + "] is not a string");
@@ -109,27 +146,29 @@ SafeTensorsHeader parse_header_json(const char* text, uint64_t hl, uint64_t file
     SafeTensorEntry t;
     const json& dt = v.at("dtype");
     const std::string dts = dt.is_string() ? dt.get<std::string>() : json_brief(dt);
-    uint64_t esize = 4;
+    const DtypeInfo* info = nullptr;
+    for (const DtypeInfo& d : kSafetensorsDtypes) {
+      if (dt.is_string() && dts == d.name) info = &d;
+    }
+    if (info == nullptr) {
+      throw IoError(where + ": dtype " + (dt.is_string() ? quote_name(dts, 16) : json_brief(dt)) +
+                    " is not a safetensors dtype");
+    }
     if (dts == "F32") {
       t.dtype = DType::F32;
     } else if (dts == "BF16") {
       t.dtype = DType::BF16;
-      esize = 2;
     } else if (dts == "F16") {
       t.dtype = DType::F16;
-      esize = 2;
-    } else {
-      const bool plain = dt.is_string() && dts.size() <= 16 &&
-                         std::all_of(dts.begin(), dts.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)); });
-      throw IoError(where + ": dtype " + (plain ? dts : json_brief(dt)) +
-                    " is not supported (F32, BF16 or F16)");
+    } else if (unsupported.empty()) {
+      unsupported = where + ": dtype " + dts + " is not supported (F32, BF16 or F16)";
     }
     const json& shape = v.at("shape");
     if (!shape.is_array()) throw IoError(where + ": shape is not a list");
     int64_t n = 1;
     for (const json& d : shape) {
-      if (!d.is_number_integer() || (d.is_number_unsigned() && d.get<uint64_t>() > INT64_MAX) ||
-          d.get<int64_t>() < 0) {
+      // Unsigned JSON integers only: -0, 2.0 and 1e3 are not sizes to the reference reader.
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > INT64_MAX) {
         throw IoError(where + ": shape " + json_brief(shape) + " is not a list of sizes");
       }
       t.shape.push_back(d.get<int64_t>());
@@ -139,10 +178,18 @@ SafeTensorsHeader parse_header_json(const char* text, uint64_t hl, uint64_t file
       }
     }
     t.numel = n;
-    uint64_t need = 0;
-    if (__builtin_mul_overflow(static_cast<uint64_t>(n), esize, &need)) {
+    uint64_t bits = 0, bytes = 0;
+    if (info->bits % 8 == 0 && __builtin_mul_overflow(static_cast<uint64_t>(n), info->bits / 8, &bytes)) {
       throw IoError(where + ": shape " + json_brief(shape) + " needs more than 2^64 bytes");
     }
+    if (__builtin_mul_overflow(static_cast<uint64_t>(n), info->bits, &bits)) {
+      throw IoError(where + ": shape " + json_brief(shape) +
+                    " needs more than 2^64 bits (the safetensors library counts bits)");
+    }
+    if (bits % 8 != 0) {
+      throw IoError(where + ": " + dts + " of shape " + shape_str(t.shape) + " is not a whole number of bytes");
+    }
+    const uint64_t need = bits / 8;
     const json& offs = v.at("data_offsets");
     if (!offs.is_array() || offs.size() != 2 || !offs[0].is_number_unsigned() ||
         !offs[1].is_number_unsigned()) {
@@ -160,15 +207,27 @@ SafeTensorsHeader parse_header_json(const char* text, uint64_t hl, uint64_t file
     }
     t.begin = b;
     t.end = e;
-    ranges.push_back({b, e});
+    ranges.push_back({b, e, name});
     h.tensors.emplace(name, std::move(t));
   }
   std::sort(ranges.begin(), ranges.end());
-  for (size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i].first < ranges[i - 1].second) {
-      throw IoError(path + ": corrupted safetensors header (tensor data ranges overlap)");
+  uint64_t at = 0;
+  for (const Range& r : ranges) {
+    if (r.begin != at) {
+      throw IoError(path + ": tensor " + quote_name(r.name) + " begins at data byte " +
+                    std::to_string(r.begin) + ", expected " + std::to_string(at) + " (" +
+                    (r.begin < at ? "it overlaps the tensor before it"
+                                  : "a gap of " + std::to_string(r.begin - at) + " bytes no tensor covers") +
+                    "; the tensors must tile the data exactly)");
     }
+    at = r.end;
   }
+  if (at != data_size) {
+    throw IoError(path + ": the tensors cover " + std::to_string(at) + " of the " +
+                  std::to_string(data_size) + " data bytes: " + std::to_string(data_size - at) +
+                  " bytes after the last tensor belong to none (a safetensors file is covered exactly)");
+  }
+  if (!unsupported.empty()) throw IoError(unsupported);
   return h;
 }
 

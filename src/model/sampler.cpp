@@ -2,6 +2,7 @@
 // greedy (the first maximum wins ties).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -19,6 +20,14 @@ Sampler::Sampler(const SamplerOptions& o) : o_(o), rng_(o.seed) {
   if (!(o.top_p > 0 && o.top_p <= 1)) {
     throw InvalidArgument("sampler: top_p must be in (0, 1], got " + std::to_string(o.top_p));
   }
+  if (o.vocab_limit < 0) {
+    throw InvalidArgument("sampler: vocab_limit must be >= 0, got " + std::to_string(o.vocab_limit));
+  }
+  for (size_t i = 0; i < o.excluded.size(); ++i) {
+    if (o.excluded[i] < 0 || (i > 0 && o.excluded[i] <= o.excluded[i - 1])) {
+      throw InvalidArgument("sampler: excluded ids must be increasing ids >= 0");
+    }
+  }
 }
 
 // Without a top-k or top-p limit every token is a candidate and no order is needed: the draw
@@ -28,6 +37,16 @@ Sampler::Sampler(const SamplerOptions& o) : o_(o), rng_(o.seed) {
 // of the mass (a full sort of a 128K vocabulary per token cost more than the model's step at
 // 16 streams).
 int32_t Sampler::sample(const float* logits, int64_t V) {
+  // Only the ids that may be drawn: the first vocab_limit, the excluded ones at -inf (a weight
+  // of exp(-inf) = 0, never the argmax while any other id is finite).
+  if (o_.vocab_limit > 0) V = std::min(V, o_.vocab_limit);
+  if (!o_.excluded.empty()) {
+    masked_.assign(logits, logits + V);
+    for (int32_t id : o_.excluded) {
+      if (id < V) masked_[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+    }
+    logits = masked_.data();
+  }
   if (o_.temperature == 0.0) {
     return static_cast<int32_t>(std::max_element(logits, logits + V) - logits);
   }

@@ -117,9 +117,12 @@ class Server {
  public:
   explicit Server(const ServerOptions& o) : o_(o) {
     model_ = std::make_unique<Model>(load_model(o.model_dir));
-    tok_ = data::tokenizer_for(o.model_dir);
-    stop_ids_ = data::stop_ids_for(o.model_dir, *tok_);
-    if (file_exists(o.model_dir + "/tokenizer.json")) {
+    tok_ = data::tokenizer_for(o.model_dir, o.tokenizer);
+    stop_ids_ = data::stop_ids_for(o.model_dir, *tok_, model_->config().vocab_size);
+    // Only ids the tokenizer can decode are sampled: a padded embedding's extra rows have no
+    // text (decoding one would fail the request).
+    data::restrict_to_tokens(sampling_, *tok_, model_->config().vocab_size);
+    if (o.tokenizer == data::TokenizerChoice::kModel && file_exists(o.model_dir + "/tokenizer.json")) {
       hf_ = std::make_unique<HfTokenizer>(HfTokenizer::load(o.model_dir));
     }
     const std::string cfg = o.model_dir + "/tokenizer_config.json";
@@ -253,6 +256,8 @@ class Server {
         s.sampler.top_p = r.top_p;
         s.sampler.top_k = r.top_k;
         s.sampler.seed = base + static_cast<uint64_t>(i);
+        s.sampler.vocab_limit = sampling_.vocab_limit;
+        s.sampler.excluded = sampling_.excluded;
         s.stop_ids = stop_ids_;
         s.deadline = deadline;
         seqs.push_back(engine_->submit(std::move(s)));
@@ -532,6 +537,7 @@ class Server {
   std::unique_ptr<ChatTemplate> chat_;
   std::unique_ptr<ApiError> chat_error_;
   std::vector<int32_t> stop_ids_;
+  SamplerOptions sampling_;  // the ids that may be drawn (vocab_limit, excluded)
   std::string name_;
   int64_t created_ = 0;
   std::unique_ptr<Engine> engine_;

@@ -14,6 +14,7 @@
 #include <functional>
 #include <string>
 
+#include "diffattn/data/data.h"
 #include "serve/engine.h"
 #include "serve/openai.h"
 
@@ -31,6 +32,7 @@ struct ServerOptions {
   int queue = 64;                     // connections waiting for a worker
   EngineOptions engine;
   ApiLimits api;
+  data::TokenizerChoice tokenizer = data::TokenizerChoice::kModel;
 };
 
 // Loads the model and serves until SIGINT / SIGTERM, which cancel what is in flight (streams end

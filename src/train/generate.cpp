@@ -44,7 +44,22 @@ std::vector<int32_t> generate_ids(Model& m, const std::vector<int32_t>& ids,
   return out;
 }
 
-std::vector<int32_t> stop_ids_for(const std::string& model_dir, const Tokenizer& tok) {
+void restrict_to_tokens(SamplerOptions& o, const Tokenizer& tok, int64_t model_vocab) {
+  const int64_t n = std::min<int64_t>(model_vocab, tok.vocab_size());
+  o.vocab_limit = n;
+  o.excluded.clear();
+  for (int64_t id = 0; id < n; ++id) {
+    if (!tok.is_token(static_cast<int32_t>(id))) o.excluded.push_back(static_cast<int32_t>(id));
+  }
+  if (n <= 0 || static_cast<int64_t>(o.excluded.size()) == n) {
+    throw InvalidArgument("generate: none of the model's " + std::to_string(model_vocab) +
+                          " ids is a token of the " + tok.name() + " tokenizer (" +
+                          std::to_string(tok.vocab_size()) + " ids): nothing could be decoded");
+  }
+}
+
+std::vector<int32_t> stop_ids_for(const std::string& model_dir, const Tokenizer& tok,
+                                  int64_t model_vocab) {
   std::vector<int32_t> ids;
   const std::string p = model_dir + "/generation_config.json";
   struct stat st {};
@@ -58,7 +73,14 @@ std::vector<int32_t> stop_ids_for(const std::string& model_dir, const Tokenizer&
           throw IoError(p + ": eos_token_id must be a token id or a list of them, got " +
                         json_brief(e));
         }
-        ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
+        const int64_t id = x.get<int64_t>();
+        // An id past the model's vocabulary can never be generated: the file belongs to
+        // another model.
+        if (id >= model_vocab) {
+          throw IoError(p + ": eos_token_id " + std::to_string(id) + " is not an id of the model (its vocabulary has " +
+                        std::to_string(model_vocab) + " ids: 0.." + std::to_string(model_vocab - 1) + ")");
+        }
+        ids.push_back(static_cast<int32_t>(id));
       }
       return ids;
     }
@@ -73,6 +95,8 @@ std::string generate(Model& m, const Tokenizer& tok, const std::string& prompt,
   if (o.max_new < 0) {
     throw InvalidArgument("generate: max_new must be >= 0, got " + std::to_string(o.max_new));
   }
+  GenerateOptions restricted = o;
+  restrict_to_tokens(restricted.sampler, tok, m.config().vocab_size);
   // An empty prompt starts from a newline (the KJV corpus is one verse a line). A prompt that
   // encodes to no tokens at all (SentencePiece drops whitespace, newlines included) leaves the
   // model nothing to continue: the trained models have no BOS token to start from.
@@ -83,7 +107,7 @@ std::string generate(Model& m, const Tokenizer& tok, const std::string& prompt,
   }
   std::vector<int32_t> out;
   std::string text;
-  generate_ids(m, ids, o, [&](int32_t next) {
+  generate_ids(m, ids, restricted, [&](int32_t next) {
     out.push_back(next);
     // Decode everything generated so far and emit what is new: SentencePiece pieces may merge.
     const std::string now = tok.decode(out);

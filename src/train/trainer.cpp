@@ -280,7 +280,7 @@ Trainer Trainer::resume(const std::string& dir) {
 
 const std::vector<std::string>& Trainer::checkpoint_files() {
   // The resume point first: with it alone the run resumes (it holds the weights and the config
-  // too); config.json last, so a directory with config.json has its weights.
+  // too); then the model's files, model.safetensors and config.json, as one (save_model).
   static const std::vector<std::string> files = {"train_state.safetensors", "model.safetensors",
                                                  "config.json"};
   return files;
@@ -288,28 +288,21 @@ const std::vector<std::string>& Trainer::checkpoint_files() {
 
 void Trainer::save() const {
   make_dirs(dir_);
-  for (const std::string& name : checkpoint_files()) {
-    if (name == "train_state.safetensors") {
-      std::vector<SafeTensorRef> refs;
-      for (const TensorInfo& t : model_.tensors()) refs.push_back({t.name, t.shape, model_.params.data() + t.offset});
-      for (const TensorInfo& t : model_.tensors()) {
-        refs.push_back({"adamw.m." + t.name, t.shape, adam_.m.data() + t.offset});
-        refs.push_back({"adamw.v." + t.name, t.shape, adam_.v.data() + t.offset});
-      }
-      write_safetensors(dir_ + kStateFile, refs,
-                        {{"format", "diffattn-train/1"},
-                         {"step", std::to_string(step_)},
-                         {"adamw_t", std::to_string(adam_.t)},
-                         {"config", model_.config().to_json()},
-                         {"train", opts_.to_json()}});
-    } else if (name == "model.safetensors") {
-      std::vector<SafeTensorRef> refs;
-      for (const TensorInfo& t : model_.tensors()) refs.push_back({t.name, t.shape, model_.params.data() + t.offset});
-      write_safetensors(dir_ + "/model.safetensors", refs, {{"format", "diffattn/1"}});
-    } else {
-      write_file_atomic(dir_ + "/config.json", model_.config().to_json());
-    }
+  std::vector<SafeTensorRef> refs;
+  for (const TensorInfo& t : model_.tensors()) refs.push_back({t.name, t.shape, model_.params.data() + t.offset});
+  for (const TensorInfo& t : model_.tensors()) {
+    refs.push_back({"adamw.m." + t.name, t.shape, adam_.m.data() + t.offset});
+    refs.push_back({"adamw.v." + t.name, t.shape, adam_.v.data() + t.offset});
   }
+  write_safetensors(dir_ + kStateFile, refs,
+                    {{"format", "diffattn-train/1"},
+                     {"step", std::to_string(step_)},
+                     {"adamw_t", std::to_string(adam_.t)},
+                     {"config", model_.config().to_json()},
+                     {"train", opts_.to_json()}});
+  // The model directory: config.json unchanged since the last save, model.safetensors is
+  // renamed in alone; the first save swaps the whole model in.
+  save_model(model_, dir_, DType::F32, model_files);
 }
 
 StepLog Trainer::step(const Dataset& train) {

@@ -325,6 +325,32 @@ TEST(SamplerTest, GreedyTopKTopPAndSeed) {
   EXPECT_THROW(Sampler({1.0, 0, 0.0, 0}), InvalidArgument);
 }
 
+// Ids without text (a padded embedding's rows past the tokenizer, holes in its ids) are never
+// drawn, however likely, by any of the sampler's paths.
+TEST(SamplerTest, IdsOutsideTheTokenizerAreNeverDrawn) {
+  const std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.9f, 9.0f, 8.0f};  // 4, 5: padding
+  SamplerOptions o{0.0, 0, 1.0, 1};
+  o.vocab_limit = 4;
+  EXPECT_EQ(Sampler(o).sample(logits.data(), 6), 1);
+  o.excluded = {1};
+  EXPECT_EQ(Sampler(o).sample(logits.data(), 6), 3);
+  for (auto [k, p] : {std::pair{int64_t{0}, 1.0}, std::pair{int64_t{2}, 1.0}, std::pair{int64_t{0}, 0.5}}) {
+    o.temperature = 3.0;
+    o.top_k = k;
+    o.top_p = p;
+    Sampler s(o);
+    for (int i = 0; i < 2000; ++i) {
+      const int32_t t = s.sample(logits.data(), 6);
+      ASSERT_TRUE(t == 0 || t == 2 || t == 3) << t;
+    }
+  }
+  o.excluded = {3, 1};
+  EXPECT_THROW(Sampler{o}, InvalidArgument);
+  o.excluded = {};
+  o.vocab_limit = -1;
+  EXPECT_THROW(Sampler{o}, InvalidArgument);
+}
+
 // The limits on a vocabulary of 5000 (the sampler orders only the candidates it needs):
 // every draw within the set a full sort gives, the draws' frequencies those of the softmax.
 TEST(SamplerTest, LimitsOnALargeVocabularyMatchAFullSort) {

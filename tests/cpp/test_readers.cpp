@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -217,6 +218,52 @@ TEST(SafeTensorsReader, HeaderLengthIsCapped) {
       {"...\": dtype I8 is not supported"});
 }
 
+// The reference library's rules (tests/python/test_safetensors_oracle.py compares the verdicts
+// on many more files): the tensors tile the data exactly, and the header is JSON as serde reads it.
+TEST(SafeTensorsReader, TheDataIsCoveredExactly) {
+  const std::string a = R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
+  const std::string data(8, '\0');
+  EXPECT_EQ(parse_safetensors(safetensors_bytes("{" + a + "}", data), "t.st").tensors.size(), 1u);
+  expect_error<IoError>([&] { parse_safetensors(safetensors_bytes("{" + a + "}", data + "tail"), "t.st"); },
+                        {"t.st: the tensors cover 8 of the 12 data bytes", "4 bytes after the last tensor"});
+  expect_error<IoError>(
+      [&] { parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", "gap." + data), "t.st"); },
+      {"t.st: tensor \"a\" begins at data byte 4, expected 0", "a gap of 4 bytes"});
+  expect_error<IoError>(
+      [&] { parse_safetensors(safetensors_bytes("{" + a + R"(,"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", data), "t.st"); },
+      {"tensor \"b\" begins at data byte 4, expected 8", "overlaps"});
+  // An empty tensor is placed like any other: at the end (or the start), not inside another.
+  EXPECT_NO_THROW(parse_safetensors(safetensors_bytes("{" + a + R"(,"z":{"dtype":"F32","shape":[0],"data_offsets":[8,8]}})", data), "t.st"));
+  expect_error<IoError>(
+      [&] { parse_safetensors(safetensors_bytes("{" + a + R"(,"z":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})", data), "t.st"); },
+      {"tensor \"z\" begins at data byte 4, expected 8"});
+  // nlohmann stopped at a NUL and skipped a byte order mark; serde (the library) refuses both.
+  expect_error<IoError>([&] { parse_safetensors(safetensors_bytes("{" + a + std::string("}\0junk", 6), data), "t.st"); },
+                        {"t.st: corrupted safetensors header: not valid JSON (a NUL byte at offset"});
+  expect_error<IoError>([&] { parse_safetensors(safetensors_bytes("\xEF\xBB\xBF{" + a + "}", data), "t.st"); },
+                        {"byte order mark"});
+  // A field of an entry twice, or __metadata__ twice, is an error; a tensor or metadata key
+  // twice keeps the last (as the library does).
+  expect_error<IoError>(
+      [&] { parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","dtype":"F16","shape":[2],"data_offsets":[0,8]}})", data), "t.st"); },
+      {"the key \"dtype\" appears twice in \"a\""});
+  expect_error<IoError>(
+      [&] { parse_safetensors(safetensors_bytes(R"({"__metadata__":{},"__metadata__":{},)" + a + "}", data), "t.st"); },
+      {"the key \"__metadata__\" appears twice in the top-level object"});
+  const SafeTensorsFile last = parse_safetensors(
+      safetensors_bytes(R"({"__metadata__":{"k":"1","k":"2"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)" + a + "}", data), "t.st");
+  EXPECT_EQ(last.tensors.at("a").shape, (Shape{2}));
+  EXPECT_EQ(last.metadata.at("k"), "2");
+  // __metadata__ may be null; -0 is not a size; a dtype outside the format's list is named.
+  EXPECT_NO_THROW(parse_safetensors(safetensors_bytes(R"({"__metadata__":null,)" + a + "}", data), "t.st"));
+  expect_error<IoError>(
+      [&] { parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[-0],"data_offsets":[0,0]}})", ""), "t.st"); },
+      {"is not a list of sizes"});
+  expect_error<IoError>(
+      [&] { parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"f32","shape":[2],"data_offsets":[0,8]}})", data), "t.st"); },
+      {"dtype \"f32\" is not a safetensors dtype"});
+}
+
 TEST(SafeTensorsReader, HeaderIsReadWithoutTheData) {
   // A header announcing 8 GiB of data in a sparse file: the header alone is read (a whole-file
   // read would allocate 8 GiB).
@@ -371,6 +418,123 @@ TEST(Checkpoint, EveryPrefixOfTheFirstSaveIsResumableOrNotStarted) {
       EXPECT_NO_THROW(load_model(d.str()));
     }
   }
+}
+
+// ---- replacing a model directory as one (tests/python/test_atomic_saves.py kills real saves
+// at every step) ----
+
+std::vector<std::string> entries(const fs::path& d) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(d)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string text_of(const fs::path& p) { return read_file(p.string()); }
+
+TEST(DirectoryUpdate, ReplacesTheSetAndKeepsTheRest) {
+  TempDir t;
+  const fs::path d = fs::path(t.str()) / "m";
+  fs::create_directories(d / "notes");
+  put(d / "config.json", "old");
+  put(d / "model-00001-of-00002.safetensors", "old shard");
+  put(d / "README.md", "mine");
+  put(d / "notes" / "a.txt", "mine too");
+  fs::create_symlink("README.md", d / "readme");
+  const auto ino = fs::hard_link_count(d / "README.md");
+  {
+    DirectoryUpdate u(d.string());
+    u.write("config.json", "new");
+    u.write("model.safetensors", "new weights");
+    EXPECT_EQ(u.commit([](const std::string& n) { return n == "config.json" || n.rfind("model", 0) == 0; }), "");
+  }
+  EXPECT_EQ(entries(d), (std::vector<std::string>{"README.md", "config.json", "model.safetensors", "notes", "readme"}));
+  EXPECT_EQ(text_of(d / "config.json"), "new");
+  EXPECT_EQ(text_of(d / "notes" / "a.txt"), "mine too");
+  EXPECT_EQ(fs::read_symlink(d / "readme"), "README.md");
+  EXPECT_EQ(fs::hard_link_count(d / "README.md"), ino);  // the same file, not a copy left linked
+  EXPECT_EQ(entries(t.str()), (std::vector<std::string>{"m"}));  // nothing left beside it
+}
+
+TEST(DirectoryUpdate, OneChangedFileIsRenamedInAlone) {
+  TempDir t;
+  const fs::path d = fs::path(t.str()) / "m";
+  fs::create_directories(d);
+  put(d / "config.json", "same");
+  put(d / "model.safetensors", "old");
+  struct stat before {};
+  ASSERT_EQ(::stat(d.c_str(), &before), 0);
+  {
+    DirectoryUpdate u(d.string());
+    u.write("config.json", "same");
+    u.write("model.safetensors", "new");
+    u.commit([](const std::string&) { return false; });
+  }
+  struct stat after {};
+  ASSERT_EQ(::stat(d.c_str(), &after), 0);
+  EXPECT_EQ(before.st_ino, after.st_ino) << "the directory itself was swapped";
+  EXPECT_EQ(text_of(d / "model.safetensors"), "new");
+  EXPECT_EQ(entries(t.str()), (std::vector<std::string>{"m"}));
+}
+
+TEST(DirectoryUpdate, NewDirectoriesUncommittedUpdatesAndErrors) {
+  TempDir t;
+  const fs::path d = fs::path(t.str()) / "a" / "b" / "m";
+  {
+    DirectoryUpdate u(d.string());
+    u.write("config.json", "x");
+    // not committed: nothing appears, nothing is left
+  }
+  EXPECT_FALSE(fs::exists(d));
+  EXPECT_EQ(entries(fs::path(t.str()) / "a" / "b"), std::vector<std::string>{});
+  {
+    DirectoryUpdate u(d.string());
+    u.write("config.json", "x");
+    u.commit([](const std::string&) { return true; });
+  }
+  EXPECT_EQ(entries(d), std::vector<std::string>{"config.json"});
+  put(fs::path(t.str()) / "file", "x");
+  expect_error<IoError>([&] { DirectoryUpdate u((fs::path(t.str()) / "file").string()); }, {"exists and is not a directory"});
+  DirectoryUpdate u(d.string());
+  expect_error<IoError>([&] { u.write("../x", "y"); }, {"is not a file name to write"});
+  expect_error<IoError>([&] { u.write(".diffattn-update", "y"); }, {"is not a file name to write"});
+}
+
+// What a kill leaves, finished or undone by the next update of the directory.
+TEST(DirectoryUpdate, TheNextUpdateFinishesWhatAKillLeft) {
+  TempDir t;
+  const fs::path p(t.str()), d = p / "m";
+  fs::create_directories(d);
+  put(d / "config.json", "new");
+  put(d / "mine", "mine");
+  // 1. A swap that happened, not settled: the old directory beside DIR, DIR's marker naming it.
+  fs::create_directories(p / ".m.diffattn-new-abc123");
+  put(p / ".m.diffattn-new-abc123" / "config.json", "old");
+  put(p / ".m.diffattn-new-abc123" / "model.safetensors", "old weights");
+  put(p / ".m.diffattn-new-abc123" / "moved", "a file the swap could not carry");
+  ASSERT_EQ(::link((d / "mine").c_str(), (p / ".m.diffattn-new-abc123" / "mine").c_str()), 0);
+  put(d / ".diffattn-update", R"({"old": ".m.diffattn-new-abc123", "drop": ["config.json", "model.safetensors"]})");
+  // 3. The staging directory of an update that died before its swap.
+  fs::create_directories(p / ".m.diffattn-new-zzzzzz");
+  put(p / ".m.diffattn-new-zzzzzz" / "config.json", "never swapped in");
+  {
+    DirectoryUpdate u(d.string());
+    u.write("config.json", "newer");
+    u.commit([](const std::string& n) { return n == "config.json" || n == "model.safetensors"; });
+  }
+  EXPECT_EQ(entries(d), (std::vector<std::string>{"config.json", "mine", "moved"}));
+  EXPECT_EQ(text_of(d / "config.json"), "newer");
+  EXPECT_EQ(entries(p), std::vector<std::string>{"m"});
+  // 2. The fallback's window: DIR renamed aside, not yet replaced: it comes back first.
+  fs::rename(d, p / ".m.diffattn-old-qqqqqq");
+  {
+    DirectoryUpdate u(d.string());
+    u.write("config.json", "newest");
+    u.commit([](const std::string& n) { return n == "config.json"; });
+  }
+  EXPECT_EQ(entries(d), (std::vector<std::string>{"config.json", "mine", "moved"}));
+  EXPECT_EQ(text_of(d / "config.json"), "newest");
+  EXPECT_EQ(entries(p), std::vector<std::string>{"m"});
 }
 
 // ---- tokenizers ----

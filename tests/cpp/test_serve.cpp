@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "diffattn/train/train.h"
+#include "http/request_head.h"
 #include "serve/engine.h"
 #include "serve/openai.h"
 
@@ -520,4 +521,40 @@ TEST(ChatTemplate, MissingOrUnknownTemplatesAreClear400s) {
   EXPECT_THROW(ChatTemplate::from_config("{", "c"), ApiError);
   EXPECT_EQ(trim(" \t\na b\r\n"), "a b");
   EXPECT_EQ(trim(" \n "), "");
+}
+
+// The request-head framing of src/http (tests/python/test_http_framing.py sends the same over
+// sockets and checks that the connection closes with nothing after it answered).
+TEST(HttpHead, FramingAsRfc9112Asks) {
+  using diffattn::http::check_request_head;
+  const std::string get = "GET /v1/models HTTP/1.1\r\nHost: x\r\n";
+  EXPECT_EQ(check_request_head(get + "\r\n").status, 0);
+  EXPECT_EQ(check_request_head("GET / HTTP/1.0\r\n\r\n").status, 0);
+  EXPECT_EQ(check_request_head(get + "Content-Length: 12\r\n\r\n").status, 0);
+  EXPECT_EQ(check_request_head(get + "X-A:\tv \t\r\n\r\n").status, 0);
+  const std::pair<std::string, std::string> refused[] = {
+      {get + "Content-Length: 1\r\nContent-Length: 2\r\n\r\n", "2 Content-Length fields"},
+      {get + "Content-Length: 1\r\nContent-Length: 1\r\n\r\n", "2 Content-Length fields"},
+      {get + "Content-Length: 1,1\r\n\r\n", "digits only"},
+      {get + "Transfer-Encoding : chunked\r\n\r\n", "whitespace between the header name \"Transfer-Encoding\""},
+      {get + "Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n", "both Transfer-Encoding and Content-Length"},
+      {get + "Transfer-Encoding: chunked, gzip\r\n\r\n", "does not end in chunked"},
+      {get + "X-A: a" + std::string(1, '\0') + "b\r\n\r\n", "control byte \\x00"},
+      {get + "X-A: a\r\n b\r\n\r\n", "line folding"},
+      {"GET / HTTP/1.1\nHost: x\r\n\r\n", "bare LF"},
+      {get + "X-A: a\rb\r\n\r\n", "bare CR"},
+      {"GET / HTTP/1.1\r\n\r\n", "must have a Host"},
+      {get + "Host: y\r\n\r\n", "2 Host fields"},
+      {"GET  / HTTP/1.1\r\nHost: x\r\n\r\n", "one space between each"},
+      {get + "\r\n\r\n", "does not end with one blank line"},
+      {get, "does not end with one blank line"},
+      {"GET / HTTP/1.1", "does not end with CRLF CRLF"},
+  };
+  for (const auto& [head, words] : refused) {
+    const auto c = check_request_head(head);
+    EXPECT_EQ(c.status, 400) << head;
+    EXPECT_NE(c.message.find(words), std::string::npos) << head << " -> " << c.message;
+  }
+  EXPECT_EQ(check_request_head(get + "Transfer-Encoding: chunked\r\n\r\n").status, 411);
+  EXPECT_EQ(check_request_head("GET / HTTP/2.0\r\nHost: x\r\n\r\n").status, 505);
 }

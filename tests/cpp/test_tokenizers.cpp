@@ -29,12 +29,14 @@ bool exists(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0;
 }
 
-void check_vectors(const std::string& name) {
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// tok: the tokenizer to check against the vectors of `name`.
+void check_vectors(const std::string& name, const HfTokenizer& tok) {
   const std::string dir = data_dir();
-  if (!exists(dir + "/" + name + "/tokenizer.json")) {
-    GTEST_SKIP() << "no tokenizer data at " << dir << " (set DIFFATTN_TOKENIZER_DATA)";
-  }
-  const HfTokenizer tok = HfTokenizer::load(dir + "/" + name);
   std::ifstream in(dir + "/vectors/" + name + ".jsonl");
   ASSERT_TRUE(in) << "no vectors for " << name;
   std::string line;
@@ -61,7 +63,30 @@ void check_vectors(const std::string& name) {
   EXPECT_EQ(failed, 0) << failed << " of " << n << " vectors differ";
 }
 
-TEST(HfTokenizer, Gpt2MatchesTheLibrary) { check_vectors("gpt2"); }
+// GPT-2's tokenizer.json lists the merge "\u0120Cla ude" (rank 40303) whose result is not in its
+// vocab: the tokenizers library (and so transformers) refuses the file, and so does diffattn,
+// naming the merge. Without that merge (which can never apply) the library loads it, and the ids
+// are the vectors'.
+TEST(HfTokenizer, Gpt2MatchesTheLibrary) {
+  const std::string dir = data_dir() + "/gpt2";
+  if (!exists(dir + "/tokenizer.json")) GTEST_SKIP() << "no tokenizer data at " << data_dir();
+  try {
+    HfTokenizer::load(dir);
+    ADD_FAILURE() << "GPT-2's file with its merge into a missing token was accepted";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer.json: model.merges[40303]: \"\u0120Cla ude\" merges into "
+                                         "\"\u0120Claude\", which is not in the vocab"),
+              std::string::npos)
+        << e.what();
+  }
+  json j = json::parse(read_text(dir + "/tokenizer.json"));
+  json& merges = j["model"]["merges"];
+  ASSERT_EQ(merges[40303], "\u0120Cla ude");
+  merges.erase(40303);
+  HfTokenizer tok = HfTokenizer::from_json(j.dump(), "gpt2 without merges[40303]");
+  tok.apply_config(read_text(dir + "/tokenizer_config.json"), dir + "/tokenizer_config.json");
+  check_vectors("gpt2", tok);
+}
 
 TEST(HfTokenizer, ConfigAndStreaming) {
   const std::string dir = data_dir() + "/llama3";
@@ -88,7 +113,11 @@ TEST(HfTokenizer, ConfigAndStreaming) {
   EXPECT_THROW(tok.apply_config(R"({"bos_token": "<nope>"})", "cfg"), IoError);
   EXPECT_THROW(tok.apply_config(R"({"add_bos_token": "yes"})", "cfg"), IoError);
 }
-TEST(HfTokenizer, Llama3MatchesTheLibrary) { check_vectors("llama3"); }
+TEST(HfTokenizer, Llama3MatchesTheLibrary) {
+  const std::string dir = data_dir() + "/llama3";
+  if (!exists(dir + "/tokenizer.json")) GTEST_SKIP() << "no tokenizer data at " << data_dir();
+  check_vectors("llama3", HfTokenizer::load(dir));
+}
 
 // A small byte-level BPE file: every byte, a few merges, one added special token.
 std::string tiny_json(const std::string& extra_model = "", const std::string& normalizer = "null",
@@ -107,7 +136,8 @@ std::string tiny_json(const std::string& extra_model = "", const std::string& no
   vocab["aa"] = id++;
   json merges = {"a b", "ab ab", sp + " a", "a a"};
   json j = {{"version", "1.0"},
-            {"added_tokens", {{{"id", 1000}, {"content", "<|end|>"}, {"special", true}}}},
+            // The id the tokenizers library gives it: the next after the 260 of the vocab.
+            {"added_tokens", {{{"id", 260}, {"content", "<|end|>"}, {"special", true}}}},
             {"normalizer", json::parse(normalizer)},
             {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}}},
             {"post_processor", json::parse(post)},
@@ -147,7 +177,7 @@ TEST(HfTokenizer, MergesByRankAndAddedTokens) {
   EXPECT_TRUE(t.is_special(end));
   EXPECT_EQ(t.decode(t.encode("x ab<|end|>\n\xc3\xa9")), "x ab<|end|>\n\xc3\xa9");
   EXPECT_EQ(t.decode(t.encode("ab<|end|>"), true), "ab");
-  EXPECT_EQ(t.vocab_size(), 1001);
+  EXPECT_EQ(t.vocab_size(), 261);
   EXPECT_EQ(t.encode(""), std::vector<int32_t>{});
   // A long run of one byte: the heap-based merge is O(n log n) ("aa" merges pairwise).
   const std::vector<int32_t> long_run = t.encode(std::string(200000, 'a'));
@@ -160,10 +190,64 @@ TEST(HfTokenizer, MergesByRankAndAddedTokens) {
 TEST(HfTokenizer, TemplateAddsSpecialTokens) {
   const std::string post =
       R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|end|>", "type_id": 0}},
-          {"Sequence": {"id": "A", "type_id": 0}}], "special_tokens": {"<|end|>": {"id": "<|end|>", "ids": [1000], "tokens": ["<|end|>"]}}})";
+          {"Sequence": {"id": "A", "type_id": 0}}], "special_tokens": {"<|end|>": {"id": "<|end|>", "ids": [260], "tokens": ["<|end|>"]}}})";
   const HfTokenizer t = HfTokenizer::from_json(tiny_json("", "null", post), "tiny");
-  EXPECT_EQ(t.encode("ab", true), (std::vector<int32_t>{1000, t.id_of("ab")}));
+  EXPECT_EQ(t.encode("ab", true), (std::vector<int32_t>{260, t.id_of("ab")}));
   EXPECT_EQ(t.encode("ab", false), (std::vector<int32_t>{t.id_of("ab")}));
+}
+
+// What the tokenizers library does with ids that do not add up (tests/python/test_hf_tokenizer.py
+// checks these against the library): it gives added tokens ids of its own, so a file whose ids
+// differ would be read two ways; one id with two strings decodes either way. Both are refused,
+// naming the entry; a merge listed twice takes its last rank, as in the library.
+TEST(HfTokenizer, IdsThatDisagreeWithTheLibraryAreRefused) {
+  json j = json::parse(tiny_json());
+  // The issue's case: <|eot_id|> on the id of the byte \x03, which would then decode as it.
+  const int32_t x03 = j["model"]["vocab"][hf_byte_char(3)].get<int32_t>();
+  j["added_tokens"] = {{{"id", x03}, {"content", "<|eot_id|>"}, {"special", true}}};
+  std::string e = error_of(j.dump());
+  EXPECT_NE(e.find("t/tokenizer.json: added_tokens[0]: \"<|eot_id|>\" has id 3, the id of \"\u0103\"; "
+                   "the tokenizers library gives it id 260"),
+            std::string::npos)
+      << e;
+  // Past the vocab with a hole: the library would give 260, not 300.
+  j["added_tokens"] = {{{"id", 300}, {"content", "<|eot_id|>"}, {"special", true}}};
+  EXPECT_NE(error_of(j.dump()).find("has id 300; the tokenizers library gives it id 260"), std::string::npos);
+  // An added token that is already a vocab token keeps the vocab's id.
+  j["added_tokens"] = {{{"id", j["model"]["vocab"]["ab"]}, {"content", "ab"}, {"special", false}},
+                       {{"id", 260}, {"content", "<|a|>"}, {"special", true}},
+                       {{"id", 261}, {"content", "<|b|>"}, {"special", true}},
+                       {{"id", 260}, {"content", "<|a|>"}, {"special", true}}};
+  const HfTokenizer ok = HfTokenizer::from_json(j.dump(), "t");
+  EXPECT_EQ(ok.encode("<|b|><|a|>"), (std::vector<int32_t>{261, 260}));
+  EXPECT_EQ(ok.vocab_size(), 262);
+  // Two strings for one id.
+  j = json::parse(tiny_json());
+  j["model"]["vocab"]["zz"] = j["model"]["vocab"]["ab"];
+  e = error_of(j.dump());
+  EXPECT_NE(e.find("model.vocab["), std::string::npos) << e;
+  EXPECT_NE(e.find("is also the id of"), std::string::npos) << e;
+  // A key twice anywhere (here a vocab entry) is refused: the library keeps one of them.
+  std::string text = tiny_json();
+  const std::string abab = "\"abab\":" + std::to_string(json::parse(text)["model"]["vocab"]["abab"].get<int>());
+  ASSERT_NE(text.find(abab), std::string::npos);
+  text.replace(text.find(abab), abab.size(), abab + ",\"abab\":7");
+  EXPECT_NE(error_of(text).find("the key \"abab\" appears twice in \"model.vocab\""), std::string::npos);
+  // Ids are unsigned integers (the library's u32): -0 and 1.0 are not ids.
+  j = json::parse(tiny_json());
+  j["model"]["vocab"]["ab"] = 1.0;
+  EXPECT_NE(error_of(j.dump()).find("is not a whole number >= 0"), std::string::npos);
+  text = tiny_json();
+  ASSERT_NE(text.find("\"ab\":256"), std::string::npos);
+  text.replace(text.find("\"ab\":256"), 8, "\"ab\":-0");
+  EXPECT_NE(error_of(text).find("is not a whole number >= 0"), std::string::npos) << error_of(text);
+  // A pair listed twice: the last rank counts ("a b" after "b a"... here after "ab ab").
+  j = json::parse(tiny_json());
+  j["model"]["vocab"]["ba"] = 300;
+  j["model"]["merges"] = {"a b", "b a", "a b"};
+  j["added_tokens"] = json::array();
+  const HfTokenizer twice = HfTokenizer::from_json(j.dump(), "t");
+  EXPECT_EQ(twice.encode("aba"), (std::vector<int32_t>{twice.id_of("a"), twice.id_of("ba")}));
 }
 
 TEST(HfTokenizer, UnsupportedOrBrokenFilesAreClearErrors) {
@@ -173,8 +257,10 @@ TEST(HfTokenizer, UnsupportedOrBrokenFilesAreClearErrors) {
   EXPECT_NE(error_of(tiny_json(R"({"byte_fallback": true})")).find("byte_fallback"), std::string::npos);
   EXPECT_NE(error_of(tiny_json(R"({"merges": ["a"]})")).find("merges[0]: expected"), std::string::npos);
   EXPECT_NE(error_of(tiny_json(R"({"merges": ["qq zz"]})")).find("not in the vocab"), std::string::npos);
-  // A merge whose result has no id is skipped (as GPT-2's file needs): "q z" cannot apply.
-  EXPECT_EQ(HfTokenizer::from_json(tiny_json(R"({"merges": ["q z", "a b"]})"), "t").encode("qzab").size(), 3u);
+  // A merge whose result has no id: the library refuses the file, and so does this.
+  EXPECT_NE(error_of(tiny_json(R"({"merges": ["q z", "a b"]})"))
+                .find("model.merges[0]: \"q z\" merges into \"qz\", which is not in the vocab"),
+            std::string::npos);
   EXPECT_NE(error_of(tiny_json(R"({"vocab": {"a": 99999999}})")).find("outside"), std::string::npos);
   EXPECT_NE(error_of(tiny_json("", R"({"type": "NFC"})")).find("normalizer \"NFC\" is not supported"),
             std::string::npos);

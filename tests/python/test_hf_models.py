@@ -269,6 +269,15 @@ def test_missing_shard(tmp_path):
     assert "<dir>/model-00002-of-00003.safetensors" in msg, msg
 
 
+def test_a_stale_single_file_beside_an_index_is_named(tmp_path):
+    # transformers would load model.safetensors and ignore the index: neither reader guesses.
+    d, _, _ = make(tmp_path, "llama-mqa-f16-3shards")
+    shutil.copy(d / "model-00001-of-00003.safetensors", d / "model.safetensors")
+    msg = _load_error(d)
+    assert "<dir>: holds both model.safetensors and model.safetensors.index.json" in msg, msg
+    assert "remove it" in msg
+
+
 def test_index_names_a_tensor_no_shard_holds(tmp_path):
     d, _, _ = make(tmp_path, "diffllama-hkv2-bf16-3shards")
     p = d / "model.safetensors.index.json"

@@ -145,3 +145,79 @@ def test_bad_tokens(model_dir):
     # a non-contiguous view is fine (copied), and gives the same numbers
     wide = np.zeros((2, 10), np.int64)
     np.testing.assert_array_equal(m.forward(wide[:, ::2]), m.forward(good))
+
+
+def test_bytes_that_are_not_utf8_still_give_a_message(model_dir):
+    # The message quotes what the parser read; bytes that are not UTF-8 are shown as \xNN, and the
+    # exception is the documented one with its message (it was a bare UnicodeDecodeError).
+    c = cfg()
+    (model_dir / "config.json").write_bytes(json.dumps(c).encode().replace(b'"diff_v1"', b'"diff_\xff1"'))
+    with pytest.raises(ValueError, match=r"config\.json: not valid JSON .*\\xff") as e:
+        diffattn.load_model(str(model_dir))
+    assert str(model_dir / "config.json") in str(e.value)
+    (model_dir / "config.json").write_bytes(json.dumps(c).encode().replace(b'"norm_eps"', b'"norm_\xffeps"'))
+    with pytest.raises(ValueError, match=r"not valid JSON .*ill-formed UTF-8"):
+        diffattn.load_model(str(model_dir))
+    tok = {"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}}
+    with pytest.raises(OSError, match=r"t\.json: not valid JSON .*\\xff"):
+        diffattn.HfTokenizer.from_json(json.dumps(tok).replace('"a"', '"a\udcff"', 1).encode("utf-8", "surrogateescape"),
+                                       "t.json")
+    # NUL bytes and a byte order mark are not JSON (Python's json refuses both; nlohmann took the
+    # text up to the NUL, or skipped the mark).
+    (model_dir / "config.json").write_bytes(json.dumps(c).encode() + b"\0garbage")
+    with pytest.raises(ValueError, match=r"config\.json: not valid JSON \(a NUL byte at offset"):
+        diffattn.load_model(str(model_dir))
+    (model_dir / "config.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(c).encode())
+    with pytest.raises(ValueError, match="byte order mark"):
+        diffattn.load_model(str(model_dir))
+
+
+def test_sizes_are_checked_before_any_work(model_dir):
+    m = diffattn.load_model(str(model_dir))
+    zero = np.zeros(1, dtype=np.int64)
+    # A stride-0 view of 2^40 tokens is 8 bytes: it is refused by its T before anything is copied.
+    huge = np.lib.stride_tricks.as_strided(zero, shape=(1 << 20, 1 << 20), strides=(0, 0))
+    with pytest.raises(ValueError, match=r"Model\.forward: tokens has T = 1048576 positions, more than max_seq_len = 16"):
+        m.forward(huge)
+    # A batch whose forward cannot fit: named with its shape, no MemoryError / bad_alloc.
+    wide = np.lib.stride_tricks.as_strided(zero, shape=(1 << 40, 16), strides=(0, 0))
+    for call in (lambda: m.forward(wide), lambda: m.loss(wide, wide), lambda: m.gradients(wide, wide)):
+        with pytest.raises(ValueError, match=r"tokens of shape \(1099511627776, 16\) .* needs about .* GiB, more than"):
+            call()
+    # Ids are read through the strides (a view works, and a bad one is named by its index).
+    view = np.lib.stride_tricks.as_strided(np.arange(3, dtype=np.int64), shape=(4, 3), strides=(0, 8))
+    assert m.forward(view).shape == (4, 3, 40)
+    bad = view.copy()
+    bad[2, 1] = 40
+    with pytest.raises(ValueError, match=r"tokens\[2, 1\] = 40 is outside the vocabulary \[0, 40\)"):
+        m.forward(bad)
+
+
+def test_attention_maps_are_sized_before_the_forward():
+    # q, k, v views of 64 bytes whose maps would take 4 TiB: refused at once, the forward not run.
+    base = np.zeros(16, dtype=np.float32)
+    x = np.lib.stride_tricks.as_strided(base, shape=(1, 1 << 20, 1, 16), strides=(0, 0, 0, 4))
+    calls = diffattn.kernel_calls()["forward"]
+    with pytest.raises(ValueError, match=r"attention_map: 1 map\(s\) of shape \(B, H, Tq, Tk\) = \(1, 1, 1048576, 1048576\) "
+                                         r"needs about 4096\.0 GiB"):
+        diffattn.attention_map(x, x, x)
+    x2 = np.lib.stride_tricks.as_strided(base, shape=(1, 1 << 20, 2, 16), strides=(0, 0, 0, 4))
+    v2 = np.lib.stride_tricks.as_strided(base, shape=(1, 1 << 20, 1, 16), strides=(0, 0, 0, 4))
+    with pytest.raises(ValueError, match=r"diff_attention_maps: 2 map\(s\)"):
+        diffattn.diff_attention_maps(x2, x2, v2, np.array([0.5], dtype=np.float32))
+    assert diffattn.kernel_calls()["forward"] == calls
+
+
+def test_nan_inputs_are_errors():
+    for lam in (float("nan"), float("inf"), -float("inf"), 1e300):
+        with pytest.raises(ValueError, match="views: lambda must be a finite number"):
+            diffattn.textbook_views(lam)
+    x = np.ones((1, 4, 2, 4), dtype=np.float32)
+    for scale in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="scale must be finite"):
+            diffattn.attention(x, x, x, scale=scale)
+    c = {"attention": "diff_v1", "vocab_size": 100, "d_model": 64, "n_layers": 2, "ffn_dim": 128,
+         "n_heads": 2, "n_kv_heads": 2, "head_dim": 16, "tie_embeddings": False}
+    for kv in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(ValueError, match="accounting: bytes per value must be a finite number > 0"):
+            diffattn.account(c, 4096, kv)

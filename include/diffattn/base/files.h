@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "diffattn/base/error.h"
@@ -20,6 +21,49 @@ inline constexpr uint64_t kMaxJsonFileBytes = uint64_t{64} << 20;  // 64 MiB
 
 // Writes bytes to path atomically; creates no directories.
 void write_file_atomic(const std::string& path, const std::string& bytes);
+
+// Replaces a set of files in a directory as one (a model: config.json, weights, tokenizer): at
+// every instant, a kill -9 included, the directory holds the old set or the new one, never a
+// mix, and its other entries (the user's) stay where they are.
+//  - The new files are written into a staging directory beside DIR (".NAME.diffattn-XXXXXX" in
+//    its parent, which must be writable), fsynced, then swapped in: DIR's other entries are
+//    hard-linked into the staging directory and the two are exchanged with one
+//    renameat2(RENAME_EXCHANGE) (on a filesystem without it: two renames, between which DIR is
+//    briefly absent, never mixed). The old set's files go; an entry the links could not carry
+//    (a file another user owns, where fs.protected_hardlinks forbids the link) is moved over
+//    after the swap.
+//  - When the new set differs from DIR's in one file only and removes none (a training
+//    checkpoint: config.json unchanged, model.safetensors new), that file is renamed in alone.
+//  - A swap cut short by a kill leaves the staging directory behind, with DIR's marker
+//    ".diffattn-update" naming it when the swap itself had happened; the next update of DIR
+//    finishes or removes it. Updates of directories with one parent take turns (flock on it).
+// DIR (and its missing parents) is created when absent; a symlink to a directory is followed,
+// so the directory it names is replaced. Errors are IoError naming DIR, and leave DIR as it was.
+class DirectoryUpdate {
+ public:
+  explicit DirectoryUpdate(const std::string& dir);
+  ~DirectoryUpdate();  // without commit(): the staging directory goes, DIR is untouched
+  DirectoryUpdate(const DirectoryUpdate&) = delete;
+  DirectoryUpdate& operator=(const DirectoryUpdate&) = delete;
+
+  // Where file `name` of the new set is written (a plain file name).
+  std::string path(const std::string& name) const;
+  // Writes file `name` of the new set.
+  void write(const std::string& name, const std::string& bytes);
+  // Makes the written files DIR's. replaced(name): whether an entry of DIR belongs to the set
+  // being replaced (a model's files): those not written again are removed with it; every other
+  // entry of DIR is kept. Returns "" or a note on what could not be put back (an entry of the
+  // old directory changed while the swap ran: left in the directory the note names).
+  std::string commit(const std::function<bool(const std::string& name)>& replaced);
+
+ private:
+  std::string dir_;      // as given, for messages
+  std::string target_;   // DIR, symlinks resolved, absolute
+  std::string parent_;   // target_'s parent
+  std::string staging_;  // beside it
+  int staging_fd_ = -1;  // locked while this update lives
+  bool done_ = false;
+};
 
 // A regular file open for reading (O_RDONLY | O_NONBLOCK | O_CLOEXEC, so opening a FIFO does not
 // block; then fstat, and anything but a regular file is "PATH: not a regular file (a FIFO)").

@@ -25,6 +25,8 @@ class Tokenizer {
   virtual std::string name() const = 0;
   // The end-of-sequence id generation stops at (-1: none).
   virtual int32_t eos_id() const { return -1; }
+  // Whether decode() gives id a text: an id below vocab_size() that is not a hole.
+  virtual bool is_token(int32_t id) const { return id >= 0 && id < vocab_size(); }
 };
 
 // Bytes 0..255 are the tokens.
@@ -41,8 +43,16 @@ void train_sentencepiece(const std::string& text, const std::string& out_path, i
 // A Hugging Face tokenizer.json (and tokenizer_config.json beside it): encode adds the
 // template's special tokens (Llama 3's <|begin_of_text|>).
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path);
-// DIR/tokenizer.json if present, else DIR/tokenizer.model, else bytes.
-std::unique_ptr<Tokenizer> tokenizer_for(const std::string& model_dir);
+// Which tokenizer a command uses for a model directory: the directory's own, or raw bytes as
+// token ids (`--tokenizer bytes`: asked for, never assumed, for a directory that brings none).
+enum class TokenizerChoice { kModel, kBytes };
+TokenizerChoice parse_tokenizer_choice(const std::string& name, const std::string& where);
+// kModel: DIR/tokenizer.json if present, else DIR/tokenizer.model, else the byte tokenizer for
+// diffattn's own format (a model without tokenizer.model is byte-level: FORMAT.md), and for a
+// Hugging Face directory an IoError naming what is missing (transformers' AutoTokenizer refuses
+// such a directory too; its ids are not bytes). kBytes: the byte tokenizer.
+std::unique_ptr<Tokenizer> tokenizer_for(const std::string& model_dir,
+                                         TokenizerChoice choice = TokenizerChoice::kModel);
 
 // ---- corpus ----
 struct Corpus {

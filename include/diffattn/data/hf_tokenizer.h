@@ -13,6 +13,12 @@
 //   decoder          ByteLevel
 //   added_tokens     matched in the text before pre-tokenization, longest first
 //
+// Ids are the library's or the file is refused, naming the entry: an added token must have the
+// id the library gives it (a vocab token's own id, else the next past the vocab and the added
+// tokens before it), one id has one string, no key is given twice, every merge's parts and
+// result are in the vocab (the library refuses a merge into a missing token; GPT-2's file has
+// one); a pair merged twice takes its last rank.
+//
 // Limits: the file at most 256 MiB (read_file), a vocabulary of at most 2^24 tokens, token
 // strings and texts are UTF-8 (invalid UTF-8 is an error naming the byte offset).
 #pragma once

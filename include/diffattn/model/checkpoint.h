@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 
 #include "diffattn/base/dtype.h"
@@ -13,9 +14,37 @@
 
 namespace diffattn {
 
+// What a save writes beside the weights and config.json, and what of the directory's old
+// contents it replaces.
+struct ModelFiles {
+  // Files of the model (name -> bytes): its tokenizer files, generation_config.json.
+  std::map<std::string, std::string> extra;
+  // True: the model brings its own tokenizer (in `extra`, or none at all), so the directory's
+  // old tokenizer files go with the old model. False: they stay (a save that knows nothing of
+  // tokenizers).
+  bool replace_tokenizer = false;
+};
+
+// Whether an entry of a model directory belongs to the model a save replaces: config.json,
+// generation_config.json, the weights under any of transformers' names (model.safetensors, its
+// index and model-NNNNN-of-NNNNN shards, pytorch_model*.bin, tf_model.h5, flax_model.msgpack),
+// the shards `indexed` names (the old index's), the temporary files of an interrupted atomic
+// write of any of those, and, when `tokenizer`, the tokenizer files (tokenizer.json,
+// tokenizer_config.json, tokenizer.model, special_tokens_map.json, added_tokens.json,
+// vocab.json, merges.txt, chat_template.jinja / .json). Anything else (train_state.safetensors,
+// train_log.jsonl, a README) is the user's and is kept.
+bool is_model_file(const std::string& name, const std::set<std::string>& indexed, bool tokenizer);
+
+// Saves are atomic for the whole directory (DirectoryUpdate, base/files.h): at every instant,
+// a kill -9 included, DIR holds the old model or the new one, complete, and no weight file of
+// the old one survives the replacement. They return "" or a note on an entry of the old
+// directory that could not be put back (see DirectoryUpdate::commit).
+//
 // DIR/config.json + DIR/model.safetensors, every tensor stored as dtype (F32: trainable when
-// loaded again; BF16/F16: half the bytes, loaded as an inference model). Creates DIR if needed.
-void save_model(const Model& m, const std::string& dir, DType dtype = DType::F32);
+// loaded again; BF16/F16: half the bytes, loaded as an inference model), and files.extra.
+// Creates DIR if needed.
+std::string save_model(const Model& m, const std::string& dir, DType dtype = DType::F32,
+                       const ModelFiles& files = {});
 // Loads a model directory; every FORMAT.md error is reported with the tensor or key and file.
 // A project directory whose model.safetensors is all F32 gives a trainable model; one with BF16
 // or F16 tensors an inference model over the mapped file (load_mapped_model).
@@ -54,7 +83,11 @@ Model load_hf_model(const std::string& dir);
 // tensors stored as dtype. What DiffLlama lacks is folded in exactly or refused: V1's learned
 // subln weight multiplies o_proj's columns; a fixed lambda_init, diff_v2 and biases on a
 // diff_v2 model are errors naming the reason. load_hf_model(dir) gives back the same logits.
-void save_hf_model(const Model& m, const std::string& dir, DType dtype = DType::F32,
-                   int64_t shards = 1);
+// files.extra is written after the model's own files (its generation_config.json wins).
+std::string save_hf_model(const Model& m, const std::string& dir, DType dtype = DType::F32,
+                          int64_t shards = 1, const ModelFiles& files = {});
+// The files a model directory brings beside its weights, to carry them to a converted copy:
+// the tokenizer files listed under is_model_file and generation_config.json, those present.
+ModelFiles model_side_files(const std::string& dir);
 
 }  // namespace diffattn

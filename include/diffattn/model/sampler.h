@@ -15,6 +15,11 @@ struct SamplerOptions {
   int64_t top_k = 0;         // 0: no limit
   double top_p = 1.0;        // nucleus: smallest set with probability >= top_p
   uint64_t seed = 0;
+  // The ids that may be drawn: below vocab_limit (0: every logit) and not in `excluded`
+  // (sorted). A model's embedding often has more rows than its tokenizer has tokens (a padded
+  // vocabulary): those ids have no text and are never drawn (data::restrict_to_tokens).
+  int64_t vocab_limit = 0;
+  std::vector<int32_t> excluded;
 };
 
 class Sampler {
@@ -28,6 +33,7 @@ class Sampler {
   std::vector<int32_t> idx_;  // scratch, kept between calls: no allocation per token
   std::vector<double> p_;  // each token's weight (no limit, nucleus)
   std::vector<double> w_;  // the candidates' weights in order
+  std::vector<float> masked_;  // the logits with the excluded ids at -inf
 };
 
 }  // namespace diffattn

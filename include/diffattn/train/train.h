@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "diffattn/data/data.h"
+#include "diffattn/model/checkpoint.h"
 #include "diffattn/model/config.h"
 #include "diffattn/model/model.h"
 #include "diffattn/model/optimizer.h"
@@ -31,10 +32,18 @@ std::vector<int32_t> generate_ids(Model& m, const std::vector<int32_t>& prompt,
                                   const std::function<bool(int32_t)>& on_token = {});
 // The ids a model directory's generation ends at: generation_config.json's eos_token_id (a
 // number or a list) when the file exists, else the tokenizer's end-of-sequence id, else none.
-std::vector<int32_t> stop_ids_for(const std::string& model_dir, const Tokenizer& tok);
+// An eos_token_id the model cannot produce (not below model_vocab) is an IoError naming the file
+// and the id.
+std::vector<int32_t> stop_ids_for(const std::string& model_dir, const Tokenizer& tok,
+                                  int64_t model_vocab);
+// Restricts sampling to the ids that both the model (below model_vocab) and the tokenizer (its
+// tokens, holes left out) have: a padded embedding's extra rows are never drawn, so generated
+// text always decodes. InvalidArgument when no id is left.
+void restrict_to_tokens(SamplerOptions& o, const Tokenizer& tok, int64_t model_vocab);
 
 // Prefills the prompt through the KV cache, then decodes one token at a time, passing each new
-// piece of text to on_text as soon as it is known (streamed output). Returns the new text.
+// piece of text to on_text as soon as it is known (streamed output). Returns the new text. Only
+// ids the tokenizer has are drawn (restrict_to_tokens).
 std::string generate(Model& m, const Tokenizer& tok, const std::string& prompt,
                      const GenerateOptions& o,
                      const std::function<void(const std::string&)>& on_text = {});
@@ -106,10 +115,11 @@ class Trainer {
            const std::function<void(const StepLog&)>& on_step = {});
   // One optimizer step (accum micro-batches); returns its log (no eval, no save).
   StepLog step(const Dataset& train);
-  // Writes the checkpoint files in the order checkpoint_files() gives. Each is written
-  // atomically and the resume point comes first, so a kill at any moment leaves either no
-  // resume point (as before the first save: the run starts again without --resume) or a whole
-  // one; the model files that follow are loadable once both are there.
+  // Writes the checkpoint files in the order checkpoint_files() gives: the resume point, one
+  // atomic file, then the model (config.json, model.safetensors and model_files) through
+  // save_model, which replaces the directory's model as one. A kill at any moment leaves either
+  // no resume point (as before the first save: the run starts again without --resume) or a
+  // whole one, and the directory's model old or new, whole.
   void save() const;
   static const std::vector<std::string>& checkpoint_files();
   // Changes how long the run goes and how often it evaluates and saves (what `train --resume`
@@ -123,6 +133,9 @@ class Trainer {
   const std::string& dir() const { return dir_; }
   bool progress = false;  // progress bar on stderr
   bool write_log = true;
+  // Saved with the model (its tokenizer.model; replace_tokenizer so that a tokenizer the
+  // directory held before is not left beside it).
+  ModelFiles model_files;
 
  private:
   std::string dir_;
