@@ -225,8 +225,12 @@ void bind_model(py::module_& m) {
 
   m.def(
       "save_model",
-      [](const std::string& path, const std::string& config, const py::dict& tensors, const std::string& dtype) {
+      [](const std::string& path, const py::object& config_obj, const py::dict& tensors, const std::string& dtype) {
         const char* op = "save_model";
+        // config: config.json's text, or the dict Model.config gives
+        const std::string config = py::isinstance<py::str>(config_obj)
+                                       ? config_obj.cast<std::string>()
+                                       : py::str(py::module_::import("json").attr("dumps")(config_obj)).cast<std::string>();
         const ModelConfig cfg = ModelConfig::from_json(config, std::string(op) + ": config");
         const DType dt = parse_dtype(dtype, std::string(op) + ": dtype");
         for (auto item : tensors) {

@@ -156,27 +156,15 @@ def load(path):
 
 def save(module, path):
     """Writes module (a DiffTransformerLM) as a model directory: config.json and
-    model.safetensors (F32, tensors in name order). Reads back with load() or the C++ tools."""
-    import struct
+    model.safetensors (F32). The C++ writer checks every tensor against the config (shape,
+    finite values) and replaces the directory as a whole (a kill at any moment leaves the old
+    model or the new one, never a mix; the directory's other files stay). Reads back with
+    load() or the C++ tools."""
+    import json
+    from .. import _core
     if not isinstance(module, DiffTransformerLM):
         raise TypeError(f"save: module must be a DiffTransformerLM (from diffattn.torch.load), "
                         f"got {type(module).__name__}")
-    os.makedirs(path, exist_ok=True)
-    header, blobs, off = {}, [], 0
-    for name, p in sorted(module.named_parameters()):
-        raw = p.detach().to(torch.float32).contiguous().numpy().astype("<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(p.shape),
-                        "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    tmp = os.path.join(path, "model.safetensors.tmp")
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
-    os.replace(tmp, os.path.join(path, "model.safetensors"))
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(module.config, f, indent=2)
+    tensors = {name: p.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
+               for name, p in module.named_parameters()}
+    _core.save_model(str(path), json.dumps(module.config), tensors, "f32")
