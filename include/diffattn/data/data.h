@@ -25,6 +25,11 @@ class Tokenizer {
   virtual std::string name() const = 0;
   // The end-of-sequence id generation stops at (-1: none).
   virtual int32_t eos_id() const { return -1; }
+  // The bytes token `id` adds to a decoded text, for constrained output's token masks
+  // (diffattn/grammar/token_mask.h); "" when the id is not text: a special or control token,
+  // an unknown or unused piece, a hole in the ids. SentencePiece's U+2581 is a space here (its
+  // decoder drops the space that starts a text). An id outside 0..vocab_size()-1 is an error.
+  virtual std::string token_bytes(int32_t id) const = 0;
 };
 
 // Bytes 0..255 are the tokens.
