@@ -12,6 +12,7 @@
 #include "diffattn/data/data.h"
 #include "diffattn/grammar/json_schema.h"
 #include "diffattn/grammar/token_mask.h"
+#include "grammar/program.h"
 
 using namespace diffattn;
 using namespace diffattn::grammar;
@@ -75,6 +76,26 @@ int main(int argc, char** argv) {
     long long n = 0;
     for (uint8_t x : mask) n += x;
     std::printf("%-40s %9lld %9.3f %9.3f\n", s.what, n, ms.front(), ms[ms.size() / 2]);
+  }
+  // The worst kind of schema for this automaton: alternatives that stay ambiguous level after
+  // level, so that parses multiply up to kMaxParses, each with a deep stack.
+  const Grammar ambiguous = Grammar::json_schema_text(R"({"anyOf":[
+      {"type":"object","properties":{"a":{"$ref":"#"}},"additionalProperties":false},
+      {"type":"object","properties":{"a":{"$ref":"#"},"b":{"type":"integer"}},"additionalProperties":false},
+      {"type":"object","properties":{"a":{"anyOf":[{"$ref":"#"},{"type":"null"}]}}}]})");
+  Matcher m(ambiguous);
+  for (int level = 1; level <= 30; ++level) {
+    if (!m.advance("{\"a\":")) break;
+    if (level % 5 != 0) continue;
+    std::vector<double> ms;
+    for (int r = 0; r < std::max(3, repeats / 10); ++r) {
+      const auto a = Clock::now();
+      masker.allowed(m, mask);
+      ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    std::printf("ambiguous anyOf, %2d levels, %2zu parses     %9.3f %9.3f\n", level, m.state().n, ms.front(),
+                ms[ms.size() / 2]);
   }
   return 0;
 }

@@ -585,6 +585,18 @@ bool accepting_top(const Program& p, const Frame& f) {
   return false;
 }
 
+uint64_t stack_hash(const Stack& st) {
+  uint64_t h = st.size();
+  for (const Frame& f : st) {
+    h = h * 0x9E3779B97F4A7C15ull + (uint64_t{f.node} << 32 | uint64_t{static_cast<uint8_t>(f.kind)} << 24 |
+                                     uint64_t{f.phase} << 16 | uint64_t{f.depth} << 8 | f.sub);
+    h = h * 0x9E3779B97F4A7C15ull + (uint64_t{f.a} << 32 | f.b);
+    h = h * 0x9E3779B97F4A7C15ull + f.v;
+    h ^= h >> 29;
+  }
+  return h;
+}
+
 }  // namespace
 
 State initial_state(const Program& p) {
@@ -608,17 +620,29 @@ bool step(const Program& p, const State& in, uint8_t c, State& out) {
     out.heads[h] = in.heads[i];
     if (!stepper.run(h, c)) out.heads[h].clear();
   }
-  // Drop the dead (empty) heads and duplicates; keep every stack's storage in the pool.
+  // Drop the dead (empty) heads and duplicates (compared in full only when their hashes are
+  // equal); keep every stack's storage in the pool.
+  if (out.n == 1) {
+    if (out.heads[0].empty()) out.n = 0;
+    return out.n > 0;
+  }
+  thread_local std::vector<uint64_t> hashes;
+  hashes.clear();
   size_t kept = 0;
   for (size_t i = 0; i < out.n; ++i) {
     if (out.heads[i].empty()) continue;
+    const uint64_t hash = stack_hash(out.heads[i]);
     bool dup = false;
-    for (size_t j = 0; j < kept && !dup; ++j) dup = out.heads[j] == out.heads[i];
+    for (size_t j = 0; j < kept && !dup; ++j) dup = hashes[j] == hash && out.heads[j] == out.heads[i];
     if (dup) continue;
     if (kept != i) std::swap(out.heads[kept], out.heads[i]);
+    hashes.push_back(hash);
     ++kept;
   }
-  out.n = kept > kMaxParses ? 0 : kept;
+  // Beyond kMaxParses the later parses are dropped: each kept one is valid and can be finished,
+  // so the text stays a prefix of a document and never reaches a dead end; only some of its
+  // continuations may be refused (highly ambiguous anyOf nested in itself).
+  out.n = std::min(kept, kMaxParses);
   return out.n > 0;
 }
 

@@ -137,7 +137,7 @@ struct State {
 };
 
 // Steps every head of `in` by byte c into `out` (cleared first). False (out then has no
-// heads) when no parse takes c, or when more than kMaxParses would be alive.
+// heads) when no parse takes c. At most kMaxParses heads are kept (the first ones).
 bool step(const Program& p, const State& in, uint8_t c, State& out);
 bool accepts_end(const Program& p, const State& s);
 // The state before any byte.

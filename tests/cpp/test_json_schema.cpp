@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <tuple>
 #include <optional>
 #include <set>
 #include <string>
@@ -22,6 +24,7 @@
 #include "diffattn/data/hf_tokenizer.h"
 #include "diffattn/grammar/json_schema.h"
 #include "diffattn/grammar/token_mask.h"
+#include "grammar/program.h"
 #include "temp_dir.h"
 
 using namespace diffattn;
@@ -72,6 +75,7 @@ class Validator {
   bool accepts(const std::string& text) {
     t_ = text;
     steps_ = 0;
+    memo_.clear();
     return value(root_, 0, 0).count(t_.size()) > 0;
   }
 
@@ -180,7 +184,16 @@ class Validator {
 
   char at(size_t i) const { return i < t_.size() ? t_[i] : '\0'; }
 
+  // Memoised on (schema node, position, depth): the schema nodes are the root's own, or any_.
   Ends value(const ojson& s, size_t i, int depth) {
+    const auto key = std::make_tuple(&s, i, depth);
+    if (auto it = memo_.find(key); it != memo_.end()) return it->second;
+    Ends e = value_uncached(s, i, depth);
+    memo_[key] = e;
+    return e;
+  }
+
+  Ends value_uncached(const ojson& s, size_t i, int depth) {
     if (++steps_ > 2000000) throw std::runtime_error("validator: too many steps");
     struct Nest {  // a $ref or anyOf cycle that takes no byte would recurse without end
       int& n;
@@ -189,7 +202,7 @@ class Validator {
       }
       ~Nest() { --n; }
     } nest(nest_);
-    if (s.is_boolean()) return s.get<bool>() ? value(ojson::object(), i, depth) : Ends{};
+    if (s.is_boolean()) return s.get<bool>() ? value(any_, i, depth) : Ends{};
     if (s.contains("enum") || s.contains("const")) return literal(s, i, depth);
     if (s.contains("$ref")) return value(resolve(s["$ref"].get<std::string>()), i, depth);
     if (s.contains("anyOf")) {
@@ -411,7 +424,7 @@ class Validator {
 
   Ends array(const ojson& s, size_t i, int depth) {
     if (depth + 1 > kDepth || at(i) != '[') return {};
-    const ojson items = s.contains("items") ? s["items"] : ojson(true);
+    const ojson& items = s.contains("items") ? s["items"] : any_;
     const uint64_t lo = s.contains("minItems") ? s["minItems"].get<uint64_t>() : 0;
     const uint64_t hi = s.contains("maxItems") ? s["maxItems"].get<uint64_t>() : UINT64_MAX;
     Ends out;
@@ -437,13 +450,13 @@ class Validator {
     if (depth + 1 > kDepth || at(i) != '{') return {};
     struct Decl {
       std::string name;
-      ojson schema;
+      const ojson* schema;
       bool required;
     };
     std::vector<Decl> decl;
-    const ojson additional = s.contains("additionalProperties") ? s["additionalProperties"] : ojson(true);
+    const ojson& additional = s.contains("additionalProperties") ? s["additionalProperties"] : any_;
     if (s.contains("properties")) {
-      for (const auto& [name, sub] : s["properties"].items()) decl.push_back({name, sub, false});
+      for (const auto& [name, sub] : s["properties"].items()) decl.push_back({name, &sub, false});
     }
     if (s.contains("required")) {
       for (const ojson& r : s["required"]) {
@@ -452,7 +465,7 @@ class Validator {
         for (Decl& d : decl) {
           if (d.name == name) d.required = found = true;
         }
-        if (!found) decl.push_back({name, additional, true});
+        if (!found) decl.push_back({name, &additional, true});
       }
     }
     const auto required_from = [&](size_t p, size_t q) {  // a required one in [p, q)
@@ -481,21 +494,20 @@ class Validator {
         for (size_t d = 0; d < decl.size(); ++d) {
           if (decl[d].name == name) q = d;
         }
-        ojson sub;
+        const ojson* sub = &additional;
         size_t next = p;
         if (q < decl.size()) {
           if (q < p || required_from(p, q)) continue;
           sub = decl[q].schema;
           next = q + 1;
-        } else {
-          if (!extras) continue;
-          sub = additional;
+        } else if (!extras) {
+          continue;
         }
         if (at(end) != ':') continue;
         std::vector<size_t> vstarts = {end + 1};
         if (at(end + 1) == ' ') vstarts.push_back(end + 2);
         for (size_t v : vstarts) {
-          for (size_t e : value(sub, v, depth + 1)) members(e, next, false);
+          for (size_t e : value(*sub, v, depth + 1)) members(e, next, false);
         }
       }
     };
@@ -504,9 +516,11 @@ class Validator {
   }
 
   ojson root_;
+  const ojson any_ = ojson::object();
   std::string t_;
   uint64_t steps_ = 0;
   int nest_ = 0;
+  std::map<std::tuple<const ojson*, size_t, int>, Ends> memo_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -830,6 +844,46 @@ TEST(JsonSchemaDocuments, RefsAndRecursion) {
   ASSERT_TRUE(m.advance(prefix));
   ASSERT_TRUE(m.advance("{"));
   EXPECT_EQ(m.allowed_bytes(), std::bitset<256>().set('}'));
+}
+
+// Alternatives that stay ambiguous level after level: the parses alive are capped at
+// kMaxParses (the later ones dropped), and what is left can always be finished and is valid.
+TEST(JsonSchemaMatcher, AmbiguousParsesAreCappedAndStayFinishable) {
+  const char* schema = R"({"anyOf":[
+      {"type":"object","properties":{"a":{"$ref":"#"}},"additionalProperties":false},
+      {"type":"object","properties":{"a":{"$ref":"#"},"b":{"type":"integer"}},"additionalProperties":false},
+      {"type":"object","properties":{"a":{"anyOf":[{"$ref":"#"},{"type":"null"}]}}}]})";
+  const Grammar g = compile(schema);
+  Validator v(ojson::parse(schema));
+  Matcher m(g);
+  size_t most = 0;
+  for (int level = 0; level < 25; ++level) {
+    ASSERT_TRUE(m.advance(R"({"a":)")) << level;
+    most = std::max(most, m.state().n);
+    EXPECT_LE(m.state().n, kMaxParses);
+  }
+  EXPECT_EQ(most, kMaxParses);  // the cap was reached
+  // Finish by taking allowed bytes only (closing ones first): the result is a valid document.
+  std::string doc;
+  for (int level = 0; level < 25; ++level) doc += R"({"a":)";
+  for (int guard = 0; guard < 200 && !m.accepts_end(); ++guard) {
+    const std::bitset<256> a = m.allowed_bytes();
+    ASSERT_TRUE(a.any()) << doc;
+    char c = 0;
+    for (const char* pref = "}n{ul"; *pref && !c; ++pref) {
+      if (a[static_cast<uint8_t>(*pref)]) c = *pref;
+    }
+    if (!c) {
+      for (int b = 0; b < 256 && !c; ++b) {
+        if (a[static_cast<size_t>(b)]) c = static_cast<char>(b);
+      }
+    }
+    ASSERT_TRUE(m.advance(std::string_view(&c, 1)));
+    doc += c;
+  }
+  ASSERT_TRUE(m.accepts_end()) << doc;
+  EXPECT_TRUE(v.accepts(doc)) << doc;
+  EXPECT_TRUE(v.sem(json::parse(doc), ojson::parse(schema))) << doc;
 }
 
 TEST(JsonSchemaMatcher, AdvanceIsAllOrNothingAndEndIsFinal) {

@@ -50,7 +50,8 @@ inline constexpr size_t kMaxSchemaNodes = 10000;    // compiled nodes (about one
 inline constexpr size_t kMaxAlternatives = 64;      // values one position may start, after anyOf,
                                                     // $ref and type lists are expanded
 inline constexpr size_t kMaxLiteralBytes = 1 << 20; // enum/const texts and property names, total
-inline constexpr size_t kMaxParses = 64;            // parses alive at once (ambiguous anyOf)
+inline constexpr size_t kMaxParses = 64;            // parses alive at once (ambiguous anyOf);
+                                                    // beyond it the later ones are dropped
 inline constexpr int kMaxIntegerDigits = 19;
 inline constexpr int kMaxFractionDigits = 16;
 inline constexpr int kMaxExponentDigits = 2;
