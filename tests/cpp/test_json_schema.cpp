@@ -1467,8 +1467,10 @@ TEST_P(RealVocabTest, RandomSamplerFinishesSmallSchemasQuickly) {
   }
 }
 
-// A schema whose strings have no bound: the sampler never gets stuck (every mask has a token),
-// and what the server's max_tokens cuts is a prefix the matcher took; a finished run is valid.
+// A schema whose strings have no bound: the sampler never gets stuck (every mask has a token);
+// where the server's max_tokens would cut it, the text is a prefix that the mask can still
+// close (here: end of sequence, else a closing token, else any allowed one), into a valid
+// document.
 TEST_P(RealVocabTest, UnboundedStringsNeverStarveTheSampler) {
   const std::string name = GetParam();
   if (!exists(tokenizer_dir(name) + "/tokenizer.json")) {
@@ -1484,21 +1486,32 @@ TEST_P(RealVocabTest, UnboundedStringsNeverStarveTheSampler) {
     Matcher m(g);
     std::vector<uint8_t> mask;
     std::string text;
-    for (int tokens = 0; tokens < 256; ++tokens) {
+    bool finished = false;
+    for (int tokens = 0; tokens < 240 && !finished; ++tokens) {
       masker.allowed(m, mask);
       std::vector<int32_t> ok;
       for (size_t id = 0; id < mask.size(); ++id) {
         if (mask[id]) ok.push_back(static_cast<int32_t>(id));
       }
       ASSERT_FALSE(ok.empty()) << text;
-      const int32_t pick = ok[r.below(ok.size())];
-      ASSERT_TRUE(masker.advance(m, pick));
-      if (masker.is_eos(pick)) {
-        EXPECT_TRUE(val.accepts(text)) << text;
-        break;
+      int32_t pick = ok[r.below(ok.size())];
+      if (tokens >= 200) {  // closing: the end, else a token that closes, else the first allowed
+        std::optional<int32_t> best;
+        int best_rank = 99;
+        for (int32_t id : ok) {
+          const std::string& b = v.bytes[static_cast<size_t>(id)];
+          const int rank = masker.is_eos(id) ? 0 : b == "\"}" ? 1 : b == "}" ? 2 : b == "\"" ? 3 : 99;
+          if (rank < best_rank) best_rank = rank, best = id;
+        }
+        if (best) pick = *best;
       }
-      text += v.bytes[static_cast<size_t>(pick)];
+      ASSERT_TRUE(masker.advance(m, pick));
+      if (masker.is_eos(pick)) finished = true;
+      else text += v.bytes[static_cast<size_t>(pick)];
     }
+    ASSERT_TRUE(finished) << text;
+    EXPECT_TRUE(val.accepts(text)) << text;
+    EXPECT_TRUE(val.sem(json::parse(text), ojson::parse(schema))) << text;
   }
 }
 
