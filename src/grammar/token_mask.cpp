@@ -46,6 +46,7 @@ struct TokenMasker::Impl {
   int64_t V = 0;
   std::vector<std::string> bytes;   // (V) "" where not text
   std::vector<uint8_t> eos;         // (V)
+  std::vector<int32_t> eos_ids;
   detail::ByteTrie all;             // every text token; payload = id
   detail::ByteTrie other;           // the text tokens that are not plain; payload = id
   std::vector<int32_t> plain_by_chars;  // plain ids, fewest characters first
@@ -93,6 +94,7 @@ TokenMasker::TokenMasker(std::vector<std::string> token_bytes, std::vector<int32
                             std::to_string(m.V) + " ids)");
     }
     m.eos[static_cast<size_t>(e)] = 1;
+    m.eos_ids.push_back(e);
     token_bytes[static_cast<size_t>(e)].clear();
   }
   std::vector<std::string> other(token_bytes.size());
@@ -154,9 +156,7 @@ void TokenMasker::allowed(const Matcher& matcher, std::vector<uint8_t>& mask) co
     m.walk(p, m.all, s, mask.data());
   }
   if (detail::accepts_end(p, s)) {
-    for (int64_t id = 0; id < m.V; ++id) {
-      if (m.eos[static_cast<size_t>(id)]) mask[static_cast<size_t>(id)] = 1;
-    }
+    for (int32_t id : m.eos_ids) mask[static_cast<size_t>(id)] = 1;
   }
 }
 
