@@ -19,6 +19,13 @@ namespace diffattn::data {
 
 namespace {
 
+void check_token_id(int32_t id, int64_t vocab_size, const char* name) {
+  if (id < 0 || id >= vocab_size) {
+    throw InvalidArgument(std::string(name) + " tokenizer: token id " + std::to_string(id) +
+                          " is outside 0.." + std::to_string(vocab_size - 1));
+  }
+}
+
 class ByteTokenizer : public Tokenizer {
  public:
   std::vector<int32_t> encode(const std::string& text) const override {
@@ -41,6 +48,10 @@ class ByteTokenizer : public Tokenizer {
   }
   int64_t vocab_size() const override { return 256; }
   std::string name() const override { return "bytes"; }
+  std::string token_bytes(int32_t id) const override {
+    check_token_id(id, 256, "bytes");
+    return std::string(1, static_cast<char>(id));
+  }
 };
 
 // The protobuf wire format (protobuf.dev/programming-guides/encoding), enough to walk a
@@ -161,6 +172,25 @@ class SentencePieceTokenizer : public Tokenizer {
   }
   int64_t vocab_size() const override { return sp_.GetPieceSize(); }
   std::string name() const override { return "sentencepiece"; }
+  std::string token_bytes(int32_t id) const override {
+    check_token_id(id, sp_.GetPieceSize(), "sentencepiece");
+    if (sp_.IsControl(id) || sp_.IsUnknown(id) || sp_.IsUnused(id)) return "";
+    const std::string piece = sp_.IdToPiece(id);
+    if (sp_.IsByte(id)) {  // <0xAB>
+      return piece.size() == 6 ? std::string(1, static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16))) : "";
+    }
+    std::string out;
+    static const std::string kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's word boundary
+    for (size_t i = 0; i < piece.size();) {
+      if (piece.compare(i, kSpace.size(), kSpace) == 0) {
+        out += ' ';
+        i += kSpace.size();
+      } else {
+        out += piece[i++];
+      }
+    }
+    return out;
+  }
 
  private:
   std::string path_;
@@ -191,6 +221,11 @@ class HfTokenizerAdapter : public Tokenizer {
   int32_t eos_id() const override { return t_.eos_id(); }
   bool is_token(int32_t id) const override {
     return id >= 0 && id < t_.vocab_size() && !t_.token(id).empty();
+  }
+  std::string token_bytes(int32_t id) const override {
+    check_token_id(id, t_.vocab_size(), "tokenizer.json");
+    if (t_.is_special(id) || t_.token(id).empty()) return "";
+    return t_.decode({id}, false);
   }
 
  private:

@@ -27,6 +27,11 @@ class Tokenizer {
   virtual int32_t eos_id() const { return -1; }
   // Whether decode() gives id a text: an id below vocab_size() that is not a hole.
   virtual bool is_token(int32_t id) const { return id >= 0 && id < vocab_size(); }
+  // The bytes token `id` adds to a decoded text, for constrained output's token masks
+  // (diffattn/grammar/token_mask.h); "" when the id is not text: a special or control token,
+  // an unknown or unused piece, a hole in the ids. SentencePiece's U+2581 is a space here (its
+  // decoder drops the space that starts a text). An id outside 0..vocab_size()-1 is an error.
+  virtual std::string token_bytes(int32_t id) const = 0;
 };
 
 // Bytes 0..255 are the tokens.
