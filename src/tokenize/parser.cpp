@@ -1197,9 +1197,11 @@ class Parser {
       }
     }
   }
+  // Postfix nodes take their object's position, so an error in `messages[0].content` or
+  // `raise_exception(...)` points at the start of the expression.
   ExprP parse_subscript(ExprP node) {
     const Token& tok = next();
-    const Pos p = tok.pos;
+    const Pos p = node->pos;
     if (tok.text == ".") {
       const Token& a = cur();
       if (a.type == Tok::kName) {
@@ -1299,7 +1301,7 @@ class Parser {
     expect_op(")");
   }
   ExprP parse_call(ExprP node) {
-    auto e = mk(ExprKind::kCall, cur().pos);
+    auto e = mk(ExprKind::kCall, node->pos);
     e->args.push_back(std::move(node));
     parse_call_args(*e);
     return done(std::move(e));
