@@ -748,15 +748,16 @@ Value Interp::eval_slice(const Value& obj, const Expr& sl) {
   for (int i = 0; i < 3; ++i) {
     if (sl.args[static_cast<size_t>(i)]) parts[i] = eval(*sl.args[static_cast<size_t>(i)]);
   }
+  // jinja2 compiles a slice to Python's own obj[a:b:c] (not the sandbox's getitem), so what
+  // cannot be sliced is a TypeError, not an undefined value.
   if (obj.is_undefined()) obj.raise_undefined();
   const bool seq = obj.is_str() || (obj.is_list() && (obj.list().kind == ListKind::kList || obj.list().kind == ListKind::kTuple ||
                                                       obj.list().kind == ListKind::kRange));
-  if (!seq) return Value::undefined(object_type_repr(obj) + " has no element slice(...)");
+  if (obj.is_dict()) type_error("unhashable type: 'slice'");
+  if (!seq) type_error("'" + type_name(obj) + "' object is not subscriptable");
   for (const Value& p : parts) {
     if (p.is_undefined()) p.raise_undefined();
-    if (!p.is_none() && !p.is_integral()) {  // jinja2's getitem turns the TypeError into an undefined
-      return Value::undefined(object_type_repr(obj) + " has no element slice(...)");
-    }
+    if (!p.is_none() && !p.is_integral()) type_error("slice indices must be integers or None or have an __index__ method");
   }
   const int64_t len = length(obj);
   const SliceIdx ix = slice_indices(len, parts[0], parts[1], parts[2]);

@@ -321,6 +321,10 @@ TEST(ChatTemplateErrors, RuntimeErrorsAsPythonRaisesThem) {
        "Chat templates cannot store underscore-prefixed attributes on a namespace, but got '_p'. Please rename the attribute."},
       {"{{ range(1, 2, 0) }}", Kind::kValue, "range() arg 3 must not be zero"},
       {"{{ [1][1:2:0] }}", Kind::kValue, "slice step cannot be zero"},
+      // A slice is Python's own subscript in jinja2 (not the sandbox's getitem): errors, not undefined.
+      {"{{ l[1:'a'] }}", Kind::kType, "slice indices must be integers or None or have an __index__ method"},
+      {"{{ d[1:2] }}", Kind::kType, "unhashable type: 'slice'"},
+      {"{{ n[1:] }}", Kind::kType, "'NoneType' object is not subscriptable"},
       {"{{ (1 if false).x }}", Kind::kUndefined,
        "the inline if-expression on line 1 evaluated to false and no else section was defined."},
       {"{{ 9223372036854775807 + 1 }}", Kind::kValue, "integer overflow (this engine's integers are 64-bit)"},
