@@ -174,15 +174,16 @@ Value split(Interp& in, const std::string& s, const Opt& sep_opt, int64_t maxspl
     if (sep.empty()) fail(Kind::kValue, "empty separator");
     std::vector<size_t> at;  // separator positions, in order of splitting
     if (!from_right) {
-      for (size_t p = s.find(sep); p != std::string::npos && (maxsplit < 0 || at.size() < static_cast<size_t>(maxsplit));
-           p = s.find(sep, p + sep.size())) {
+      for (size_t p = find_sub(s, sep); p != std::string::npos && (maxsplit < 0 || at.size() < static_cast<size_t>(maxsplit));
+           p = find_sub(s, sep, p + sep.size())) {
         at.push_back(p);
       }
     } else {
       size_t end = s.size();
       while (maxsplit < 0 || at.size() < static_cast<size_t>(maxsplit)) {
         if (end < sep.size()) break;
-        const size_t p = s.rfind(sep, end - sep.size());
+        in.step(sep.size() > 64 ? end / 64 : 0);  // a long separator: each search reverses the text
+        const size_t p = rfind_sub(s, sep, end - sep.size());
         if (p == std::string::npos) break;
         at.push_back(p);
         end = p;
@@ -240,12 +241,12 @@ std::string replace(Interp& in, const std::string& s, const std::string& old, co
     return out;
   }
   size_t hits = 0;
-  for (size_t p = s.find(old); p != std::string::npos && static_cast<int64_t>(hits) < count; p = s.find(old, p + old.size())) ++hits;
+  for (size_t p = find_sub(s, old); p != std::string::npos && static_cast<int64_t>(hits) < count; p = find_sub(s, old, p + old.size())) ++hits;
   const size_t size = s.size() - hits * old.size() + hits * with.size();
   in.build_str(size);
   out.reserve(size);
   size_t prev = 0, done = 0;
-  for (size_t p = s.find(old); p != std::string::npos && done < hits; p = s.find(old, p + old.size()), ++done) {
+  for (size_t p = find_sub(s, old); p != std::string::npos && done < hits; p = find_sub(s, old, p + old.size()), ++done) {
     out.append(s, prev, p - prev);
     out += with;
     prev = p + old.size();
@@ -1312,11 +1313,11 @@ Value str_method(Interp& in, const Value& self, const std::string& m, Args& a) {
       if (!ok) return Value(int64_t{0});
       if (sub.empty()) return Value(static_cast<int64_t>(unicode::count_cps(part)) + 1);
       int64_t n = 0;
-      for (size_t p = part.find(sub); p != std::string_view::npos; p = part.find(sub, p + sub.size())) ++n;
+      for (size_t p = find_sub(part, sub); p != std::string_view::npos; p = find_sub(part, sub, p + sub.size())) ++n;
       return Value(n);
     }
     size_t p = std::string_view::npos;
-    if (ok) p = (m == "find" || m == "index") ? part.find(sub) : part.rfind(sub);
+    if (ok) p = (m == "find" || m == "index") ? find_sub(part, sub) : rfind_sub(part, sub);
     if (p == std::string_view::npos) {
       if (m == "index" || m == "rindex") fail(Kind::kValue, "substring not found");
       return Value(int64_t{-1});
@@ -1367,7 +1368,7 @@ Value str_method(Interp& in, const Value& self, const std::string& m, Args& a) {
     const auto b = bind_args(m.c_str(), a, {"sep"});
     const std::string& sep = need_str("must be str", require(m.c_str(), b[0], "sep"));
     if (sep.empty()) fail(Kind::kValue, "empty separator");
-    const size_t p = m == "partition" ? s.find(sep) : s.rfind(sep);
+    const size_t p = m == "partition" ? find_sub(s, sep) : rfind_sub(s, sep);
     if (p == std::string::npos) {
       return m == "partition" ? make_list({self, str_value(""), str_value("")}, ListKind::kTuple)
                               : make_list({str_value(""), str_value(""), self}, ListKind::kTuple);

@@ -199,60 +199,11 @@ Interp::Flow Interp::exec(const Stmt& s) {
       }
       case StmtKind::kFor: return exec_for(s);
       case StmtKind::kSet: assign(*s.target, eval(*s.expr)); return Flow::kNormal;
-      case StmtKind::kSetBlock: {
-        auto scope = std::make_shared<Scope>();
-        scope->parent = scope_;
-        std::string text;
-        const Flow f = render_body(s.body, scope, text);
-        if (f != Flow::kNormal) return f;
-        Value v(std::move(text));
-        if (s.filter) {
-          Restore<const Value*> rb(block_input_);
-          block_input_ = &v;
-          v = eval(*s.filter);
-        }
-        assign(*s.target, v);
-        return Flow::kNormal;
-      }
-      case StmtKind::kFilterBlock: {
-        auto scope = std::make_shared<Scope>();
-        scope->parent = scope_;
-        std::string text;
-        const Flow f = render_body(s.body, scope, text);
-        Value v(std::move(text));
-        Restore<const Value*> rb(block_input_);
-        block_input_ = &v;
-        write(eval(*s.filter));
-        return f;
-      }
-      case StmtKind::kMacro: {
-        auto m = std::make_shared<Macro>();
-        m->def = &s;
-        m->scope = scope_;
-        m->name = s.text;
-        scope_->vars[s.text] = Value(FnP(std::move(m)));
-        return Flow::kNormal;
-      }
-      case StmtKind::kCallBlock: {
-        const Expr& call = *s.expr;
-        const Value callee = eval(*call.args[0]);
-        Args a = eval_args(call, 1);
-        auto caller = std::make_shared<Macro>();
-        caller->def = &s;
-        caller->scope = scope_;
-        caller->name = "caller";
-        a.kw.emplace_back("caller", Value(FnP(std::move(caller))));
-        write(this->call(callee, a));
-        return Flow::kNormal;
-      }
-      case StmtKind::kWith: {
-        auto scope = std::make_shared<Scope>();
-        scope->parent = scope_;
-        for (size_t i = 0; i < s.params.size(); ++i) scope->vars[s.params[i]] = eval(*s.values[i]);
-        Restore<std::shared_ptr<Scope>> rs(scope_);
-        scope_ = scope;
-        return exec_body(s.body);
-      }
+      case StmtKind::kSetBlock:
+      case StmtKind::kFilterBlock: return exec_block_text(s);
+      case StmtKind::kMacro: define_macro(s); return Flow::kNormal;
+      case StmtKind::kCallBlock: exec_call_block(s); return Flow::kNormal;
+      case StmtKind::kWith: return exec_with(s);
       case StmtKind::kBreak: return Flow::kBreak;
       case StmtKind::kContinue: return Flow::kContinue;
       case StmtKind::kBlock: return exec_body(s.body);
@@ -262,6 +213,57 @@ Interp::Flow Interp::exec(const Stmt& s) {
     throw;
   }
   return Flow::kNormal;
+}
+
+// {% set x %}...{% endset %} and {% filter f %}...{% endfilter %}: the body rendered to a string,
+// through the filter chain if there is one.
+Interp::Flow Interp::exec_block_text(const Stmt& s) {
+  auto scope = std::make_shared<Scope>();
+  scope->parent = scope_;
+  std::string text;
+  const Flow f = render_body(s.body, scope, text);
+  if (s.kind == StmtKind::kSetBlock && f != Flow::kNormal) return f;
+  Value v(std::move(text));
+  if (s.filter) {
+    Restore<const Value*> rb(block_input_);
+    block_input_ = &v;
+    v = eval(*s.filter);
+  }
+  if (s.kind == StmtKind::kSetBlock) {
+    assign(*s.target, v);
+  } else {
+    write(v);
+  }
+  return f;
+}
+
+void Interp::define_macro(const Stmt& s) {
+  auto m = std::make_shared<Macro>();
+  m->def = &s;
+  m->scope = scope_;
+  m->name = s.text;
+  scope_->vars[s.text] = Value(FnP(std::move(m)));
+}
+
+void Interp::exec_call_block(const Stmt& s) {
+  const Expr& call = *s.expr;
+  const Value callee = eval(*call.args[0]);
+  Args a = eval_args(call, 1);
+  auto caller = std::make_shared<Macro>();
+  caller->def = &s;
+  caller->scope = scope_;
+  caller->name = "caller";
+  a.kw.emplace_back("caller", Value(FnP(std::move(caller))));
+  write(this->call(callee, a));
+}
+
+Interp::Flow Interp::exec_with(const Stmt& s) {
+  auto scope = std::make_shared<Scope>();
+  scope->parent = scope_;
+  for (size_t i = 0; i < s.params.size(); ++i) scope->vars[s.params[i]] = eval(*s.values[i]);
+  Restore<std::shared_ptr<Scope>> rs(scope_);
+  scope_ = scope;
+  return exec_body(s.body);
 }
 
 Interp::Flow Interp::exec_for(const Stmt& s) {
@@ -448,108 +450,133 @@ Args Interp::eval_args(const Expr& e, size_t first) {
   return a;
 }
 
+// Each kind with locals of its own is a function of its own (never inlined), so that a level of
+// recursion carries only the frame of the case it is in: with AddressSanitizer every local of
+// one big switch would have its own stack slot in every level.
 Value Interp::eval_node(const Expr& e) {
   switch (e.kind) {
     case ExprKind::kConst: return e.value;
     case ExprKind::kName: return lookup(e.name);
     case ExprKind::kList:
-    case ExprKind::kTuple: {
-      std::vector<Value> items;
-      items.reserve(e.args.size());
-      for (const auto& a : e.args) items.push_back(eval(*a));
-      return make_list(std::move(items), e.kind == ExprKind::kList ? ListKind::kList : ListKind::kTuple);
-    }
-    case ExprKind::kDict: {
-      DictData d;
-      for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
-        Value k = eval(*e.args[i]);
-        d.set(std::move(k), eval(*e.args[i + 1]));
-      }
-      return make_dict(std::move(d));
-    }
-    case ExprKind::kGetattr: return getattr(eval(*e.args[0]), e.name);
-    case ExprKind::kGetitem: {
-      const Value obj = eval(*e.args[0]);
-      if (e.args[1]->kind == ExprKind::kSlice) return eval_slice(obj, *e.args[1]);
-      return getitem(obj, eval(*e.args[1]));
-    }
+    case ExprKind::kTuple: return eval_sequence(e);
+    case ExprKind::kDict: return eval_dict(e);
+    case ExprKind::kGetattr: return eval_getattr(e);
+    case ExprKind::kGetitem: return eval_getitem(e);
     case ExprKind::kSlice: type_error("a slice is only allowed as a whole subscript");
-    case ExprKind::kCall: {
-      const Value fn = eval(*e.args[0]);
-      Args a = eval_args(e, 1);
-      return call(fn, a);
-    }
-    case ExprKind::kFilter: {
-      Value v;
-      if (e.args[0]) {
-        v = eval(*e.args[0]);
-      } else if (block_input_ != nullptr) {
-        v = *block_input_;
-      }
-      if (!e.known) fail(Kind::kSyntax, "No filter named " + py_quote(e.name) + " found.");
-      Args a = eval_args(e, 1);
-      return run_filter(e.name, v, a);
-    }
-    case ExprKind::kTest: {
-      const Value v = eval(*e.args[0]);
-      if (!e.known) fail(Kind::kSyntax, "No test named " + py_quote(e.name) + " found.");
-      Args a = eval_args(e, 1);
-      return Value(run_test(e.name, v, a));
-    }
+    case ExprKind::kCall: return eval_call(e);
+    case ExprKind::kFilter: return eval_filter(e);
+    case ExprKind::kTest: return eval_test(e);
     case ExprKind::kNot: return Value(!truthy(eval(*e.args[0])));
     case ExprKind::kNeg:
-    case ExprKind::kPos: {
-      const Value v = eval(*e.args[0]);
-      const bool neg = e.kind == ExprKind::kNeg;
-      if (v.is_undefined()) v.raise_undefined();
-      if (v.is_float()) return Value(neg ? -v.as_float() : v.as_float());
-      if (v.is_integral()) {
-        const int64_t i = v.as_int();
-        if (!neg) return Value(i);
-        if (i == std::numeric_limits<int64_t>::min()) int_overflow();
-        return Value(-i);
-      }
-      type_error(std::string("bad operand type for unary ") + (neg ? "-" : "+") + ": '" + type_name(v) + "'");
-    }
-    case ExprKind::kAnd: {
-      Value a = eval(*e.args[0]);
-      return truthy(a) ? eval(*e.args[1]) : a;
-    }
-    case ExprKind::kOr: {
-      Value a = eval(*e.args[0]);
-      return truthy(a) ? a : eval(*e.args[1]);
-    }
-    case ExprKind::kCond: {
-      if (truthy(eval(*e.args[1]))) return eval(*e.args[0]);
-      if (e.args[2]) return eval(*e.args[2]);
-      return Value::undefined("the inline if-expression on line " + std::to_string(e.pos.line) +
-                              " evaluated to false and no else section was defined.");
-    }
-    case ExprKind::kBinary: {
-      const Value a = eval(*e.args[0]);
-      const Value b = eval(*e.args[1]);
-      return binary(e.op, a, b);
-    }
-    case ExprKind::kConcat: {
-      std::string s;
-      bool ascii = true;
-      for (const auto& a : e.args) {
-        const Value v = eval(*a);
-        const size_t before = s.size();
-        append_str(s, v);
-        build_str(s.size());
-        if (v.is_str()) {
-          ascii = ascii && v.str_p()->ascii;
-        } else {
-          for (size_t k = before; k < s.size() && ascii; ++k) ascii = static_cast<unsigned char>(s[k]) < 0x80;
-        }
-      }
-      return make_str(std::move(s), ascii);
-    }
+    case ExprKind::kPos: return eval_unary(e);
+    case ExprKind::kAnd:
+    case ExprKind::kOr: return eval_logic(e);
+    case ExprKind::kCond: return eval_cond(e);
+    case ExprKind::kBinary: return eval_binary(e);
+    case ExprKind::kConcat: return eval_concat(e);
     case ExprKind::kCompare: return eval_compare(e);
     case ExprKind::kNsRef: fail(Kind::kSyntax, "a namespace attribute reference is only allowed in set");
   }
   return Value();
+}
+
+Value Interp::eval_sequence(const Expr& e) {
+  std::vector<Value> items;
+  items.reserve(e.args.size());
+  for (const auto& a : e.args) items.push_back(eval(*a));
+  return make_list(std::move(items), e.kind == ExprKind::kList ? ListKind::kList : ListKind::kTuple);
+}
+
+Value Interp::eval_dict(const Expr& e) {
+  DictData d;
+  for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
+    Value k = eval(*e.args[i]);
+    d.set(std::move(k), eval(*e.args[i + 1]));
+  }
+  return make_dict(std::move(d));
+}
+
+Value Interp::eval_getattr(const Expr& e) { return getattr(eval(*e.args[0]), e.name); }
+
+Value Interp::eval_getitem(const Expr& e) {
+  const Value obj = eval(*e.args[0]);
+  if (e.args[1]->kind == ExprKind::kSlice) return eval_slice(obj, *e.args[1]);
+  return getitem(obj, eval(*e.args[1]));
+}
+
+Value Interp::eval_call(const Expr& e) {
+  const Value fn = eval(*e.args[0]);
+  Args a = eval_args(e, 1);
+  return call(fn, a);
+}
+
+Value Interp::eval_filter(const Expr& e) {
+  Value v;
+  if (e.args[0]) {
+    v = eval(*e.args[0]);
+  } else if (block_input_ != nullptr) {
+    v = *block_input_;
+  }
+  if (!e.known) fail(Kind::kSyntax, "No filter named " + py_quote(e.name) + " found.");
+  Args a = eval_args(e, 1);
+  return run_filter(e.name, v, a);
+}
+
+Value Interp::eval_test(const Expr& e) {
+  const Value v = eval(*e.args[0]);
+  if (!e.known) fail(Kind::kSyntax, "No test named " + py_quote(e.name) + " found.");
+  Args a = eval_args(e, 1);
+  return Value(run_test(e.name, v, a));
+}
+
+Value Interp::eval_unary(const Expr& e) {
+  const Value v = eval(*e.args[0]);
+  const bool neg = e.kind == ExprKind::kNeg;
+  if (v.is_undefined()) v.raise_undefined();
+  if (v.is_float()) return Value(neg ? -v.as_float() : v.as_float());
+  if (v.is_integral()) {
+    const int64_t i = v.as_int();
+    if (!neg) return Value(i);
+    if (i == std::numeric_limits<int64_t>::min()) int_overflow();
+    return Value(-i);
+  }
+  type_error(std::string("bad operand type for unary ") + (neg ? "-" : "+") + ": '" + type_name(v) + "'");
+}
+
+Value Interp::eval_logic(const Expr& e) {
+  Value a = eval(*e.args[0]);
+  if (e.kind == ExprKind::kAnd) return truthy(a) ? eval(*e.args[1]) : a;
+  return truthy(a) ? a : eval(*e.args[1]);
+}
+
+Value Interp::eval_cond(const Expr& e) {
+  if (truthy(eval(*e.args[1]))) return eval(*e.args[0]);
+  if (e.args[2]) return eval(*e.args[2]);
+  return Value::undefined("the inline if-expression on line " + std::to_string(e.pos.line) +
+                          " evaluated to false and no else section was defined.");
+}
+
+Value Interp::eval_binary(const Expr& e) {
+  const Value a = eval(*e.args[0]);
+  const Value b = eval(*e.args[1]);
+  return binary(e.op, a, b);
+}
+
+Value Interp::eval_concat(const Expr& e) {
+  std::string s;
+  bool ascii = true;
+  for (const auto& a : e.args) {
+    const Value v = eval(*a);
+    const size_t before = s.size();
+    append_str(s, v);
+    build_str(s.size());
+    if (v.is_str()) {
+      ascii = ascii && v.str_p()->ascii;
+    } else {
+      for (size_t k = before; k < s.size() && ascii; ++k) ascii = static_cast<unsigned char>(s[k]) < 0x80;
+    }
+  }
+  return make_str(std::move(s), ascii);
 }
 
 Value Interp::eval_compare(const Expr& e) {
@@ -579,7 +606,7 @@ bool Interp::contains(const Value& c, const Value& item) {
     case Value::kStr:
       if (!item.is_str()) type_error("'in <string>' requires string as left operand, not " + type_name(item));
       step(c.str().size() / 64);
-      return c.str().find(item.str()) != std::string::npos;
+      return find_sub(c.str(), item.str()) != std::string::npos;
     case Value::kList:
       for (const Value& v : c.list().items) {
         step();
@@ -763,6 +790,7 @@ Value Interp::eval_slice(const Value& obj, const Expr& sl) {
   const SliceIdx ix = slice_indices(len, parts[0], parts[1], parts[2]);
   step(static_cast<uint64_t>(ix.count));
   if (obj.is_str()) {
+    if (!obj.str_p()->ascii) step(obj.str().size() / 64);  // the code points' offsets
     std::string s = str_slice_cps(*obj.str_p(), ix.start, ix.stop, ix.step);
     const bool ascii = obj.str_p()->ascii;
     return make_str(std::move(s), ascii);
@@ -816,6 +844,7 @@ Value Interp::getitem(const Value& obj, const Value& key) {
     int64_t i = key.as_int();
     if (i < 0) i += len;
     if (i >= 0 && i < len) {
+      if (obj.is_str() && !obj.str_p()->ascii) step(static_cast<uint64_t>(i) / 64);  // a walk to code point i
       return obj.is_str() ? str_at(*obj.str_p(), i) : obj.list().items[static_cast<size_t>(i)];
     }
   }

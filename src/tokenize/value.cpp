@@ -28,7 +28,8 @@ bool ascii_only(std::string_view s) {
 
 Value::Value(std::string s) {
   const bool a = ascii_only(s);
-  v_ = std::make_shared<const StrData>(StrData{std::move(s), a});
+  const size_t cps = a ? s.size() : unicode::count_cps(s);
+  v_ = std::make_shared<const StrData>(StrData{std::move(s), a, cps});
 }
 
 Value Value::undefined(std::string message, Kind kind) {
@@ -55,7 +56,10 @@ const void* Value::identity() const {
 
 void Value::raise_undefined() const { fail(undef().kind, undef().message); }
 
-Value make_str(std::string s, bool ascii) { return Value(std::make_shared<const StrData>(StrData{std::move(s), ascii})); }
+Value make_str(std::string s, bool ascii) {
+  const size_t cps = ascii ? s.size() : unicode::count_cps(s);
+  return Value(std::make_shared<const StrData>(StrData{std::move(s), ascii, cps}));
+}
 
 Value make_list(std::vector<Value> items, ListKind kind) {
   auto l = std::make_shared<ListData>();
@@ -650,7 +654,39 @@ Value from_json(const nlohmann::ordered_json& j, int depth) {
   }
 }
 
-size_t str_len(const StrData& s) { return s.ascii ? s.s.size() : unicode::count_cps(s.s); }
+namespace {
+
+size_t kmp_find(std::string_view hay, std::string_view needle, size_t from) {
+  const size_t m = needle.size();
+  std::vector<size_t> fail(m, 0);  // fail[i]: the longest proper border of needle[0..i]
+  for (size_t i = 1, k = 0; i < m; ++i) {
+    while (k > 0 && needle[i] != needle[k]) k = fail[k - 1];
+    if (needle[i] == needle[k]) ++k;
+    fail[i] = k;
+  }
+  for (size_t i = from, k = 0; i < hay.size(); ++i) {
+    while (k > 0 && hay[i] != needle[k]) k = fail[k - 1];
+    if (hay[i] == needle[k]) ++k;
+    if (k == m) return i + 1 - m;
+  }
+  return std::string_view::npos;
+}
+
+}  // namespace
+
+size_t find_sub(std::string_view hay, std::string_view needle, size_t from) {
+  if (needle.size() <= 64 || from > hay.size() || hay.size() - from < needle.size()) return hay.find(needle, from);
+  return kmp_find(hay, needle, from);
+}
+
+size_t rfind_sub(std::string_view hay, std::string_view needle, size_t pos) {
+  if (needle.size() <= 64 || hay.size() < needle.size()) return hay.rfind(needle, pos);
+  const size_t end = std::min(hay.size(), pos == std::string_view::npos ? hay.size() : pos + needle.size());
+  const std::string rh(hay.rbegin() + static_cast<std::ptrdiff_t>(hay.size() - end), hay.rend());
+  const std::string rn(needle.rbegin(), needle.rend());
+  const size_t r = kmp_find(rh, rn, 0);
+  return r == std::string_view::npos ? r : end - r - needle.size();
+}
 
 Value str_at(const StrData& s, int64_t i) {
   if (s.ascii) return make_str(std::string(1, s.s[static_cast<size_t>(i)]), true);

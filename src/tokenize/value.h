@@ -40,7 +40,8 @@ inline constexpr int kMaxValueDepth = 128;
 class Value;
 struct StrData {
   std::string s;
-  bool ascii;
+  bool ascii;   // all bytes below 0x80: code point i is byte i
+  size_t cps;   // code points (len() is O(1))
 };
 enum class ListKind : uint8_t { kList, kTuple, kRange, kKeys, kValues, kItems, kIterator };
 struct ListData;
@@ -228,8 +229,14 @@ std::vector<Value> iterate(const Value& v);
 int64_t length(const Value& v);
 
 // Code point string helpers.
-size_t str_len(const StrData& s);
+inline size_t str_len(const StrData& s) { return s.cps; }
 std::string str_slice_cps(const StrData& s, int64_t start, int64_t stop, int64_t step);
 Value str_at(const StrData& s, int64_t i);  // one character; undefined-free (caller checks range)
+
+// Substring search in O(n + m) (a template may search one long message in another): the
+// library's find for needles of at most 64 bytes, Knuth-Morris-Pratt for longer ones.
+size_t find_sub(std::string_view hay, std::string_view needle, size_t from = 0);
+// The last occurrence starting at or before `pos` (std::string::rfind's meaning).
+size_t rfind_sub(std::string_view hay, std::string_view needle, size_t pos = std::string_view::npos);
 
 }  // namespace diffattn::tokenize::jinja

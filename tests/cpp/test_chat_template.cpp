@@ -483,3 +483,32 @@ TEST(ChatTemplateModelDir, ConfigStringListAndJinjaFile) {
   write("tokenizer_config.json", R"({"chat_template": 5})");
   EXPECT_THROW(ModelChatTemplates::load(dir.str()), TemplateError);
 }
+
+// ---- costs: rendering is per request, so nothing may be quadratic in a message's length ----
+
+TEST(ChatTemplateCosts, LongNeedlesAndNonAsciiTextStayLinear) {
+  // Substring search with needles over 64 bytes (Knuth-Morris-Pratt): the same answers as a
+  // plain search, on text built so that a naive search would compare ~n*m bytes.
+  RenderOptions o;
+  // (200050 is not a multiple of the needle's period: a matcher that restarts wrongly misses it.)
+  const std::string hay = std::string(200050, 'a') + "b" + std::string(100, 'a') + "b";
+  const std::string needle = std::string(100, 'a') + "b";
+  o.extra = json{{"hay", hay}, {"needle", needle}};
+  const std::string src =
+      "{{ needle in hay }}|{{ hay.find(needle) }}|{{ hay.rfind(needle) }}|{{ hay.count(needle) }}|"
+      "{{ hay.split(needle)|length }}|{{ hay.rsplit(needle, 1)[1] }}|{{ hay.replace(needle, 'X')|length }}|"
+      "{{ hay.rpartition(needle)[2] }}|{{ (hay ~ 'c').index(needle) }}|{{ ('x' * 70) in ('y' * 70) }}";
+  EXPECT_EQ(ChatTemplate::parse(src, "t").render(json::array(), o),
+            "True|199950|200051|2|3||199952||199950|False");
+  // Non-ASCII text: len() is stored, indexing a code point walks the text but is charged for it.
+  std::string wide;
+  for (int i = 0; i < 50000; ++i) wide += "\xc3\xa9";  // é
+  o.extra = json{{"w", wide}};
+  EXPECT_EQ(ChatTemplate::parse("{{ w|length }}{% for i in range(1000) %}{{ w|length > 0 }}{% endfor %}", "t")
+                .render(json::array(), o)
+                .size(),
+            5 + 4000u);
+  ChatTemplateLimits lim;
+  lim.max_steps = 200'000;
+  EXPECT_EQ(E("{% for i in range(100000) %}{{ w[49999] }}{% endfor %}", json::array(), lim, o).kind(), Kind::kLimit);
+}
