@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "diffattn/tokenize/chat_template.h"
 #include "temp_dir.h"
@@ -117,6 +119,35 @@ TEST(ChatTemplateVectors, EveryVectorMatchesJinja2) {
   }
   EXPECT_EQ(renderings, 134);
   EXPECT_EQ(errors, 12);
+}
+
+// The server renders one parsed template from many threads at once.
+TEST(ChatTemplateVectors, ConcurrentRendersOfOneTemplateAgree) {
+  const std::string dir = data_dir();
+  std::ifstream f(dir + "/templates/meta-llama-Llama-3.3-70B-Instruct.jinja");
+  if (!f) GTEST_SKIP() << "no chat templates at " << dir << " (set DIFFATTN_CHAT_TEMPLATE_DATA)";
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const ChatTemplate t = ChatTemplate::parse(ss.str(), "llama-3.3");
+  const json msgs = json::parse(R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi é"},
+    {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {"a": [1, 2]}}}]},
+    {"role": "tool", "content": "{\"t\": 1}"}, {"role": "user", "content": "And?"}])");
+  RenderOptions o;
+  o.add_generation_prompt = true;
+  o.bos_token = "<|begin_of_text|>";
+  o.tools = json::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {"a": 1}}}])");
+  o.now = fixed_now();
+  const std::string want = t.render(msgs, o);
+  std::vector<std::thread> threads;
+  std::vector<int> wrong(8, 0);
+  for (int k = 0; k < 8; ++k) {
+    threads.emplace_back([&, k] {
+      for (int i = 0; i < 50; ++i) wrong[static_cast<size_t>(k)] += t.render(msgs, o) != want;
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int w : wrong) EXPECT_EQ(w, 0);
+  EXPECT_NE(want.find("26 Jul 2024"), std::string::npos);
 }
 
 // ---- features: every expected string is jinja2 3.1's rendering in transformers' environment ----
