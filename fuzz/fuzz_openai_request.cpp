@@ -1,7 +1,7 @@
 // Fuzzes the OpenAI request layer of `diffattn serve` (src/serve/openai.cpp) without sockets:
-// parse_request on a body as /v1/completions and as /v1/chat/completions, then the Llama-3 chat
-// template over what it accepted, and ChatTemplate::from_config on the same bytes as a
-// tokenizer_config.json. Every input either parses or throws a diffattn::Error (ApiError for the
+// parse_request on a body as /v1/completions and as /v1/chat/completions, then a chat template
+// (Llama 3's, through the engine of src/tokenize) over what it accepted, and
+// ChatTemplate::from_config on the same bytes as a tokenizer_config.json. Every input either parses or throws a diffattn::Error (ApiError for the
 // requests, with a 4xx status and an error object that is valid JSON).
 #include <cstddef>
 #include <cstdint>

@@ -34,5 +34,6 @@ void bind_kernels(pybind11::module_& m);
 void bind_model(pybind11::module_& m);
 void bind_eval(pybind11::module_& m);
 void bind_tensors(pybind11::module_& m);
+void bind_tokenize(pybind11::module_& m);
 
 }  // namespace diffattn::python

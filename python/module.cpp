@@ -137,4 +137,5 @@ PYBIND11_MODULE(_core, m) {
   diffattn::python::bind_model(m);
   diffattn::python::bind_eval(m);
   diffattn::python::bind_tensors(m);
+  diffattn::python::bind_tokenize(m);
 }

@@ -7,16 +7,17 @@ import re
 import sys
 
 # What each layer may include besides itself: the stack, bottom to top (each layer uses the
-# ones below it), with viz, http and grammar beside it (they know no model; only what is above
-# them uses them).
+# ones below it), with viz, http, grammar and tokenize (chat templates) beside it (they know no
+# model; only the tools above them use them).
 STACK = ['base', 'kernels', 'nn', 'model', 'data', 'train', 'eval']
 USES = {layer: set(STACK[:i]) for i, layer in enumerate(STACK)}
 USES['viz'] = {'base'}
 USES['http'] = {'base'}
 USES['grammar'] = {'base'}
+USES['tokenize'] = {'base'}
 USES['eval'] |= {'viz'}
 for top in ('explorer', 'serve', 'cli'):
-    USES[top] = set(STACK) | {'viz', 'http', 'grammar'}
+    USES[top] = set(STACK) | {'viz', 'http', 'grammar', 'tokenize'}
 USES['cli'] |= {'explorer', 'serve'}
 
 INCLUDE = re.compile(r'^#include "((?:diffattn/)?([a-z_]+)/[^"]+)"', re.M)

@@ -12,7 +12,7 @@ namespace {
 int run_serve(const std::vector<std::string>& argv) {
   Args args("serve",
             "Serve a model over the OpenAI HTTP API: POST /v1/completions, POST\n"
-            "/v1/chat/completions (the model's Llama-3 chat template from tokenizer_config.json),\n"
+            "/v1/chat/completions (the model's own chat template: chat_template.jinja or tokenizer_config.json),\n"
             "GET /v1/models, GET /health and GET /metrics (Prometheus text). Parameters: max_tokens,\n"
             "temperature, top_p, top_k, seed, stop, n, stream (server-sent events ending in\n"
             "data: [DONE]; stream_options.include_usage adds a usage chunk). Requests join and leave\n"

@@ -268,80 +268,54 @@ ApiRequest parse_request(const std::string& body, bool chat, const ApiLimits& li
 
 namespace {
 
-// Meta-Llama-3-8B-Instruct's tokenizer_config.json chat_template, character for character.
-const char* const kLlama3Template =
-    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
-    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | "
-    "trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
-    "{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
-    "'<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
-
-std::string token_text(const json& v) {
-  if (v.is_string()) return v.get<std::string>();
-  if (v.is_object() && v.contains("content") && v["content"].is_string()) {
-    return v["content"].get<std::string>();
+ChatTemplate checked(tokenize::ModelChatTemplates t, const std::string& missing) {
+  if (!t.has_template()) {
+    throw ApiError("this model has no chat template: " + missing + "; use /v1/completions with a prompt instead",
+                   "messages", 400, "invalid_request_error", "no_chat_template");
   }
-  return "";
+  return ChatTemplate(std::move(t));
 }
 
 }  // namespace
 
-std::string trim(const std::string& s) {
-  const char* ws = " \t\n\r\f\v";
-  const size_t a = s.find_first_not_of(ws);
-  if (a == std::string::npos) return "";
-  const size_t b = s.find_last_not_of(ws);
-  return s.substr(a, b - a + 1);
+ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
+  try {
+    return checked(tokenize::ModelChatTemplates::load(dir),
+                   dir + " has no chat_template.jinja and no tokenizer_config.json with a \"chat_template\"");
+  } catch (const tokenize::TemplateError& e) {
+    if (e.kind() != tokenize::TemplateError::Kind::kIo) throw;  // does not parse: the server does not start
+    throw ApiError(std::string("the model's chat template cannot be read: ") + e.what(), "messages", 400,
+                   "invalid_request_error", "no_chat_template");
+  }
 }
 
 ChatTemplate ChatTemplate::from_config(const std::string& text, const std::string& where) {
-  json j;
   try {
-    j = parse_json_object(text, where);
-  } catch (const InvalidArgument& e) {
-    throw ApiError(std::string("the model's chat template cannot be read: ") + e.what(),
-                   "messages", 400, "invalid_request_error", "no_chat_template");
+    return checked(tokenize::ModelChatTemplates::from_config_text(text, where), where + " has no \"chat_template\"");
+  } catch (const tokenize::TemplateError& e) {
+    if (e.kind() != tokenize::TemplateError::Kind::kIo) throw;
+    throw ApiError(std::string("the model's chat template cannot be read: ") + e.what(), "messages", 400,
+                   "invalid_request_error", "no_chat_template");
   }
-  std::string tmpl;
-  if (j.contains("chat_template")) {
-    const json& t = j["chat_template"];
-    if (t.is_string()) {
-      tmpl = t.get<std::string>();
-    } else if (t.is_array()) {
-      for (const json& e : t) {
-        if (e.is_object() && e.value("name", "") == "default" && e.contains("template") &&
-            e["template"].is_string()) {
-          tmpl = e["template"].get<std::string>();
-        }
-      }
-    }
-  }
-  if (tmpl.empty()) {
-    throw ApiError("this model has no chat template: " + where +
-                       " has no \"chat_template\"; use /v1/completions with a prompt instead",
-                   "messages", 400, "invalid_request_error", "no_chat_template");
-  }
-  if (tmpl != kLlama3Template) {
-    throw ApiError("this model's chat template (" + where +
-                       ", \"chat_template\") is not one this server renders: only the Llama-3 "
-                       "template is supported; use /v1/completions with a prompt instead",
-                   "messages", 400, "invalid_request_error", "unsupported_chat_template");
-  }
-  ChatTemplate c;
-  if (j.contains("bos_token")) c.bos_ = token_text(j["bos_token"]);
-  return c;
 }
 
-std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,
-                                 bool add_generation_prompt) const {
-  std::string out;
-  for (size_t i = 0; i < messages.size(); ++i) {
-    if (i == 0) out += bos_;
-    out += "<|start_header_id|>" + messages[i].role + "<|end_header_id|>\n\n" +
-           trim(messages[i].content) + "<|eot_id|>";
+ChatTemplate::ChatTemplate(tokenize::ModelChatTemplates t)
+    : t_(std::make_shared<const tokenize::ModelChatTemplates>(std::move(t))) {}
+
+std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+  nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
+  for (const ChatMessage& m : messages) msgs.push_back({{"role", m.role}, {"content", m.content}});
+  tokenize::RenderOptions o;
+  o.add_generation_prompt = add_generation_prompt;
+  try {
+    return t_->render(msgs, o);
+  } catch (const tokenize::TemplateError& e) {
+    const std::string at = " (" + e.template_name() + (e.line() > 0 ? ", line " + std::to_string(e.line()) : "") + ")";
+    throw ApiError(e.kind() == tokenize::TemplateError::Kind::kRaised
+                       ? "the model's chat template refuses this conversation: " + e.message() + at
+                       : "the model's chat template failed on this conversation: " + e.message() + at,
+                   "messages", 400, "invalid_request_error", "chat_template_error");
   }
-  if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-  return out;
 }
 
 }  // namespace diffattn::serve

@@ -3,11 +3,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "diffattn/base/error.h"
+#include "diffattn/tokenize/chat_template.h"
 
 namespace diffattn::serve {
 
@@ -61,26 +63,25 @@ struct ApiRequest {
 // ApiError naming the field (param).
 ApiRequest parse_request(const std::string& body, bool chat, const ApiLimits& limits);
 
-// A chat template the server can render. Only the Llama-3 template is recognised (the text of
-// Meta-Llama-3-*-Instruct's tokenizer_config.json); it is rendered exactly as Jinja would:
-//   bos + for each message: "<|start_header_id|>" role "<|end_header_id|>\n\n" trim(content)
-//   "<|eot_id|>", then "<|start_header_id|>assistant<|end_header_id|>\n\n" when a generation
-//   prompt is asked for.
+// The model's own chat template (tokenizer_config.json's "chat_template" or chat_template.jinja,
+// see include/diffattn/tokenize/chat_template.h), parsed once and rendered per request by the
+// project's Jinja engine, with the model's bos_token and eos_token.
 class ChatTemplate {
  public:
-  // From a tokenizer_config.json's text: its chat_template (a string, or a list of named
-  // templates of which "default" is used) and bos_token. Throws ApiError (status 400, naming
-  // what is missing) when there is no template or it is not one this server renders; the
-  // message names `where`.
+  // Throws ApiError (status 400, code no_chat_template, naming `dir`) when the model has no
+  // template; a template that does not parse is a tokenize::TemplateError naming its file and
+  // line (for the server, a start-up error).
+  static ChatTemplate from_model_dir(const std::string& dir);
+  // The same from a tokenizer_config.json's text; `where` names it.
   static ChatTemplate from_config(const std::string& text, const std::string& where);
+  // Renders a conversation; a template that refuses it (raise_exception) or fails on it throws
+  // ApiError (400, param "messages", code chat_template_error) with the template's message.
   std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
-  const std::string& bos() const { return bos_; }
+
+  explicit ChatTemplate(tokenize::ModelChatTemplates t);
 
  private:
-  std::string bos_;
+  std::shared_ptr<const tokenize::ModelChatTemplates> t_;
 };
-
-// Jinja's trim: leading and trailing whitespace removed.
-std::string trim(const std::string& s);
 
 }  // namespace diffattn::serve

@@ -125,19 +125,12 @@ class Server {
     if (o.tokenizer == data::TokenizerChoice::kModel && file_exists(o.model_dir + "/tokenizer.json")) {
       hf_ = std::make_unique<HfTokenizer>(HfTokenizer::load(o.model_dir));
     }
-    const std::string cfg = o.model_dir + "/tokenizer_config.json";
-    if (file_exists(cfg)) {
-      try {
-        chat_ = std::make_unique<ChatTemplate>(ChatTemplate::from_config(read_file(cfg, 64 << 20), cfg));
-      } catch (const ApiError& e) {
-        chat_error_ = std::make_unique<ApiError>(e);
-      }
-    } else {
-      chat_error_ = std::make_unique<ApiError>(
-          "this model has no chat template: " + o.model_dir +
-              " has no tokenizer_config.json with a \"chat_template\"; use /v1/completions with a "
-              "prompt instead",
-          "messages", 400, "invalid_request_error", "no_chat_template");
+    // The model's chat template, parsed once: one that does not parse stops the start-up; a
+    // model without one answers chat requests with a 400.
+    try {
+      chat_ = std::make_unique<ChatTemplate>(ChatTemplate::from_model_dir(o.model_dir));
+    } catch (const ApiError& e) {
+      chat_error_ = std::make_unique<ApiError>(e);
     }
     name_ = o.model_name;
     if (name_.empty()) {

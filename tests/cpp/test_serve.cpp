@@ -1,7 +1,8 @@
 // The serving engine and the OpenAI request layer (src/serve/): the KV block allocator, the
 // continuous-batching scheduler against data::generate_ids (the oracle: one sequence alone in a
 // cache of its own), chunked prefill, waiting for blocks, the bounded queue, cancellation, request
-// parsing and the Llama-3 chat template against hand-written expected strings.
+// parsing and chat templates (the engine of src/tokenize, here through the server's wrapper)
+// against hand-written expected strings.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -503,7 +504,7 @@ TEST(ChatTemplate, TheRealLlama3ConfigFile) {
   expect_llama3_rendering(ChatTemplate::from_config(ss.str(), "llama3/tokenizer_config.json"));
 }
 
-TEST(ChatTemplate, MissingOrUnknownTemplatesAreClear400s) {
+TEST(ChatTemplate, MissingTemplatesAreClear400sAnyTemplateRenders) {
   try {
     ChatTemplate::from_config(R"({"bos_token":"<s>"})", "DIR/tokenizer_config.json");
     FAIL();
@@ -512,15 +513,35 @@ TEST(ChatTemplate, MissingOrUnknownTemplatesAreClear400s) {
     EXPECT_EQ(e.code, "no_chat_template");
     EXPECT_NE(std::string(e.what()).find("DIR/tokenizer_config.json has no \"chat_template\""), std::string::npos);
   }
+  EXPECT_THROW(ChatTemplate::from_config("{", "c"), ApiError);
+  // Any template renders (the engine of src/tokenize), with the config's special tokens.
+  const ChatTemplate t = ChatTemplate::from_config(
+      config_with(R"("{{ bos_token }}{% for m in messages %}{{ m.role[0] }}:{{ m.content }};{% endfor %}")"), "c");
+  EXPECT_EQ(t.render({{"user", "a"}, {"assistant", "b"}}, false), "<|begin_of_text|>u:a;a:b;");
+  // A template that refuses a conversation: a 400 with its message, on "messages".
+  const ChatTemplate strict = ChatTemplate::from_config(
+      config_with(R"("{% if messages[0].role != 'user' %}{{ raise_exception('Conversations must start with a user message.') }}{% endif %}ok")"),
+      "DIR/tokenizer_config.json");
+  EXPECT_EQ(strict.render({{"user", "x"}}, true), "ok");
   try {
-    ChatTemplate::from_config(config_with(R"("{% for m in messages %}{{ m.content }}{% endfor %}")"), "c");
+    strict.render({{"assistant", "x"}}, true);
     FAIL();
   } catch (const ApiError& e) {
-    EXPECT_EQ(e.code, "unsupported_chat_template");
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.param, "messages");
+    EXPECT_EQ(e.code, "chat_template_error");
+    EXPECT_EQ(std::string(e.what()),
+              "the model's chat template refuses this conversation: Conversations must start with a user message. "
+              "(DIR/tokenizer_config.json, line 1)");
   }
-  EXPECT_THROW(ChatTemplate::from_config("{", "c"), ApiError);
-  EXPECT_EQ(trim(" \t\na b\r\n"), "a b");
-  EXPECT_EQ(trim(" \n "), "");
+  // One that does not parse is not a 400 but an error naming the file (the server does not start).
+  try {
+    ChatTemplate::from_config(config_with(R"("{% for m in messages %}")"), "DIR/tokenizer_config.json");
+    FAIL();
+  } catch (const diffattn::tokenize::TemplateError& e) {
+    EXPECT_EQ(e.template_name(), "DIR/tokenizer_config.json");
+    EXPECT_EQ(e.kind(), diffattn::tokenize::TemplateError::Kind::kSyntax);
+  }
 }
 
 // The request-head framing of src/http (tests/python/test_http_framing.py sends the same over

@@ -22,6 +22,8 @@ import serve_helpers as sh
 ROOT = mh.ROOT
 TOKENIZER_DATA = os.environ.get("DIFFATTN_TOKENIZER_DATA",
                                 os.path.join(os.path.dirname(ROOT), "shared", "data", "tokenizers"))
+CHAT_TEMPLATE_DATA = os.environ.get("DIFFATTN_CHAT_TEMPLATE_DATA",
+                                    os.path.join(os.path.dirname(ROOT), "shared", "data", "chat_templates"))
 
 
 def post(port, path, body, timeout=60):
@@ -316,6 +318,63 @@ def test_hugging_face_directory_with_the_llama3_tokenizer(tmp_path):
         assert text == r["choices"][0]["message"]["content"]
     finally:
         s.stop()
+
+
+def test_chat_with_the_real_qwen3_and_mistral_templates(tmp_path):
+    """Two more real templates through HTTP: Qwen3's as chat_template.jinja (no bos_token),
+    Mistral-Nemo's in tokenizer_config.json. The prompt is what jinja2 renders in transformers'
+    environment, the answer what `diffattn generate` gives on it; a conversation Mistral's
+    template refuses is a 400 with the template's own message; a template that does not parse
+    stops the server at start-up, naming the file and the line."""
+    tdir = os.path.join(CHAT_TEMPLATE_DATA, "templates")
+    if not os.path.isdir(tdir):
+        pytest.skip(f"no chat templates at {tdir} (set DIFFATTN_CHAT_TEMPLATE_DATA)")
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    def read(name):
+        with open(os.path.join(tdir, name), encoding="utf-8", newline="") as f:
+            return f.read()
+
+    qwen, mistral = read("Qwen-Qwen3-0.6B.jinja"), read("mistralai-Mistral-Nemo-Instruct-2407.jinja")
+    q, m = tmp_path / "qwen3", tmp_path / "mistral"
+    for d in (q, m):
+        sh.write_ascii_model(d, max_seq_len=512)
+    with open(q / "chat_template.jinja", "w", encoding="utf-8", newline="") as f:
+        f.write(qwen)
+    with open(q / "tokenizer_config.json", "w") as f:
+        json.dump({"bos_token": None, "eos_token": "<|im_end|>"}, f)
+    with open(m / "tokenizer_config.json", "w") as f:
+        json.dump({"bos_token": "<s>", "eos_token": "</s>", "chat_template": mistral}, f)
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi there "}]
+    twice = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    for d, source, tokens in ((q, qwen, {"eos_token": "<|im_end|>"}), (m, mistral, {"bos_token": "<s>", "eos_token": "</s>"})):
+        tmpl = _compile_jinja_template(source)
+        rendered = tmpl.render(messages=msgs, tools=None, documents=None, add_generation_prompt=True, **tokens)
+        want = generate_cli(d, rendered, 8)
+        s = sh.Server(d)
+        try:
+            got, body = post(s.port, "/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "temperature": 0})
+            assert got == 200, body
+            r = json.loads(body)
+            assert r["usage"]["prompt_tokens"] == len(rendered.encode())
+            assert r["choices"][0]["message"]["content"] == want
+            got, body = post(s.port, "/v1/chat/completions", {"messages": twice, "max_tokens": 4, "temperature": 0})
+            if d == q:  # Qwen3's template takes any order
+                assert got == 200, body
+            else:
+                assert got == 400, body
+                err = json.loads(body)["error"]
+                assert err["param"] == "messages" and err["code"] == "chat_template_error"
+                with pytest.raises(Exception) as refused:  # jinja2.exceptions.TemplateError
+                    tmpl.render(messages=twice, tools=None, documents=None, add_generation_prompt=True, **tokens)
+                assert ": " + str(refused.value) + " (" in err["message"]
+                assert "tokenizer_config.json" in err["message"]
+        finally:
+            s.stop()
+    with open(q / "chat_template.jinja", "w") as f:
+        f.write("{% for m in messages %}\n{{ m.content }")
+    p = mh.run_cli("serve", "--model", q, "--port", 0, check=False, timeout=60)
+    assert p.returncode != 0 and "chat_template.jinja, line 2" in p.stderr, p.stderr
 
 
 def test_a_request_past_its_timeout_gets_504(slow_model):
