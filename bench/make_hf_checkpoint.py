@@ -5,6 +5,16 @@ spelling, generation_config.json and one model.safetensors, streamed tensor by t
 model needs no more memory than its largest tensor). Seeded: the same arguments give the same
 bytes. The weights are N(0, 0.02) (lambda vectors N(0, 0.1), norms 1), not trained.
 
+`--type phi4flash` writes Microsoft's Phi-4-mini-flash-reasoning layout (the SambaY hybrid;
+docs/models/phi4flash.md): the published config.json keys and values, the published tensor names
+and shapes, BF16 with A_log and the lambda vectors in F32 as in the published files (the 3.8b
+shape's byte total equals the published index's total_size), two shards split where the published
+index splits them (the cross-decoder and the final norm in the second), generation_config.json,
+tokenizer_config.json with the published chat template, and a stand-in tokenizer.json (the
+published one, o200k-based, is not available here: the stand-in encodes text as bytes, ids 0-255,
+and holds the published special tokens at their published ids). Shapes: 3.8b (the published one), small and tiny
+(scaled down, the published layer pattern, windows shorter than test sequences).
+
 `--type diff_v2` writes the same shape as a DIFF V2 model in the project's own format
 (docs/FORMAT.md; transformers has no V2): the Llama shape's heads become V2's output heads, so
 the query projection doubles (2 x 32 query heads of 64), the 8 key/value heads stay, and
@@ -12,10 +22,12 @@ lambda_proj (32, 2048) is added: 1.37 B parameters against Llama's 1.24 B.
 
     bench/make_hf_checkpoint.py --out /tmp/diffllama-1b --type diffllama --shape 1b --dtype bf16
     bench/make_hf_checkpoint.py --out /tmp/v2-1b --type diff_v2 --shape 1b --dtype bf16
+    bench/make_hf_checkpoint.py --out /tmp/phi4-flash --type phi4flash --shape 3.8b --dtype bf16
 """
 
 import argparse
 import json
+import math
 import os
 import struct
 
@@ -96,6 +108,241 @@ def v2_config(cfg):
     return c
 
 
+# ------------------------------------------------------------------ Phi-4-mini-flash (phi4flash)
+
+# The published config.json's shape (Phi-4-mini-flash-reasoning) and two scaled-down shapes that
+# keep its layer pattern (num_hidden_layers % 4 == 0) with windows shorter than test sequences.
+FLASH_SHAPES = {
+    "3.8b": dict(vocab_size=200064, hidden_size=2560, intermediate_size=10240, num_hidden_layers=32,
+                 num_attention_heads=40, num_key_value_heads=20, sliding_window=512,
+                 max_position_embeddings=262144, special=199999),
+    "small": dict(vocab_size=4096, hidden_size=256, intermediate_size=1024, num_hidden_layers=8,
+                  num_attention_heads=8, num_key_value_heads=4, sliding_window=64,
+                  max_position_embeddings=4096, special=4095),
+    "tiny": dict(vocab_size=320, hidden_size=32, intermediate_size=40, num_hidden_layers=8,
+                 num_attention_heads=4, num_key_value_heads=2, sliding_window=5,
+                 max_position_embeddings=256, special=319),
+}
+# The published chat template (tokenizer_config.json of Phi-4-mini-flash-reasoning).
+FLASH_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message and "
+    "message['tools'] is not none %}{{ '<|' + message['role'] + '|>' + message['content'] + "
+    "'<|tool|>' + message['tools'] + '<|/tool|>' + '<|end|>' }}{% else %}{{ '<|' + "
+    "message['role'] + '|>' + message['content'] + '<|end|>' }}{% endif %}{% endfor %}{% if "
+    "add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}")
+# (id, content, special, rstrip) of the published added tokens.
+FLASH_ADDED = [(199999, "<|endoftext|>", True, False), (200018, "<|endofprompt|>", True, False),
+               (200019, "<|assistant|>", True, True), (200020, "<|end|>", True, True),
+               (200021, "<|user|>", True, True), (200022, "<|system|>", True, True),
+               (200023, "<|tool|>", False, True), (200024, "<|/tool|>", False, True),
+               (200025, "<|tool_call|>", False, True), (200026, "<|/tool_call|>", False, True),
+               (200027, "<|tool_response|>", False, True), (200028, "<|tag|>", True, True)]
+
+
+def flash_kinds(L):
+    """Per layer: mamba, swa, memory (Mamba whose scan output the GMUs read), full (the YOCO
+    key/value layer), gmu, cross."""
+    h = L // 2
+    return [("mamba" if i % 2 == 0 else "swa") if i < h else "memory" if i == h else
+            "full" if i == h + 1 else ("gmu" if i % 2 == 0 else "cross") for i in range(L)]
+
+
+def flash_tensors_of(cfg):
+    """(name, shape, kind) in the published names; kind picks the values and the F32 exceptions."""
+    C, F, V, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    H, G = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    d, E, N, K, R = C // H, 2 * C, 16, 4, math.ceil(C / 16)  # mamba expand 2, d_state 16, d_conv 4
+    out = [("model.embed_tokens.weight", (V, C), "w")]
+    for i, kind in enumerate(flash_kinds(L)):
+        p, a = f"model.layers.{i}.", f"model.layers.{i}.attn."
+        out += [(p + "input_layernorm.weight", (C,), "ln_w"), (p + "input_layernorm.bias", (C,), "b")]
+        if kind in ("mamba", "memory"):
+            out += [(a + "in_proj.weight", (2 * E, C), "w"), (a + "conv1d.weight", (E, 1, K), "w"),
+                    (a + "conv1d.bias", (E,), "b"), (a + "x_proj.weight", (R + 2 * N, E), "w"),
+                    (a + "dt_proj.weight", (E, R), "w"), (a + "dt_proj.bias", (E,), "dt_b"),
+                    (a + "A_log", (E, N), "A_log"), (a + "D", (E,), "D"), (a + "out_proj.weight", (C, E), "w")]
+        elif kind == "gmu":
+            out += [(a + "in_proj.weight", (E, C), "w"), (a + "out_proj.weight", (C, E), "w")]
+        else:
+            q = H * d if kind == "cross" else (H + 2 * G) * d
+            out += [(a + "Wqkv.weight", (q, C), "w"), (a + "Wqkv.bias", (q,), "b"),
+                    (a + "out_proj.weight", (C, H * d), "w"), (a + "out_proj.bias", (C,), "b")]
+            out += [(a + "inner_cross_attn." + n, (d,), "lambda")
+                    for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")]
+            out.append((a + "inner_cross_attn.subln.weight", (2 * d,), "ln_w"))
+        out += [(p + "post_attention_layernorm.weight", (C,), "ln_w"),
+                (p + "post_attention_layernorm.bias", (C,), "b"),
+                (p + "mlp.fc1.weight", (2 * F, C), "w"), (p + "mlp.fc2.weight", (C, F), "w")]
+    out += [("model.final_layernorm.weight", (C,), "ln_w"), ("model.final_layernorm.bias", (C,), "b")]
+    return out
+
+
+def flash_values(shape, kind, rng, rows=8192):
+    """Float32 values of one tensor, in row chunks of `rows` (the stream equals one big draw):
+    matrices N(0, 1/fan_in) (0.0198 at hidden 2560, the published initializer_range's scale),
+    biases N(0, 0.02), norms and D 1 + N(0, 0.02), lambdas N(0, 0.1), A_log log(1..16) +
+    N(0, 0.02) (S4D), dt bias softplus^-1 of dt log-uniform in [1e-3, 1e-1] (Mamba's init)."""
+    if kind == "dt_b":
+        dt = np.exp(np.log(1e-3) + rng.random(shape) * (np.log(1e-1) - np.log(1e-3)))
+        yield (dt + np.log(-np.expm1(-dt))).astype(np.float32)
+        return
+    if kind == "A_log":
+        yield (np.log(np.arange(1, shape[1] + 1, dtype=np.float32))[None, :]
+               + rng.standard_normal(shape, dtype=np.float32) * 0.02)
+        return
+    std = {"w": shape[-1] ** -0.5, "b": 0.02, "ln_w": 0.02, "D": 0.02, "lambda": 0.1}[kind]
+    base = 1.0 if kind in ("ln_w", "D") else 0.0
+    for r in range(0, shape[0], rows):
+        n = min(rows, shape[0] - r)
+        yield base + rng.standard_normal((n,) + tuple(shape[1:]), dtype=np.float32) * std
+
+
+def flash_arrays(cfg, seed=0):
+    """{name: float32 array} of flash_tensors_of, the values write_flash writes (before rounding);
+    for tests at small shapes."""
+    rng = np.random.default_rng(seed)
+    return {name: np.concatenate(list(flash_values(shape, kind, rng))).reshape(shape)
+            for name, shape, kind in flash_tensors_of(cfg)}
+
+
+def flash_config(shape, dtype):
+    """config.json in the published keys and order; token ids are the published ones at 3.8b and
+    the last id at the scaled-down shapes."""
+    s = dict(FLASH_SHAPES[shape])
+    sp = s.pop("special")
+    return {"architectures": ["Phi4FlashForCausalLM"], "attention_dropout": 0.0,
+            "auto_map": {"AutoConfig": "configuration_phi4flash.Phi4FlashConfig",
+                         "AutoModelForCausalLM": "modeling_phi4flash.Phi4FlashForCausalLM",
+                         "AutoTokenizer": "Xenova/gpt-4o"},
+            "pad_token_id": sp, "bos_token_id": sp, "embd_pdrop": 0.0, "eos_token_id": sp,
+            "hidden_act": "silu", "hidden_size": s["hidden_size"], "initializer_range": 0.02,
+            "intermediate_size": s["intermediate_size"], "layer_norm_eps": 1e-5,
+            "max_position_embeddings": s["max_position_embeddings"],
+            "_attn_implementation": "flash_attention_2", "mb_per_layer": 2, "model_type": "phi4flash",
+            "num_attention_heads": s["num_attention_heads"], "num_hidden_layers": s["num_hidden_layers"],
+            "num_key_value_heads": s["num_key_value_heads"], "resid_pdrop": 0.0,
+            "sliding_window": s["sliding_window"],
+            "torch_dtype": {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}[dtype],
+            "tie_word_embeddings": True, "transformers_version": "4.46.1", "use_cache": True,
+            "mlp_bias": False, "lm_head_bias": False, "vocab_size": s["vocab_size"]}
+
+
+def flash_tokenizer_files(out, cfg):
+    """tokenizer_config.json (the published one's keys, its chat template), special_tokens_map.json,
+    added_tokens.json, and the stand-in tokenizer.json (byte tokens 0-255, no merges, the published
+    special tokens at their ids; at scaled-down vocabularies only <|endoftext|>, at the last id)."""
+    V = cfg["vocab_size"]
+    added = FLASH_ADDED if V > 200028 else [(V - 1, "<|endoftext|>", True, False)]
+    eot = "<|endoftext|>"
+    tc = {"add_bos_token": False, "add_eos_token": False, "add_prefix_space": False,
+          "added_tokens_decoder": {str(i): {"content": c, "lstrip": False, "normalized": False,
+                                            "rstrip": r, "single_word": False, "special": sp}
+                                   for i, c, sp, r in added},
+          "bos_token": eot, "chat_template": FLASH_CHAT_TEMPLATE, "clean_up_tokenization_spaces": False,
+          "eos_token": eot, "model_max_length": 65536, "pad_token": eot,
+          "tokenizer_class": "GPT2Tokenizer", "unk_token": eot}
+    tok = {"content": eot, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False}
+    byte_chars = _gpt2_byte_chars()
+    # Every id below vocab_size is in the model's vocabulary: the 256 bytes, the special tokens at
+    # their ids (the tokenizers library keeps an added token's id only when the model's vocabulary
+    # holds it), and unreachable fillers elsewhere (with no merges, BPE emits single bytes only).
+    vocab = {byte_chars[b]: b for b in range(256)}
+    vocab.update({c: i for i, c, _, _ in added})
+    taken = set(vocab.values())
+    vocab.update({f"<|filler_{i}|>": i for i in range(256, V) if i not in taken})
+    tj = {"version": "1.0", "truncation": None, "padding": None,
+          "added_tokens": [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": r,
+                            "normalized": False, "special": sp} for i, c, sp, r in added],
+          "normalizer": None,
+          "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                            "use_regex": True},
+          "post_processor": None,
+          "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+          "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                    "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                    "ignore_merges": False, "vocab": vocab, "merges": []}}
+    files = {"tokenizer_config.json": tc, "tokenizer.json": tj,
+             "special_tokens_map.json": {k: tok for k in ("bos_token", "eos_token", "pad_token", "unk_token")}}
+    if V > 200028:
+        files["added_tokens.json"] = {c: i for i, c, _, _ in added if i >= 200019}
+    for name, obj in files.items():
+        with open(os.path.join(out, name), "w") as f:
+            json.dump(obj, f, indent=2, ensure_ascii=False)
+
+
+def _gpt2_byte_chars():
+    """GPT-2's byte-to-printable-character table (the ByteLevel pre-tokenizer's alphabet)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    out, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + n)
+            n += 1
+    return out
+
+
+def write_flash(out, shape, dtype, seed, shards):
+    """The whole directory; tensors streamed chunk by chunk (no more memory than 8192 rows)."""
+    conf = flash_config(shape, dtype)
+    cfg = {k: conf[k] for k in ("hidden_size", "intermediate_size", "vocab_size", "num_hidden_layers",
+                                 "num_attention_heads", "num_key_value_heads")}
+    tensors = flash_tensors_of(cfg)
+    L = cfg["num_hidden_layers"]
+
+    def shard_of(name):  # the published split: layers L/2+2.. (the cross-decoder) and the final norm
+        if shards == 1:
+            return "model.safetensors"
+        second = name.startswith("model.final_layernorm") or (
+            name.startswith("model.layers.") and int(name.split(".")[2]) >= L // 2 + 2)
+        return f"model-0000{2 if second else 1}-of-00002.safetensors"
+
+    def dt_of(kind):  # A_log and the lambdas stay F32 in the published BF16 checkpoint
+        return "F32" if kind in ("A_log", "lambda") else dtype
+
+    os.makedirs(out, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    files = sorted({shard_of(n) for n, _, _ in tensors})
+    handles, total = {}, 0
+    for fname in files:
+        header, off = {}, 0
+        for name, shape, kind in tensors:
+            if shard_of(name) == fname:
+                n = int(np.prod(shape)) * (4 if dt_of(kind) == "F32" else 2)
+                header[name] = {"dtype": dt_of(kind), "shape": list(shape), "data_offsets": [off, off + n]}
+                off += n
+        total += off
+        header["__metadata__"] = {"format": "pt"}
+        h = json.dumps(header).encode()
+        h += b" " * ((8 - len(h) % 8) % 8)
+        f = open(os.path.join(out, fname + ".tmp"), "wb")
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        handles[fname] = f
+    for name, shape, kind in tensors:  # one random stream in this order, whatever the sharding
+        f = handles[shard_of(name)]
+        for chunk in flash_values(shape, kind, rng):
+            f.write(to_dtype(chunk, dt_of(kind)))
+    for fname, f in handles.items():
+        f.close()
+        os.replace(os.path.join(out, fname + ".tmp"), os.path.join(out, fname))
+    if shards == 2:
+        with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total},
+                       "weight_map": {n: shard_of(n) for n in sorted(n for n, _, _ in tensors)}}, f, indent=2)
+    sp = conf["eos_token_id"]
+    gen = {"_from_model_config": True, "bos_token_id": sp,
+           "eos_token_id": [200020, sp] if shape == "3.8b" else [sp], "pad_token_id": sp,
+           "transformers_version": "4.45.0"}
+    with open(os.path.join(out, "generation_config.json"), "w") as f:
+        json.dump(gen, f, indent=2)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(conf, f, indent=2)
+    flash_tokenizer_files(out, cfg)
+    return total
+
+
 def to_dtype(a, dtype):
     if dtype == "F32":
         return a.astype("<f4").tobytes()
@@ -109,11 +356,25 @@ def to_dtype(a, dtype):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--type", choices=["diffllama", "llama", "diff_v2"], default="diffllama")
-    ap.add_argument("--shape", choices=sorted(SHAPES), default="1b")
+    ap.add_argument("--type", choices=["diffllama", "llama", "diff_v2", "phi4flash"], default="diffllama")
+    ap.add_argument("--shape", choices=sorted(set(SHAPES) | set(FLASH_SHAPES)),
+                    help="1b or small (Llama types; default 1b), 3.8b, small or tiny (phi4flash; default 3.8b)")
     ap.add_argument("--dtype", choices=["bf16", "f16", "f32"], default="bf16")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shards", type=int, choices=[1, 2], default=2,
+                    help="phi4flash: 2 files split as published (default) or one model.safetensors")
     a = ap.parse_args()
+    if a.type == "phi4flash":
+        shape = a.shape or "3.8b"
+        if shape not in FLASH_SHAPES:
+            ap.error(f"--type phi4flash takes --shape {' / '.join(FLASH_SHAPES)}")
+        dtype = {"bf16": "BF16", "f16": "F16", "f32": "F32"}[a.dtype]
+        total = write_flash(a.out, shape, dtype, a.seed, a.shards)
+        print(f"wrote {a.out}: phi4flash {shape} {dtype}, {total} bytes of weights")
+        return
+    a.shape = a.shape or "1b"
+    if a.shape not in SHAPES:
+        ap.error(f"--type {a.type} takes --shape {' / '.join(SHAPES)}")
     diff = a.type == "diffllama"
     dtype = {"bf16": "BF16", "f16": "F16", "f32": "F32"}[a.dtype]
     es = 4 if dtype == "F32" else 2
