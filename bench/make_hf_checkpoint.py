@@ -307,10 +307,10 @@ def write_flash(out, shape, dtype, seed, shards):
     handles, total = {}, 0
     for fname in files:
         header, off = {}, 0
-        for name, shape, kind in tensors:
+        for name, shp, kind in tensors:
             if shard_of(name) == fname:
-                n = int(np.prod(shape)) * (4 if dt_of(kind) == "F32" else 2)
-                header[name] = {"dtype": dt_of(kind), "shape": list(shape), "data_offsets": [off, off + n]}
+                n = int(np.prod(shp)) * (4 if dt_of(kind) == "F32" else 2)
+                header[name] = {"dtype": dt_of(kind), "shape": list(shp), "data_offsets": [off, off + n]}
                 off += n
         total += off
         header["__metadata__"] = {"format": "pt"}
@@ -320,9 +320,9 @@ def write_flash(out, shape, dtype, seed, shards):
         f.write(struct.pack("<Q", len(h)))
         f.write(h)
         handles[fname] = f
-    for name, shape, kind in tensors:  # one random stream in this order, whatever the sharding
+    for name, shp, kind in tensors:  # one random stream in this order, whatever the sharding
         f = handles[shard_of(name)]
-        for chunk in flash_values(shape, kind, rng):
+        for chunk in flash_values(shp, kind, rng):
             f.write(to_dtype(chunk, dt_of(kind)))
     for fname, f in handles.items():
         f.close()
