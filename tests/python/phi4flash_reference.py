@@ -409,6 +409,15 @@ def prefill(cfg, tensors, tokens, dtype=torch.float64):
         return _logits(cfg, t, x)[:, -1], st
 
 
+def extend(cfg, tensors, state, tokens, dtype=torch.float64):
+    """Chunked prefill: tokens (B, T) after state.pos tokens; logits of the last position (B, V).
+    The state afterwards equals prefill's of all the tokens so far."""
+    t = _cast(tensors, dtype)
+    with torch.no_grad():
+        x = _run(cfg, t, torch.as_tensor(tokens), state, last_only_from=cfg["num_hidden_layers"] // 2 + 2)
+        return _logits(cfg, t, x)[:, -1]
+
+
 def step(cfg, tensors, state, token, dtype=torch.float64):
     """One decode step: token (B,) after state.pos tokens. Returns logits (B, V); updates state."""
     t = _cast(tensors, dtype)

@@ -117,6 +117,23 @@ def test_decode_state_after_n_tokens_equals_prefill_of_n_tokens(i):
         assert st.kv[0].shape[1] == T
 
 
+@pytest.mark.parametrize("i", range(len(CONFIGS)))
+def test_chunked_prefill_equals_one_prefill(i):
+    """Chunks that end before, at and after the window's edge, and a chunk longer than the window."""
+    cfg, t, toks = case(i)
+    W = cfg["sliding_window"]
+    l64 = R.forward(cfg, t, toks)
+    e = err32(cfg, t, toks)
+    _, st = R.prefill(cfg, t, toks[:, :2])
+    cuts = sorted({2, W - 1, W + 1, T} - {0, 1})
+    for a, b in zip(cuts, cuts[1:]):
+        got = R.extend(cfg, t, st, toks[:, a:b])
+        assert (got - l64[:, b - 1]).abs().max() <= 1e-6 * e
+    _, fresh = R.prefill(cfg, t, toks)
+    x, y = st.tensors(), fresh.tensors()
+    assert all((x[k] - y[k]).abs().max() <= 1e-9 for k in x)
+
+
 def test_greedy_equals_argmax_of_forward():
     cfg, t, toks = case(0)
     g = R.greedy(cfg, t, toks[:, :4], 9)
