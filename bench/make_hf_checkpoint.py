@@ -119,7 +119,7 @@ MOTIF_SHAPES = {
                                   tie_word_embeddings=True),
     ("motif2-12.7b", "full"): dict(vocab_size=219520, hidden_size=4096, intermediate_size=16384,
                                    num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=16,
-                                   head_dim=128, num_noise_heads=8, max_position_embeddings=16384,
+                                   head_dim=128, num_noise_heads=8, max_position_embeddings=65536,
                                    rope_theta=1000000.0, tie_word_embeddings=False),
     ("motif2-2.6b", "tiny"): dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
                                   num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,

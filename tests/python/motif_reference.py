@@ -44,7 +44,7 @@ PUBLISHED = {
                  max_position_embeddings=4096, rope_theta=10000.0, tie_word_embeddings=True),
     "12.7b": dict(vocab_size=219520, hidden_size=4096, intermediate_size=16384, num_hidden_layers=40,
                   num_attention_heads=40, num_key_value_heads=16, head_dim=128, num_noise_heads=8,
-                  max_position_embeddings=16384, rope_theta=1000000.0, tie_word_embeddings=False),
+                  max_position_embeddings=65536, rope_theta=1000000.0, tie_word_embeddings=False),
 }
 
 # Scaled-down shapes that keep each layout's structure: 2.6B (no num_noise_heads key: pairs,

@@ -164,6 +164,15 @@ def test_reference_on_written_files_equals_reference_in_memory(tmp_path, kind, d
         assert np.array_equal(mr.logits(cfg, stored, toks), mr.logits(cfg, rounded, toks))
 
 
+def test_writer_and_reference_agree_on_the_published_configs():
+    b = _bench()
+    for kind in ("motif2-2.6b", "motif2-12.7b"):
+        for size in ("full", "tiny"):
+            assert b.motif_config(kind, size, "BF16") == mr.make_config(kind.split("-")[1], size=size), (kind, size)
+        c = b.motif_config(kind, "full", "BF16")
+        assert [(n, s) for n, s, _ in b.motif_tensors_of(c)] == list(mr.tensor_shapes(c).items())
+
+
 def test_writer_is_seeded(tmp_path):
     b = _bench()
     for d in ("a", "b"):
