@@ -267,7 +267,7 @@ def train_model(model, train, starts, a, device, log, step_limit=None):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(float(loss))  # (a sync per step: negligible beside a step at this size)
+        losses.append(loss.item())  # (a sync per step: negligible beside a step at this size)
         if log and (s % max(1, steps // 10) == 0 or s == steps - 1):
             log(f"  step {s + 1}/{steps} loss {losses[-1]:.4f}")
     return losses
