@@ -253,14 +253,13 @@ def train_model(model, train, starts, a, device, log, step_limit=None):
     opt = make_optimizer(model, a.lr, a.weight_decay)
     steps = starts.shape[0] if step_limit is None else step_limit
     offs = np.arange(a.seq_len + 1)
-    amp = device.type == "cuda"
     losses = []
     model.train()
     for s in range(steps):
         x = torch.from_numpy(train[starts[s][:, None] + offs].astype(np.int64)).to(device)
         for grp in opt.param_groups:
             grp["lr"] = lr_at(s, starts.shape[0], a.lr, a.warmup)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.bf16):
             logits = model(x[:, :-1])
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
@@ -274,10 +273,9 @@ def train_model(model, train, starts, a, device, log, step_limit=None):
 
 
 @torch.no_grad()
-def evaluate(model, kind, rows, masks, doc_of, n_docs, buckets, device, batch):
+def evaluate(model, kind, rows, masks, doc_of, n_docs, buckets, device, batch, bf16):
     """Per-document mean loss, per-document per-bucket (sum, count), lambda per layer."""
     model.eval()
-    amp = device.type == "cuda"
     T = masks.shape[1]
     pos_loss = np.zeros(T)
     pos_count = np.zeros(T)
@@ -300,7 +298,7 @@ def evaluate(model, kind, rows, masks, doc_of, n_docs, buckets, device, batch):
         for b0 in range(0, len(rows), batch):
             x = torch.from_numpy(rows[b0:b0 + batch]).to(device)
             m = masks[b0:b0 + batch]
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                 logits = model(x[:, :-1])
             ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
                                  x[:, 1:].reshape(-1), reduction="none")
@@ -394,7 +392,8 @@ def write_report(r, out):
            f"{r['tokens_per_model']:,} tokens per model (requested {o['steps']} steps"
            + (f"; lowered to fit {o['budget_minutes']} min" if r['steps'] < o['steps'] else "")
            + f"), {len(seeds)} seeds, AdamW lr {o['lr']} (warmup {o['warmup']}, cosine to 10%),"
-           f" weight decay {o['weight_decay']}, BF16 autocast on CUDA.",
+           f" weight decay {o['weight_decay']}, "
+           + ("BF16 autocast." if o["bf16"] else "float32."),
            f"- Corpus: {r['corpus']['train_bytes']:,} training bytes (about "
            f"{r['tokens_per_model'] / max(1, r['corpus']['train_bytes']):.3g} epochs per model), "
            f"{r['corpus']['heldout_documents']} held-out documents, evaluated on each one's "
@@ -516,6 +515,8 @@ def parse(argv):
                     help="read at most this many documents per split (0: all)")
     ap.add_argument("--attention", choices=("auto", "ops", "sdpa"), default="auto")
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                    help="BF16 autocast (default: on CUDA only)")
     ap.add_argument("--budget-minutes", type=float, default=None,
                     help="fit the training into this many minutes (default 25 on CUDA, none "
                          "on CPU)")
@@ -546,6 +547,8 @@ def main(argv=None):
     budget = a.budget_minutes if a.budget_minutes is not None else (
         25.0 if device.type == "cuda" else None)
     attention = choose_attention(a.attention, device)
+    if a.bf16 is None:
+        a.bf16 = device.type == "cuda"
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     t_start = time.time()
@@ -609,7 +612,8 @@ def main(argv=None):
             t0 = time.time()
             curve = train_model(m, train, starts, a, device, log, step_limit=steps)
             secs = time.time() - t0
-            ev = evaluate(m, k, rows, masks, doc_of, len(heldout), buckets, device, a.eval_batch)
+            ev = evaluate(m, k, rows, masks, doc_of, len(heldout), buckets, device, a.eval_batch,
+                          a.bf16)
             evals[k].append(ev)
             srec["models"][k] = {"train_seconds": secs, "loss_curve": curve,
                                  "loss_doc_mean": float(np.nanmean(ev["doc_loss"])),

@@ -179,3 +179,20 @@ def test_corpus_split_by_document(tmp_path, monkeypatch):
               (json.loads(l) for l in open(tmp_path / "c2" / "heldout.jsonl"))}  # noqa: E741
     assert ids_h2 == ids_h and m2["heldout_documents"] == m["heldout_documents"]
     assert set(os.listdir(tmp_path / "c")) == {"train.jsonl", "heldout.jsonl", "manifest.json"}
+
+
+def test_bf16_autocast_and_budget_fit(tmp_path):
+    """The GPU path's dtype flow (BF16 autocast into the operators; on the CPU they compute in
+    float32) and the budget fit: a budget too small for the requested steps lowers the steps
+    of every model alike, down to warmup + 1."""
+    torch.set_num_threads(1)
+    data = _fake_corpus(str(tmp_path / "corpus"), n_train=4, n_held=2)
+    r = gx.main(["--tiny", "--corpus", data, "--out", str(tmp_path / "run"), "--steps", "50",
+                 "--warmup", "1", "--eval-windows", "1", "--d-model", "16", "--ffn-dim", "40",
+                 "--seq-len", "32", "--device", "cpu", "--seeds", "1", "--bf16",
+                 "--budget-minutes", "0.001"])
+    assert r["options"]["bf16"] and r["steps"] == 2 and r["options"]["steps"] == 50
+    for k in gx.KINDS:
+        assert len(r["seeds"][0]["models"][k]["loss_curve"]) == 2
+        assert np.isfinite(r["seeds"][0]["models"][k]["loss_doc_mean"])
+    assert "lowered to fit 0.001 min" in open(tmp_path / "run" / "report.md").read()
