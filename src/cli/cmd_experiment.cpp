@@ -192,7 +192,11 @@ int run_experiment(const std::vector<std::string>& argv) {
       .option("--eval-samples", "N", "256", "held-out samples per length and per depth")
       .option("--noise-samples", "N", "64", "held-out samples for the attention-noise analysis")
       .option("--kinds", "K,K,..", "diff_v1,diff_v2,standard", "attention kinds to train")
-      .option("--seed", "N", "1", "seed of the task and the weights");
+      .option("--seed", "N", "1", "seed of the task and the weights")
+      .option("--seeds", "N,N,..", "",
+              "several seeds: one run each in DIR/seed-N/ from paired weights (every tensor of the same "
+              "name and shape byte-identical across the kinds), then DIR/summary.md and summary.json: "
+              "accuracy with 95% intervals against chance, paired differences over seeds");
   if (!a.parse(argv)) return 0;
   if (a.str("name") != "retrieval") {
     throw UsageError("unknown experiment \"" + a.str("name") + "\"; the experiments are: retrieval, lm");
@@ -229,6 +233,23 @@ int run_experiment(const std::vector<std::string>& argv) {
   if (o.out_dir.empty()) throw UsageError("--out DIR must not be empty");
 
   o.task.validate();
+  if (a.given("--seeds")) {
+    std::vector<RetrievalExperimentResult> runs;
+    const std::string root = o.out_dir;
+    for (int64_t s : int_list("--seeds", a.str("--seeds"))) {
+      for (const RetrievalExperimentResult& r : runs) {
+        if (r.options.task.seed == static_cast<uint64_t>(s)) throw UsageError("--seeds: " + std::to_string(s) + " given twice");
+      }
+      o.task.seed = static_cast<uint64_t>(s);
+      o.paired_init = true;
+      o.out_dir = root + "/seed-" + std::to_string(s);
+      std::cout << "seed " << s << ":\n";
+      runs.push_back(run_retrieval_experiment(o, [](const std::string& line) { std::cout << line << std::endl; }));
+      write_retrieval_report(runs.back(), o.out_dir);
+    }
+    for (const std::string& f : write_retrieval_seed_summary(runs, root)) std::cout << "wrote " << f << "\n";
+    return 0;
+  }
   std::cout << "Multi-needle retrieval: " << data::RetrievalTask(o.task).describe() << ", " << num_threads()
             << " thread(s)\n"
             << "sample: " << data::make_retrieval_sample(o.task, 0).text() << "\n";

@@ -362,3 +362,36 @@ TEST(LmExperiment, CorpusErrorsNameTheFile) {
     EXPECT_NE(std::string(e.what()).find("train.jsonl line 1"), std::string::npos) << e.what();
   }
 }
+
+TEST(RetrievalSeeds, WilsonIntervalAndSummary) {
+  const auto [lo, hi] = diffattn::wilson_interval(5, 10);
+  EXPECT_NEAR(lo, 0.2366, 1e-4);
+  EXPECT_NEAR(hi, 0.7634, 1e-4);
+  EXPECT_DOUBLE_EQ(diffattn::wilson_interval(0, 10).first, 0.0);
+  diffattn::RetrievalExperimentOptions o;
+  o.task.context = 32;
+  o.task.min_context = 0;
+  o.lengths = {32};
+  o.depths = {0.5};
+  o.eval_samples = 4;
+  o.noise_samples = 2;
+  o.train.steps = 2;
+  o.train.batch = 2;
+  o.paired_init = true;
+  std::vector<diffattn::RetrievalExperimentResult> runs;
+  for (uint64_t seed : {1u, 2u}) {
+    o.task.seed = seed;
+    runs.push_back(diffattn::run_retrieval_experiment(o));
+  }
+  diffattn::testing::TempDir dir("retrieval_seeds");
+  const std::vector<std::string> files = diffattn::write_retrieval_seed_summary(runs, dir.str());
+  ASSERT_EQ(files.size(), 2u);
+  const nlohmann::json j = nlohmann::json::parse(diffattn::read_file(files[1]));
+  EXPECT_DOUBLE_EQ(j["chance"].get<double>(), 1.0 / static_cast<double>(o.task.needles));
+  const nlohmann::json& a = j["accuracy"]["diff_v1"]["32"];
+  ASSERT_EQ(a["per_seed"].size(), 2u);
+  const double m = (runs[0].models[0].acc_by_length[0] + runs[1].models[0].acc_by_length[0]) / 2;
+  EXPECT_DOUBLE_EQ(a["mean"].get<double>(), m);
+  EXPECT_EQ(j["paired"].size(), 3u);  // V1 - V2, V1 - standard, V2 - standard
+  EXPECT_NE(diffattn::read_file(files[0]).find("against chance"), std::string::npos);
+}
