@@ -100,8 +100,8 @@ int run_lm(const std::vector<std::string>& argv) {
          "trained on the same windows of the corpus in the same order; then on the held-out documents:\n"
          "loss per document, the paired difference per document with a 95% Student-t interval over\n"
          "documents (per seed and averaged over seeds), the same by position bucket, lambda per layer.\n"
-         "The corpus is scripts/corpus.py's (`make corpus`, docs/corpus.md). Writes DIR/report.md and\n"
-         "DIR/report.json.");
+         "The corpus is scripts/corpus.py's (`make corpus`, docs/corpus.md). Writes DIR/report.md,\n"
+         "report.json, loss_by_position.png and training_loss.png.");
   a.positional("name", "the experiment: lm")
       .option("--corpus", "DIR", "data/corpus", "train.jsonl and heldout.jsonl of scripts/corpus.py")
       .option("--out", "DIR", "lm-experiment", "directory for the report")

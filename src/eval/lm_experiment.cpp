@@ -15,6 +15,7 @@
 #include "diffattn/base/files.h"
 #include "diffattn/base/text.h"
 #include "diffattn/eval/experiment.h"
+#include "diffattn/viz/viz.h"
 
 namespace diffattn {
 
@@ -435,6 +436,33 @@ std::vector<std::string> write_lm_report(const LmExperimentResult& r, const std:
     rows.push_back(row);
   }
   print_table(md, head, rows, TableStyle::Markdown);
+  // per kind and bucket: the mean over seeds of the mean over documents
+  const size_t nk = r.seeds.front().models.size();
+  std::vector<std::vector<double>> bucket_mean(nk, std::vector<double>(r.buckets.size(), 0));
+  for (size_t k = 0; k < nk; ++k) {
+    for (size_t b = 0; b < r.buckets.size(); ++b) {
+      for (const LmSeedResult& s : r.seeds) {
+        double sum = 0, cnt = 0;
+        for (const std::vector<double>& d : s.models[k].bucket_loss) {
+          if (std::isfinite(d[b])) {
+            sum += d[b];
+            cnt += 1;
+          }
+        }
+        bucket_mean[k][b] += (cnt > 0 ? sum / cnt : std::nan("")) / static_cast<double>(r.seeds.size());
+      }
+    }
+  }
+  md << "\n## Loss by position bucket (nats per byte; mean over documents, then over seeds)\n\n";
+  head = {"positions"};
+  for (nn::AttnKind k : o.kinds) head.push_back(label(k));
+  rows.clear();
+  for (size_t b = 0; b < r.buckets.size(); ++b) {
+    std::vector<std::string> row{std::to_string(r.buckets[b].first) + "-" + std::to_string(r.buckets[b].second - 1)};
+    for (size_t k = 0; k < nk; ++k) row.push_back(fixed(bucket_mean[k][b], 4));
+    rows.push_back(row);
+  }
+  print_table(md, head, rows, TableStyle::Markdown);
   md << "\n## Paired differences by position bucket (all seeds; position of the predicting byte)\n\n";
   head = {"positions"};
   for (const LmPaired& p : r.paired) head.push_back(label(p.a) + " - " + label(p.b));
@@ -466,9 +494,46 @@ std::vector<std::string> write_lm_report(const LmExperimentResult& r, const std:
         "trained weights; a few seeds sample the training noise, they do not bound it.\n"
         "- One set of hyperparameters serves every kind, tuned for none.\n"
         "- Held-out documents are whole pages never trained on, from the same packages as the training pages.\n";
+  md << "\nCharts: `loss_by_position.png` (the bucket table), `training_loss.png` (mean over seeds).\n";
   const std::string mpath = dir + "/report.md";
   write_file_atomic(mpath, md.str());
-  return {mpath, jpath};
+  std::vector<viz::Series> series;
+  for (size_t k = 0; k < nk; ++k) {
+    viz::Series sr;
+    sr.name = label(o.kinds[k]);
+    for (size_t b = 0; b < r.buckets.size(); ++b) {
+      sr.x.push_back(static_cast<double>(r.buckets[b].first));
+      sr.y.push_back(bucket_mean[k][b]);
+    }
+    series.push_back(sr);
+  }
+  viz::ChartSpec spec;
+  spec.title = "Held-out loss by position bucket (mean over documents and seeds)";
+  spec.x_label = "first position of the bucket";
+  spec.y_label = "nats per byte";
+  const std::string ppath = dir + "/loss_by_position.png", tpath = dir + "/training_loss.png";
+  viz::write_png(ppath, viz::render_line_chart(series, spec));
+  series.clear();
+  for (size_t k = 0; k < nk; ++k) {
+    viz::Series sr;
+    sr.name = label(o.kinds[k]);
+    sr.markers = false;
+    const size_t steps = r.seeds.front().models[k].loss_curve.size();
+    const size_t w = std::max<size_t>(1, steps / 50);  // a moving mean over w steps
+    for (size_t i = 0; i + w <= steps; i += w) {
+      double sum = 0;
+      for (const LmSeedResult& s : r.seeds) {
+        for (size_t t = i; t < i + w; ++t) sum += s.models[k].loss_curve[t];
+      }
+      sr.x.push_back(static_cast<double>(i + w));
+      sr.y.push_back(sum / static_cast<double>(w * r.seeds.size()));
+    }
+    series.push_back(sr);
+  }
+  spec.title = "Training loss (mean over seeds)";
+  spec.x_label = "step";
+  viz::write_png(tpath, viz::render_line_chart(series, spec));
+  return {mpath, jpath, ppath, tpath};
 }
 
 }  // namespace diffattn

@@ -339,9 +339,10 @@ TEST(LmExperiment, TinyRunEndToEndIsPairedSeededAndReported) {
   EXPECT_EQ(r2.seeds[0].models[0].loss_curve, r.seeds[1].models[0].loss_curve);
   EXPECT_EQ(r2.seeds[0].models[2].doc_loss, r.seeds[1].models[2].doc_loss);
   const std::vector<std::string> files = diffattn::write_lm_report(r, dir / "report");
-  ASSERT_EQ(files.size(), 2u);
+  ASSERT_EQ(files.size(), 4u);
+  EXPECT_EQ(diffattn::read_file(files[2]).substr(1, 3), "PNG");
   const std::string md = diffattn::read_file(files[0]);
-  for (const char* h : {"## Scale and budget", "## Paired differences", "by position bucket", "## Lambda per layer",
+  for (const char* h : {"## Scale and budget", "## Paired differences", "## Loss by position bucket", "## Lambda per layer",
                         "do not show"}) {
     EXPECT_NE(md.find(h), std::string::npos) << h;
   }

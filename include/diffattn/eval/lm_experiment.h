@@ -4,7 +4,7 @@
 // the three), trained on the same windows of the same corpus in the same order; evaluated on the
 // corpus's held-out documents: loss per document, the paired difference per document with a 95%
 // Student-t interval over documents, the same by position bucket, lambda per layer; a report
-// (Markdown and JSON).
+// (Markdown, JSON and two PNG charts).
 #pragma once
 
 #include <cstdint>
@@ -100,7 +100,7 @@ struct LmExperimentResult {
 
 LmExperimentResult run_lm_experiment(const LmExperimentOptions& o,
                                      const std::function<void(const std::string&)>& log = {});
-// report.md and report.json into dir; returns the paths.
+// report.md, report.json, loss_by_position.png and training_loss.png into dir; returns the paths.
 std::vector<std::string> write_lm_report(const LmExperimentResult& r, const std::string& dir);
 
 }  // namespace diffattn
