@@ -147,7 +147,8 @@ def sdpa_attention(q, k, v, causal=True):
 
 
 def choose_attention(kind, device):
-    """'ops' (diffattn.torch's operators) or 'sdpa'; patches diffattn.torch.models for sdpa."""
+    """'ops' (diffattn.torch's operators), 'sdpa' or 'triton'; patches diffattn.torch.models
+    for sdpa and triton (this process only: the script owns it)."""
     from diffattn.torch import models
     use = kind
     if kind == "auto":
@@ -157,6 +158,12 @@ def choose_attention(kind, device):
                 import triton  # noqa: F401
             except ImportError:
                 use = "sdpa"
+    if use == "triton":  # the Triton kernels on any device (CPU under TRITON_INTERPRET=1)
+        from diffattn.torch import ops
+        models.attention = lambda q, k, v, causal=True: ops.attention(q, k, v, causal,
+                                                                      backend="triton")
+        models.diff_attention = lambda q, k, v, lam, causal=True: ops.diff_attention(
+            q, k, v, lam, causal, backend="triton")
     if use == "sdpa":
         models.attention = lambda q, k, v, causal=True: sdpa_attention(q, k, v, causal)
         models.diff_attention = lambda q, k, v, lam, causal=True: sdpa_diff_attention(
@@ -514,7 +521,10 @@ def parse(argv):
     ap.add_argument("--eval-batch", type=int, default=32)
     ap.add_argument("--max-docs", type=int, default=0,
                     help="read at most this many documents per split (0: all)")
-    ap.add_argument("--attention", choices=("auto", "ops", "sdpa"), default="auto")
+    ap.add_argument("--attention", choices=("auto", "ops", "sdpa", "triton"), default="auto",
+                    help="auto: diffattn.torch's operators (Triton on CUDA), or SDPA on CUDA "
+                         "without Triton; triton: force the Triton kernels (on the CPU under "
+                         "TRITON_INTERPRET=1, for tests)")
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                     help="BF16 autocast (default: on CUDA only)")

@@ -196,3 +196,28 @@ def test_bf16_autocast_and_budget_fit(tmp_path):
         assert len(r["seeds"][0]["models"][k]["loss_curve"]) == 2
         assert np.isfinite(r["seeds"][0]["models"][k]["loss_doc_mean"])
     assert "lowered to fit 0.001 min" in open(tmp_path / "run" / "report.md").read()
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="needs Triton's interpreter (conftest sets it without a GPU)")
+def test_triton_path_trains_as_the_cpp_kernels(tmp_path):
+    """The attention path a GPU run takes (the Triton kernels, here interpreted on the CPU) at
+    the model's shapes gives the losses of the C++ kernels' path within float32 rounding."""
+    from diffattn.torch import models, ops
+    torch.set_num_threads(1)
+    data = _fake_corpus(str(tmp_path / "corpus"), n_train=4, n_held=2)
+    args = ["--tiny", "--corpus", data, "--steps", "2", "--warmup", "1", "--eval-windows", "1",
+            "--d-model", "64", "--ffn-dim", "64", "--seq-len", "32", "--n-layers", "1",
+            "--batch", "2", "--device", "cpu", "--seeds", "1"]
+    saved = models.attention, models.diff_attention
+    try:
+        rt = gx.main(args + ["--attention", "triton", "--out", str(tmp_path / "t")])
+    finally:
+        models.attention, models.diff_attention = saved
+    assert models.diff_attention is ops.diff_attention
+    rc = gx.main(args + ["--attention", "ops", "--out", str(tmp_path / "c")])
+    assert rt["attention"] == "triton"
+    for k in gx.KINDS:
+        a, b = rt["seeds"][0]["models"][k], rc["seeds"][0]["models"][k]
+        np.testing.assert_allclose(a["loss_curve"], b["loss_curve"], rtol=1e-4)
+        np.testing.assert_allclose(a["doc_loss"], b["doc_loss"], rtol=1e-4)
