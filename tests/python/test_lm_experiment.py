@@ -221,3 +221,22 @@ def test_triton_path_trains_as_the_cpp_kernels(tmp_path):
         a, b = rt["seeds"][0]["models"][k], rc["seeds"][0]["models"][k]
         np.testing.assert_allclose(a["loss_curve"], b["loss_curve"], rtol=1e-4)
         np.testing.assert_allclose(a["doc_loss"], b["doc_loss"], rtol=1e-4)
+
+
+def test_cli_experiment_lm(tmp_path):
+    """`diffattn experiment lm` end to end at a tiny size, and its refusals."""
+    import model_helpers as mh
+    data = _fake_corpus(str(tmp_path / "corpus"), n_train=6, n_held=3)
+    out = tmp_path / "lm"
+    p = mh.run_cli("--threads", 1, "experiment", "lm", "--corpus", data, "--out", out,
+                   "--steps", 3, "--batch", 2, "--seq-len", 16, "--d-model", 16, "--heads", 2,
+                   "--ffn", 40, "--eval-windows", 1, "--seeds", "4,5,6")
+    assert "95% interval over documents" in p.stdout
+    rep = json.load(open(out / "report.json"))
+    assert [s["seed"] for s in rep["seeds"]] == [4, 5, 6] and rep["pairing"]["shared_tensors"] > 0
+    assert len(rep["paired"]) == 3 and len(rep["corpus"]["heldout_ids"]) == 3
+    assert (out / "loss_by_position.png").exists() and (out / "training_loss.png").exists()
+    p = mh.run_cli("experiment", "lm", "--corpus", tmp_path / "none", "--out", out, check=False)
+    assert p.returncode == 1 and "train.jsonl not found" in p.stderr
+    p = mh.run_cli("experiment", "lm", "--corpus", data, "--seeds", "1,1", check=False)
+    assert p.returncode == 2 and "given twice" in p.stderr
