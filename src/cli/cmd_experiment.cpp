@@ -236,10 +236,14 @@ int run_experiment(const std::vector<std::string>& argv) {
   if (a.given("--seeds")) {
     std::vector<RetrievalExperimentResult> runs;
     const std::string root = o.out_dir;
-    for (int64_t s : int_list("--seeds", a.str("--seeds"))) {
-      for (const RetrievalExperimentResult& r : runs) {
-        if (r.options.task.seed == static_cast<uint64_t>(s)) throw UsageError("--seeds: " + std::to_string(s) + " given twice");
+    const std::vector<int64_t> seeds = int_list("--seeds", a.str("--seeds"));
+    for (size_t i = 0; i < seeds.size(); ++i) {
+      if (std::find(seeds.begin(), seeds.begin() + static_cast<std::ptrdiff_t>(i), seeds[i]) !=
+          seeds.begin() + static_cast<std::ptrdiff_t>(i)) {
+        throw UsageError("--seeds: " + std::to_string(seeds[i]) + " given twice");
       }
+    }
+    for (int64_t s : seeds) {
       o.task.seed = static_cast<uint64_t>(s);
       o.paired_init = true;
       o.out_dir = root + "/seed-" + std::to_string(s);

@@ -202,7 +202,8 @@ LmExperimentResult run_lm_experiment(const LmExperimentOptions& o, const std::fu
   const LmCorpus corpus = read_lm_corpus(o.corpus_dir, o.max_docs);
   const int64_t T = o.train.seq_len;
   if (static_cast<int64_t>(corpus.train.size()) < T + 2) {
-    throw InvalidArgument("experiment lm: " + std::to_string(corpus.train.size()) + " training bytes, fewer than seq_len + 2");
+    throw InvalidArgument("experiment lm: " + std::to_string(corpus.train.size()) +
+                          " training bytes, fewer than seq_len + 2");
   }
   r.train_tokens = static_cast<int64_t>(corpus.train.size());
   r.train_documents = corpus.train_documents;
