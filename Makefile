@@ -21,7 +21,7 @@ FUZZ_BUILD ?= $(BUILD)/fuzz
 FUZZ_SECONDS ?= 300
 FUZZ_REPLAY_SECONDS ?= 4
 
-.PHONY: all setup setup-test venv install-dev configure build test test-cpp test-python test-sanitize fuzz-build fuzz test-fuzz demo clean
+.PHONY: all setup setup-test venv install-dev configure build test test-cpp test-python test-sanitize fuzz-build fuzz test-fuzz demo corpus clean
 
 all: build
 
@@ -30,6 +30,12 @@ setup:
 
 setup-test:
 	@scripts/setup.sh test
+
+# The language-model corpus (docs/corpus.md): Debian packages' text, split by document into
+# data/corpus/{train,heldout}.jsonl (about 55 MB).
+corpus:
+	@scripts/setup.sh corpus
+	python3 scripts/corpus.py --out $${DIFFATTN_DATA_DIR:-data}/corpus
 
 venv: setup-test
 	@scripts/venv.sh

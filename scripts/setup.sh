@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages listed in scripts/packages.txt (build and demo) that are not
 # installed yet; `scripts/setup.sh test` adds scripts/packages-test.txt (what only the tests need).
+# `scripts/setup.sh corpus` adds scripts/packages-corpus.txt (the text scripts/corpus.py reads).
 # Safe to run again: with everything present it does nothing. Needs root only to install.
 # The tests' Python packages come from pip into .venv/ (scripts/venv.sh), not from here.
 set -euo pipefail
@@ -9,7 +10,8 @@ lists=("$here/packages.txt")
 case "${1:-}" in
   "") ;;
   test) lists+=("$here/packages-test.txt") ;;
-  *) echo "usage: scripts/setup.sh [test]" >&2; exit 2 ;;
+  corpus) lists+=("$here/packages-corpus.txt") ;;
+  *) echo "usage: scripts/setup.sh [test|corpus]" >&2; exit 2 ;;
 esac
 mapfile -t wanted < <(cat "${lists[@]}" | grep -v -E '^\s*(#|$)')
 

@@ -1,7 +1,9 @@
 // `diffattn experiment retrieval`: DIFF V1, DIFF V2 and standard models trained on the same
 // multi-needle retrieval batches, evaluated on held-out samples, reported (src/eval/experiment.cpp).
+// `diffattn experiment lm`: the paired language-model experiment (src/eval/lm_experiment.cpp).
 // `diffattn analyze`: the attention-noise analysis (inspect.h) of any saved model on the
 // retrieval task's held-out contexts.
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <sstream>
@@ -9,6 +11,7 @@
 #include "cli/args.h"
 #include "cli/table.h"
 #include "diffattn/eval/experiment.h"
+#include "diffattn/eval/lm_experiment.h"
 #include "diffattn/kernels/runtime.h"
 #include "diffattn/model/checkpoint.h"
 
@@ -89,7 +92,75 @@ void apply_task_options(const Args& a, data::RetrievalSpec& s) {
   set("--value-symbols", s.value_symbols);
 }
 
+int run_lm(const std::vector<std::string>& argv) {
+  Args a("experiment lm",
+         "The paired language-model experiment at CPU scale (bench/gpu_experiment.py is its GPU twin).\n"
+         "DIFF V1, DIFF V2 and standard models of (nearly) equal parameters, for each seed initialised in\n"
+         "pairs (every tensor of the same name and shape byte-identical across the three, checked) and\n"
+         "trained on the same windows of the corpus in the same order; then on the held-out documents:\n"
+         "loss per document, the paired difference per document with a 95% Student-t interval over\n"
+         "documents (per seed and averaged over seeds), the same by position bucket, lambda per layer.\n"
+         "The corpus is scripts/corpus.py's (`make corpus`, docs/corpus.md). Writes DIR/report.md,\n"
+         "report.json, loss_by_position.png and training_loss.png.");
+  a.positional("name", "the experiment: lm")
+      .option("--corpus", "DIR", "data/corpus", "train.jsonl and heldout.jsonl of scripts/corpus.py")
+      .option("--out", "DIR", "lm-experiment", "directory for the report")
+      .option("--seeds", "N,N,..", "1,2,3", "seeds (each: the weights and the data order)")
+      .option("--steps", "N", "300", "training steps per model")
+      .option("--batch", "B", "8", "sequences per step")
+      .option("--seq-len", "T", "128", "bytes per sequence")
+      .option("--lr", "X", "0.003", "peak learning rate (warmup, cosine decay to lr / 10)")
+      .option("--warmup", "N", "", "warmup steps (default: 30, at most a tenth of --steps)")
+      .option("--weight-decay", "X", "0.1", "AdamW weight decay")
+      .option("--d-model", "D", "64", "model width")
+      .option("--layers", "L", "2", "layers")
+      .option("--heads", "H", "4", "standard heads (DIFF V1: H / 2 pairs; V2: H heads, 2H query heads)")
+      .option("--ffn", "F", "176", "SwiGLU width of the standard and V1 models (V2: smaller, to match)")
+      .option("--init-std", "X", "0.02", "std of the initial weights (not the norms, not V1's lambda vectors)")
+      .option("--eval-windows", "N", "4", "windows of --seq-len per held-out document")
+      .option("--max-docs", "N", "0", "read at most N documents of each split (0: all)");
+  if (!a.parse(argv)) return 0;
+  LmExperimentOptions o;
+  o.corpus_dir = a.str("--corpus");
+  o.seeds.clear();
+  for (int64_t s : int_list("--seeds", a.str("--seeds"))) {
+    for (uint64_t t : o.seeds) {
+      if (t == static_cast<uint64_t>(s)) throw UsageError("--seeds: " + std::to_string(s) + " given twice");
+    }
+    o.seeds.push_back(static_cast<uint64_t>(s));
+  }
+  o.train.steps = a.integer("--steps", 1, 100000000);
+  o.train.batch = a.integer("--batch", 1, 1 << 20);
+  o.train.seq_len = a.integer("--seq-len", 2, 1 << 20);
+  o.train.adamw.lr = a.number("--lr", 0, 10);
+  o.train.adamw.min_lr = o.train.adamw.lr / 10;
+  o.train.adamw.warmup = a.given("--warmup") ? a.integer("--warmup", 0, o.train.steps)
+                                              : std::min<int64_t>(30, o.train.steps / 10);
+  o.train.adamw.weight_decay = a.number("--weight-decay", 0, 10);
+  o.size.d_model = a.integer("--d-model", 1, 1 << 16);
+  o.size.n_layers = a.integer("--layers", 1, 1024);
+  o.size.n_heads = a.integer("--heads", 1, 1024);
+  o.size.ffn_dim = a.integer("--ffn", 1, 1 << 20);
+  o.size.max_seq_len = o.train.seq_len;
+  o.init_std = a.number("--init-std", 1e-6, 10);
+  o.eval_windows = a.integer("--eval-windows", 1, 1 << 20);
+  o.max_docs = a.integer("--max-docs", 0, int64_t{1} << 40);
+  const std::string out = a.str("--out");
+  if (out.empty()) throw UsageError("--out DIR must not be empty");
+  LmExperimentResult r = run_lm_experiment(o, [](const std::string& s) { std::cout << s << std::endl; });
+  const std::vector<std::string> files = write_lm_report(r, out);
+  std::cout << "\n";
+  for (const LmPaired& p : r.paired) {
+    std::cout << nn::attn_kind_name(p.a) << " - " << nn::attn_kind_name(p.b) << ": " << fixed(p.pooled.mean, 4)
+              << " nats per byte, 95% interval over documents [" << fixed(p.pooled.lo, 4) << ", "
+              << fixed(p.pooled.hi, 4) << "]\n";
+  }
+  for (const std::string& f : files) std::cout << "wrote " << f << "\n";
+  return 0;
+}
+
 int run_experiment(const std::vector<std::string>& argv) {
+  if (!argv.empty() && argv[0] == "lm") return run_lm(argv);
   Args a("experiment",
          "Experiments on trained models. `experiment retrieval`: multi-needle key retrieval after\n"
          "arXiv:2410.05258 section 3.4. Contexts of C tokens of filler (a..z) hold N needles\n"
@@ -99,8 +170,9 @@ int run_experiment(const std::vector<std::string>& argv) {
          "the same batches (loss on answer tokens only), then scored on held-out samples by context\n"
          "length and by the depth of the queried needle, with the attention-noise analysis (the\n"
          "paper's Table 3 measure). Training contexts are drawn from [--min-context, --context].\n"
-         "Writes DIR/report.md, PNG charts and heatmaps, and DIR/models/{diff_v1,diff_v2,standard}.");
-  a.positional("name", "the experiment: retrieval")
+         "Writes DIR/report.md, PNG charts and heatmaps, and DIR/models/{diff_v1,diff_v2,standard}.\n"
+         "`experiment lm`: the paired language-model experiment (see `experiment lm --help`).");
+  a.positional("name", "the experiment: retrieval (or lm)")
       .option("--out", "DIR", "retrieval", "directory for the report and the models");
   task_options(a, true);
   a.option("--min-context", "C", "32", "shortest training context (0: always --context)")
@@ -120,10 +192,14 @@ int run_experiment(const std::vector<std::string>& argv) {
       .option("--eval-samples", "N", "256", "held-out samples per length and per depth")
       .option("--noise-samples", "N", "64", "held-out samples for the attention-noise analysis")
       .option("--kinds", "K,K,..", "diff_v1,diff_v2,standard", "attention kinds to train")
-      .option("--seed", "N", "1", "seed of the task and the weights");
+      .option("--seed", "N", "1", "seed of the task and the weights")
+      .option("--seeds", "N,N,..", "",
+              "several seeds: one run each in DIR/seed-N/ from paired weights (every tensor of the same "
+              "name and shape byte-identical across the kinds), then DIR/summary.md and summary.json: "
+              "accuracy with 95% intervals against chance, paired differences over seeds");
   if (!a.parse(argv)) return 0;
   if (a.str("name") != "retrieval") {
-    throw UsageError("unknown experiment \"" + a.str("name") + "\"; the one experiment is: retrieval");
+    throw UsageError("unknown experiment \"" + a.str("name") + "\"; the experiments are: retrieval, lm");
   }
   RetrievalExperimentOptions o;
   apply_task_options(a, o.task);
@@ -157,6 +233,27 @@ int run_experiment(const std::vector<std::string>& argv) {
   if (o.out_dir.empty()) throw UsageError("--out DIR must not be empty");
 
   o.task.validate();
+  if (a.given("--seeds")) {
+    std::vector<RetrievalExperimentResult> runs;
+    const std::string root = o.out_dir;
+    const std::vector<int64_t> seeds = int_list("--seeds", a.str("--seeds"));
+    for (size_t i = 0; i < seeds.size(); ++i) {
+      if (std::find(seeds.begin(), seeds.begin() + static_cast<std::ptrdiff_t>(i), seeds[i]) !=
+          seeds.begin() + static_cast<std::ptrdiff_t>(i)) {
+        throw UsageError("--seeds: " + std::to_string(seeds[i]) + " given twice");
+      }
+    }
+    for (int64_t s : seeds) {
+      o.task.seed = static_cast<uint64_t>(s);
+      o.paired_init = true;
+      o.out_dir = root + "/seed-" + std::to_string(s);
+      std::cout << "seed " << s << ":\n";
+      runs.push_back(run_retrieval_experiment(o, [](const std::string& line) { std::cout << line << std::endl; }));
+      write_retrieval_report(runs.back(), o.out_dir);
+    }
+    for (const std::string& f : write_retrieval_seed_summary(runs, root)) std::cout << "wrote " << f << "\n";
+    return 0;
+  }
   std::cout << "Multi-needle retrieval: " << data::RetrievalTask(o.task).describe() << ", " << num_threads()
             << " thread(s)\n"
             << "sample: " << data::make_retrieval_sample(o.task, 0).text() << "\n";
@@ -215,7 +312,7 @@ int run_analyze(const std::vector<std::string>& argv) {
 }
 
 const CommandRegistration reg_experiment({"experiment",
-                                          "retrieval: DIFF V1, V2 and standard trained and compared (report + PNG)",
+                                          "retrieval, lm: DIFF V1, V2 and standard trained and compared (report)",
                                           15, run_experiment});
 const CommandRegistration reg_analyze({"analyze", "attention noise of a trained model on retrieval contexts",
                                        16, run_analyze});

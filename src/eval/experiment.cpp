@@ -7,9 +7,11 @@
 #include <cmath>
 #include <cstdio>
 #include <iomanip>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "diffattn/base/text.h"
+#include "diffattn/eval/lm_experiment.h"
 #include "diffattn/kernels/runtime.h"
 #include "diffattn/model/checkpoint.h"
 #include "diffattn/viz/viz.h"
@@ -182,8 +184,12 @@ RetrievalExperimentResult run_retrieval_experiment(const RetrievalExperimentOpti
     RetrievalModelResult mr;
     mr.kind = kind;
     Model init(version_of_size(o.size, kind));
-    init.init_weights(o.task.seed);
-    rescale_init(init, o.init_std);
+    if (o.paired_init) {
+      paired_init(init, o.task.seed, o.init_std);
+    } else {
+      init.init_weights(o.task.seed);
+      rescale_init(init, o.init_std);
+    }
     mr.params = init.num_params();
     if (!o.out_dir.empty()) mr.dir = o.out_dir + "/models/" + nn::attn_kind_name(kind);
     if (log) {
@@ -394,6 +400,108 @@ std::vector<std::string> write_retrieval_report(RetrievalExperimentResult& r, co
   files.insert(files.begin(), dir + "/report.md");
   r.files = files;
   return files;
+}
+
+std::pair<double, double> wilson_interval(double k, double n) {
+  if (n <= 0) return {std::nan(""), std::nan("")};
+  const double z = 1.959964, p = k / n, z2n = z * z / n;
+  const double c = (p + z2n / 2) / (1 + z2n);
+  const double h = z * std::sqrt(p * (1 - p) / n + z2n / (4 * n)) / (1 + z2n);
+  return {std::max(0.0, c - h), std::min(1.0, c + h)};
+}
+
+std::vector<std::string> write_retrieval_seed_summary(const std::vector<RetrievalExperimentResult>& runs,
+                                                      const std::string& dir) {
+  if (runs.empty()) throw InvalidArgument("retrieval seed summary: no runs");
+  make_dirs(dir);
+  const RetrievalExperimentOptions& o = runs.front().options;
+  const double n = static_cast<double>(o.eval_samples * o.task.queries);
+  const double chance = 1.0 / static_cast<double>(o.task.needles);
+  double elimination = 0;
+  for (int64_t i = 0; i < o.task.queries; ++i) elimination += 1.0 / static_cast<double>(o.task.needles - i);
+  elimination /= static_cast<double>(o.task.queries);
+  auto ci = [](const Interval& c) {
+    return pct(c.mean) + " [" + (std::isnan(c.lo) ? std::string("-") : pct(c.lo)) + ", " +
+           (std::isnan(c.hi) ? std::string("-") : pct(c.hi)) + "]";
+  };
+  auto num = [](double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); };
+  nlohmann::json j;
+  j["format"] = "diffattn-retrieval-seeds/1";
+  j["chance"] = chance;
+  j["elimination"] = elimination;
+  j["lengths"] = o.lengths;
+  j["queries_per_seed"] = o.eval_samples * o.task.queries;
+  std::ostringstream md;
+  md << "# Multi-needle retrieval over " << runs.size() << " seeds\n\nSeeds:";
+  for (const RetrievalExperimentResult& r : runs) md << " " << r.options.task.seed;
+  md << " (one run each, in seed-N/). Each seed: " << o.train.steps << " training steps, " << o.eval_samples
+     << " held-out samples x " << o.task.queries << " queries per context length; the models of a seed start "
+     << (o.paired_init ? "from paired weights (every tensor of the same name and shape byte-identical)"
+                       : "from the same seed")
+     << " and read the same batches. Chance: " << pct(chance) << " (a needle's value at random); elimination "
+     << "baseline " << pct(elimination) << ".\n\n## Accuracy by context length\n\nPer seed: accuracy [95% Wilson "
+     << "interval over its " << static_cast<int64_t>(n) << " held-out queries]; mean: over seeds [95% Student-t "
+     << "interval over seeds]. 'against chance': the mean's interval lies above or below " << pct(chance)
+     << ", or contains it (not separated).\n\n";
+  std::vector<std::string> head{"model", "context"};
+  for (const RetrievalExperimentResult& r : runs) head.push_back("seed " + std::to_string(r.options.task.seed));
+  head.insert(head.end(), {"mean over seeds", "against chance"});
+  std::vector<std::vector<std::string>> rows;
+  for (size_t k = 0; k < o.kinds.size(); ++k) {
+    for (size_t l = 0; l < o.lengths.size(); ++l) {
+      std::vector<std::string> row{kind_label(o.kinds[k]), std::to_string(o.lengths[l])};
+      std::vector<double> acc;
+      nlohmann::json js = nlohmann::json::array();
+      for (const RetrievalExperimentResult& r : runs) {
+        const double a = r.models[k].acc_by_length[l];
+        const auto [lo, hi] = wilson_interval(a * n, n);
+        acc.push_back(a);
+        row.push_back(pct(a) + " [" + pct(lo) + ", " + pct(hi) + "]");
+        js.push_back({{"seed", r.options.task.seed}, {"accuracy", a}, {"lo", lo}, {"hi", hi}});
+      }
+      const Interval c = t_interval(acc);
+      row.push_back(ci(c));
+      row.push_back(std::isnan(c.lo) ? "-" : c.lo > chance ? "above" : c.hi < chance ? "below" : "not separated");
+      rows.push_back(row);
+      j["accuracy"][nn::attn_kind_name(o.kinds[k])][std::to_string(o.lengths[l])] = {
+          {"per_seed", js}, {"mean", c.mean}, {"lo", num(c.lo)}, {"hi", num(c.hi)}};
+    }
+  }
+  print_table(md, head, rows, TableStyle::Markdown);
+  md << "\n## Paired differences (A - B, accuracy points; per seed, then the t-interval over seeds)\n\n";
+  head = {"A - B", "context"};
+  for (const RetrievalExperimentResult& r : runs) head.push_back("seed " + std::to_string(r.options.task.seed));
+  head.push_back("mean over seeds");
+  rows.clear();
+  for (size_t a = 0; a < o.kinds.size(); ++a) {
+    for (size_t b = 0; b < o.kinds.size(); ++b) {
+      const bool against_std = o.kinds[b] == nn::AttnKind::Standard && o.kinds[a] != nn::AttnKind::Standard;
+      const bool v1_v2 = o.kinds[a] == nn::AttnKind::DiffV1 && o.kinds[b] == nn::AttnKind::DiffV2;
+      if (!against_std && !v1_v2) continue;
+      for (size_t l = 0; l < o.lengths.size(); ++l) {
+        std::vector<std::string> row{kind_label(o.kinds[a]) + " - " + kind_label(o.kinds[b]),
+                                     std::to_string(o.lengths[l])};
+        std::vector<double> d;
+        for (const RetrievalExperimentResult& r : runs) {
+          d.push_back(r.models[a].acc_by_length[l] - r.models[b].acc_by_length[l]);
+          row.push_back(pct(d.back()));
+        }
+        const Interval c = t_interval(d);
+        row.push_back(ci(c));
+        rows.push_back(row);
+        j["paired"].push_back({{"a", nn::attn_kind_name(o.kinds[a])}, {"b", nn::attn_kind_name(o.kinds[b])},
+                               {"context", o.lengths[l]}, {"per_seed", d}, {"mean", c.mean},
+                               {"lo", num(c.lo)}, {"hi", num(c.hi)}});
+      }
+    }
+  }
+  print_table(md, head, rows, TableStyle::Markdown);
+  md << "\nWith a few seeds the interval over seeds is wide: it samples the training noise, it does not bound it. "
+        "The Wilson intervals cover the held-out sampling of one trained model only.\n";
+  const std::string mpath = dir + "/summary.md", jpath = dir + "/summary.json";
+  write_file_atomic(mpath, md.str());
+  write_file_atomic(jpath, j.dump(1) + "\n");
+  return {mpath, jpath};
 }
 
 }  // namespace diffattn

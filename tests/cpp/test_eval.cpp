@@ -11,9 +11,12 @@
 #include "diffattn/base/files.h"
 #include "diffattn/eval/accounting.h"
 #include "diffattn/eval/exercises.h"
+#include "diffattn/eval/experiment.h"
+#include "diffattn/eval/lm_experiment.h"
 #include "diffattn/eval/snr.h"
 #include "diffattn/explorer/explorer.h"
 #include "diffattn/kernels/kway.h"
+#include "temp_dir.h"
 #include "testing.h"
 
 namespace diffattn {
@@ -219,3 +222,177 @@ TEST(ExplorerApi, ComputesTheViewsAndNamesBadFields) {
 
 }  // namespace
 }  // namespace diffattn
+
+namespace {
+
+// A stand-in corpus in scripts/corpus.py's format: sentences of a few words, 12 + 4 documents.
+void write_fake_corpus(const std::string& dir) {
+  const char* words[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "python"};
+  uint64_t s = 7;
+  for (auto [name, n] : {std::pair<std::string, int>{"train.jsonl", 12}, {"heldout.jsonl", 4}}) {
+    std::string out;
+    for (int d = 0; d < n; ++d) {
+      std::string text;
+      for (int w = 0; w < 30 + 7 * d; ++w) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        text += std::string(words[(s >> 33) % 11]) + " ";
+      }
+      out += nlohmann::json({{"source", "fake"}, {"id", name + std::to_string(d)}, {"text", text}}).dump() + "\n";
+    }
+    diffattn::write_file_atomic(dir + "/" + name, out);
+  }
+}
+
+diffattn::LmExperimentOptions tiny_lm(const std::string& corpus) {
+  diffattn::LmExperimentOptions o;
+  o.corpus_dir = corpus;
+  o.size.d_model = 16;
+  o.size.n_layers = 2;
+  o.size.n_heads = 2;
+  o.size.ffn_dim = 40;
+  o.train.steps = 3;
+  o.train.batch = 2;
+  o.train.seq_len = 16;
+  o.train.adamw.warmup = 1;
+  o.eval_windows = 2;
+  return o;
+}
+
+}  // namespace
+
+TEST(LmExperiment, PairedInitSharesEveryCommonTensor) {
+  using diffattn::nn::AttnKind;
+  diffattn::ModelConfig size;
+  size.d_model = 16;
+  size.n_layers = 2;
+  size.n_heads = 2;
+  size.ffn_dim = 40;
+  size.max_seq_len = 16;
+  std::vector<diffattn::Model> ms;
+  for (AttnKind k : {AttnKind::DiffV1, AttnKind::DiffV2, AttnKind::Standard}) {
+    ms.emplace_back(diffattn::version_of_size(size, k));
+    diffattn::paired_init(ms.back(), 5);
+  }
+  std::vector<const diffattn::Model*> p{&ms[0], &ms[1], &ms[2]};
+  const int64_t shared = diffattn::check_pairing(p);
+  EXPECT_GE(shared, 2 * 9 + 2);  // per layer: norms, k/v/out, V1 and standard's q and SwiGLU; embed, norm
+  EXPECT_EQ(ms[0].weight_f32("layers.1.attn.q_proj.weight"), ms[2].weight_f32("layers.1.attn.q_proj.weight"));
+  EXPECT_EQ(ms[1].weight_f32("embed_tokens.weight"), ms[2].weight_f32("embed_tokens.weight"));
+  const std::vector<float> norm = ms[1].weight_f32("layers.0.attn_norm.weight");
+  EXPECT_EQ(norm, std::vector<float>(norm.size(), 1.0f));
+  diffattn::Model other(diffattn::version_of_size(size, AttnKind::Standard));
+  diffattn::paired_init(other, 6);
+  EXPECT_NE(other.weight_f32("embed_tokens.weight"), ms[2].weight_f32("embed_tokens.weight"));
+  ms[1].params[static_cast<size_t>(ms[1].tensor("layers.0.attn.k_proj.weight").offset)] += 1e-6f;
+  EXPECT_THROW(
+      {
+        try {
+          diffattn::check_pairing(p);
+        } catch (const diffattn::InvalidArgument& e) {
+          EXPECT_NE(std::string(e.what()).find("k_proj"), std::string::npos);
+          throw;
+        }
+      },
+      diffattn::InvalidArgument);
+}
+
+TEST(LmExperiment, IntervalsAndBuckets) {
+  const diffattn::Interval c = diffattn::t_interval({1.0, 2.0, 3.0});
+  EXPECT_DOUBLE_EQ(c.mean, 2.0);
+  EXPECT_NEAR(c.lo, 2.0 - 4.303 / std::sqrt(3.0), 1e-12);
+  EXPECT_TRUE(std::isnan(diffattn::t_interval({1.0}).lo));
+  EXPECT_NEAR(diffattn::t975(1000), 1.962, 1e-3);
+  using B = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(diffattn::position_buckets(1024), (B{{0, 8}, {8, 64}, {64, 256}, {256, 1024}}));
+  EXPECT_EQ(diffattn::position_buckets(16), (B{{0, 8}, {8, 16}}));
+}
+
+TEST(LmExperiment, TinyRunEndToEndIsPairedSeededAndReported) {
+  diffattn::testing::TempDir dir("lm_experiment");
+  write_fake_corpus(dir.str());
+  const diffattn::LmExperimentOptions o = tiny_lm(dir.str());
+  const diffattn::LmExperimentResult r = diffattn::run_lm_experiment(o);
+  ASSERT_EQ(r.seeds.size(), 3u);
+  EXPECT_GT(r.shared_tensors, 0);
+  EXPECT_EQ(r.buckets.size(), 2u);
+  for (const diffattn::LmSeedResult& s : r.seeds) {
+    ASSERT_EQ(s.models.size(), 3u);
+    for (const diffattn::LmModelResult& m : s.models) {
+      EXPECT_EQ(m.loss_curve.size(), 3u);
+      EXPECT_EQ(m.doc_loss.size(), 4u);
+      EXPECT_TRUE(std::isfinite(m.loss_doc_mean));
+      EXPECT_EQ(m.lambdas.size(), m.kind == diffattn::nn::AttnKind::Standard ? 0u : 2u);
+    }
+  }
+  ASSERT_EQ(r.paired.size(), 3u);
+  EXPECT_EQ(r.paired[0].b, diffattn::nn::AttnKind::DiffV2);  // V1 - V2, then both against standard
+  EXPECT_EQ(r.paired[1].b, diffattn::nn::AttnKind::Standard);
+  for (const diffattn::LmPaired& p : r.paired) {
+    for (const diffattn::Interval& c : p.per_seed) EXPECT_TRUE(c.lo <= c.mean && c.mean <= c.hi);
+    EXPECT_TRUE(p.pooled.lo <= p.pooled.mean && p.pooled.mean <= p.pooled.hi);
+    EXPECT_EQ(p.by_bucket.size(), 2u);
+  }
+  // seeded: seed 2 alone trains to the same losses as in the three-seed run
+  diffattn::LmExperimentOptions o2 = o;
+  o2.seeds = {2};
+  const diffattn::LmExperimentResult r2 = diffattn::run_lm_experiment(o2);
+  EXPECT_EQ(r2.seeds[0].models[0].loss_curve, r.seeds[1].models[0].loss_curve);
+  EXPECT_EQ(r2.seeds[0].models[2].doc_loss, r.seeds[1].models[2].doc_loss);
+  const std::vector<std::string> files = diffattn::write_lm_report(r, dir / "report");
+  ASSERT_EQ(files.size(), 4u);
+  EXPECT_EQ(diffattn::read_file(files[2]).substr(1, 3), "PNG");
+  const std::string md = diffattn::read_file(files[0]);
+  for (const char* h : {"## Scale and budget", "## Paired differences", "## Loss by position bucket", "## Lambda per layer",
+                        "do not show"}) {
+    EXPECT_NE(md.find(h), std::string::npos) << h;
+  }
+  const nlohmann::json j = nlohmann::json::parse(diffattn::read_file(files[1]));
+  EXPECT_EQ(j["seeds"].size(), 3u);
+  EXPECT_EQ(j["paired"].size(), 3u);
+}
+
+TEST(LmExperiment, CorpusErrorsNameTheFile) {
+  diffattn::testing::TempDir dir("lm_corpus");
+  EXPECT_THROW(diffattn::read_lm_corpus(dir / "none"), diffattn::IoError);
+  diffattn::write_file_atomic(dir / "train.jsonl", "{\"source\": \"a\"}\n");
+  diffattn::write_file_atomic(dir / "heldout.jsonl", "");
+  try {
+    diffattn::read_lm_corpus(dir.str());
+    FAIL() << "no error";
+  } catch (const diffattn::IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("train.jsonl line 1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RetrievalSeeds, WilsonIntervalAndSummary) {
+  const auto [lo, hi] = diffattn::wilson_interval(5, 10);
+  EXPECT_NEAR(lo, 0.2366, 1e-4);
+  EXPECT_NEAR(hi, 0.7634, 1e-4);
+  EXPECT_DOUBLE_EQ(diffattn::wilson_interval(0, 10).first, 0.0);
+  diffattn::RetrievalExperimentOptions o;
+  o.task.context = 32;
+  o.task.min_context = 0;
+  o.lengths = {32};
+  o.depths = {0.5};
+  o.eval_samples = 4;
+  o.noise_samples = 2;
+  o.train.steps = 2;
+  o.train.batch = 2;
+  o.paired_init = true;
+  std::vector<diffattn::RetrievalExperimentResult> runs;
+  for (uint64_t seed : {1u, 2u}) {
+    o.task.seed = seed;
+    runs.push_back(diffattn::run_retrieval_experiment(o));
+  }
+  diffattn::testing::TempDir dir("retrieval_seeds");
+  const std::vector<std::string> files = diffattn::write_retrieval_seed_summary(runs, dir.str());
+  ASSERT_EQ(files.size(), 2u);
+  const nlohmann::json j = nlohmann::json::parse(diffattn::read_file(files[1]));
+  EXPECT_DOUBLE_EQ(j["chance"].get<double>(), 1.0 / static_cast<double>(o.task.needles));
+  const nlohmann::json& a = j["accuracy"]["diff_v1"]["32"];
+  ASSERT_EQ(a["per_seed"].size(), 2u);
+  const double m = (runs[0].models[0].acc_by_length[0] + runs[1].models[0].acc_by_length[0]) / 2;
+  EXPECT_DOUBLE_EQ(a["mean"].get<double>(), m);
+  EXPECT_EQ(j["paired"].size(), 3u);  // V1 - V2, V1 - standard, V2 - standard
+  EXPECT_NE(diffattn::read_file(files[0]).find("against chance"), std::string::npos);
+}

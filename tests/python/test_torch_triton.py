@@ -102,3 +102,24 @@ def test_modules_and_a_loaded_model_run_on_cuda(tmp_path):
     torch.testing.assert_close(lc.cpu(), loss, rtol=1e-4, atol=1e-5)
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad.cpu(), grads[n], rtol=1e-3, atol=1e-4)
+
+
+def test_triton_backend_takes_one_lambda_for_every_pair():
+    """lam (1), a V1 layer's one lambda (DiffTransformerLM passes it so), reaches the Triton
+    kernels as the 0-d lambda they take; forward and gradients equal the C++ kernels', and
+    the lambda's gradient keeps its shape (1)."""
+    g = torch.Generator().manual_seed(3)
+    B, T, H, D = 1, 17, 2, 16
+    q, k, v = (torch.randn(B, T, 2 * H, D, generator=g), torch.randn(B, T, 2 * H, D, generator=g),
+               torch.randn(B, T, H, 2 * D, generator=g))
+    lam = torch.tensor([0.35])
+    dout = torch.randn(B, T, H, 2 * D, generator=g)
+    res = {}
+    for be in ("fused", "triton"):
+        xs = leaves(q, k, v, lam)
+        out = dt.diff_attention(*xs, causal=True, backend=be)
+        out.backward(dout)
+        res[be] = [out] + [x.grad for x in xs]
+    assert res["triton"][4].shape == (1,)
+    for a, b in zip(res["triton"], res["fused"]):
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=2e-4)

@@ -9,6 +9,7 @@
 #include <functional>
 #include <iosfwd>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "diffattn/data/retrieval.h"
@@ -37,6 +38,9 @@ struct RetrievalExperimentOptions {
   std::vector<nn::AttnKind> kinds = {nn::AttnKind::DiffV1, nn::AttnKind::DiffV2,
                                      nn::AttnKind::Standard};
   std::string out_dir;                // models/<kind>/ and the report go here ("" : nothing saved)
+  // Initialise with paired_init (lm_experiment.h: every tensor of the same name and shape
+  // byte-identical across the kinds, init_std applied) instead of init_weights + rescaling.
+  bool paired_init = false;
 };
 
 // Held-out samples: the same task drawn from another seed (the training seed + 1,000,000,007).
@@ -77,5 +81,16 @@ void print_retrieval_tables(std::ostream& os, const RetrievalExperimentResult& r
 // query_row.png/.npy (one held-out query's answer row in every layer and head of every model)
 // and noise.png into dir; returns the paths.
 std::vector<std::string> write_retrieval_report(RetrievalExperimentResult& r, const std::string& dir);
+
+// The same experiment over several seeds (each result one seed's run, same options but the
+// seed): summary.md and summary.json in dir: per kind and context length the accuracy of every
+// seed with its 95% Wilson interval over that seed's held-out queries, the mean over seeds with
+// a 95% Student-t interval over seeds, against chance (1 / needles) and the elimination
+// baseline; per pair of kinds (against standard, and V1 - V2) the paired difference per seed
+// and its t-interval over seeds. Returns the paths.
+std::vector<std::string> write_retrieval_seed_summary(const std::vector<RetrievalExperimentResult>& runs,
+                                                      const std::string& dir);
+// 95% Wilson score interval of k successes in n trials: {lo, hi}.
+std::pair<double, double> wilson_interval(double k, double n);
 
 }  // namespace diffattn

@@ -94,13 +94,20 @@ def _op_shapes(op, q, k, v, lam):
 # ------------------------------------------------------------------ differential attention
 
 
+def _one_lambda(lam):
+    """lam (1) (one lambda for every pair, a V1 layer's) as the Triton interface takes it: a
+    0-d tensor (its gradient comes back 0-d and is reshaped to (1))."""
+    return lam.reshape(()) if lam.dim() == 1 and lam.shape[0] == 1 else lam
+
+
 @torch.library.custom_op("diffattn::diff_attention_fwd", mutates_args=())
 def diff_attention_fwd(q: Tensor, k: Tensor, v: Tensor, lam: Tensor, causal: bool,
                        scale: Optional[float], backend: str) -> tuple[Tensor, Tensor, Tensor]:
     op = "diff_attention"
     B, Tq, H2, Dv = _op_shapes(op, q, k, v, lam)
     if _triton(op, q.device, backend):
-        out, lse, o2 = _gpu().diff_attention_fwd(q, k, v, lam, causal=causal, scale=scale)
+        out, lse, o2 = _gpu().diff_attention_fwd(q, k, v, _one_lambda(lam), causal=causal,
+                                                 scale=scale)
         return out.to(q.dtype), lse.float(), o2.to(q.dtype)
     _cpp_inputs(op, q=q, k=k, v=v, lam=lam)
     out = q.new_empty((B, Tq, H2 // 2, Dv))
@@ -141,9 +148,10 @@ def diff_attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, lam: Tenso
     _op_shapes(op, q, k, v, lam)
     if _triton(op, q.device, backend):
         dq, dk, dv, dlam = _gpu().diff_attention_bwd(
-            dout, q, k, v, lam, out, lse, o2, causal=causal, scale=scale,
+            dout, q, k, v, _one_lambda(lam), out, lse, o2, causal=causal, scale=scale,
             deterministic=torch.are_deterministic_algorithms_enabled())
-        return _in_layout(dq, q), _in_layout(dk, k), _in_layout(dv, v), dlam.to(lam.dtype)
+        return (_in_layout(dq, q), _in_layout(dk, k), _in_layout(dv, v),
+                dlam.reshape(lam.shape).to(lam.dtype))
     dout = dout.contiguous()
     _cpp_inputs(op, dout=dout, q=q, k=k, v=v, lam=lam, out=out, lse=lse, o2=o2)
     lam = lam.contiguous()
