@@ -3,7 +3,7 @@
 
 #include "cli/args.h"
 #include "diffattn/base/dtype.h"
-#include "serve/server.h"
+#include "diffattn/serve/server.h"
 
 namespace diffattn::cli {
 

@@ -12,7 +12,7 @@
 #include <sstream>
 #include <nlohmann/json.hpp>
 
-#include "base/json_util.h"
+#include "diffattn/base/json_util.h"
 #include "cli/args.h"
 #include "diffattn/base/files.h"
 #include "diffattn/kernels/runtime.h"

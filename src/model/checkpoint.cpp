@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <set>
 
-#include "base/json_util.h"
+#include "diffattn/base/json_util.h"
 #include "diffattn/base/files.h"
 #include "diffattn/model/checkpoint.h"
 #include "diffattn/model/config.h"

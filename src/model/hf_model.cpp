@@ -22,7 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "base/json_util.h"
+#include "diffattn/base/json_util.h"
 #include "diffattn/base/files.h"
 #include "diffattn/base/memory.h"
 #include "diffattn/model/checkpoint.h"

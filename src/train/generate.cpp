@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "base/json_util.h"
+#include "diffattn/base/json_util.h"
 
 #include "diffattn/base/files.h"
 #include "diffattn/train/train.h"
