@@ -151,12 +151,15 @@ int run_experiment(const std::vector<std::string>& argv) {
   o.train.adamw.warmup = a.integer("--warmup");
   o.train.adamw.weight_decay = a.number("--weight-decay");
   o.kinds.clear();
-  for (const std::string& k : split(a.str("--kinds"), ',')) o.kinds.push_back(parse_attn_kind(k, "--kinds"));
+  for (const std::string& k : split(a.str("--kinds"), ',')) {
+    o.kinds.push_back(from_flags([&] { return parse_attn_kind(k, "--kinds"); }));
+  }
   if (o.kinds.empty()) throw UsageError("--kinds is empty");
   o.out_dir = a.str("--out");
   if (o.out_dir.empty()) throw UsageError("--out DIR must not be empty");
+  o.progress = true;  // a bar on stderr while each model trains, when it is a terminal
 
-  o.task.validate();
+  from_flags([&] { o.task.validate(); });
   std::cout << "Multi-needle retrieval: " << data::RetrievalTask(o.task).describe() << ", " << num_threads()
             << " thread(s)\n"
             << "sample: " << data::make_retrieval_sample(o.task, 0).text() << "\n";
@@ -195,8 +198,8 @@ int run_analyze(const std::vector<std::string>& argv) {
   if (samples < 1) throw UsageError("--samples must be >= 1");
   const NoiseAnalysis r = analyze_noise(m, spec, samples);
   const bool pair = r.kind != nn::AttnKind::Standard;
-  std::cout << nn::attn_kind_name(r.kind) << " model " << dir << ": " << r.samples << " held-out contexts of "
-            << spec.context << " tokens, " << r.rows << " answer rows, answer accuracy " << fixed(100 * r.accuracy, 1)
+  std::cout << nn::attn_kind_name(r.kind) << " model " << dir << ": " << plural(r.samples, "held-out context") << " of "
+            << plural(spec.context, "token") << ", " << plural(r.rows, "answer row") << ", answer accuracy " << fixed(100 * r.accuracy, 1)
             << "%\n";
   std::vector<std::vector<std::string>> rows;
   auto add = [&](const std::string& layer, const char* map, const NoiseStats& s, double lam) {

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "diffattn/viz/viz.h"
 #include "temp_dir.h"
@@ -172,6 +173,44 @@ TEST(Heatmap, CellsCarryTheirColours) {
   HeatmapSpec bad;
   bad.row_labels = {"one"};
   EXPECT_THROW(render_heatmap(m, 2, 2, bad), InvalidArgument);
+}
+
+// Bands of consecutive pixel rows in [y0, y1) with ink (a dark pixel) between x0 and x1.
+int ink_bands(const Canvas& c, int x0, int x1, int y0, int y1) {
+  int bands = 0;
+  bool in = false;
+  for (int y = y0; y < y1; ++y) {
+    bool ink = false;
+    for (int x = x0; x < x1 && !ink; ++x) {
+      const Rgb p = c.at(x, y);
+      ink = p.r + p.g + p.b < 3 * 128;
+    }
+    bands += ink && !in;
+    in = ink;
+  }
+  return bands;
+}
+
+TEST(Heatmap, RowLabelsOfAFewRowsOfManyColumnsDoNotOverlap) {
+  // The shape of the retrieval report's query_row.png: layers x heads rows, ~80 key columns, so
+  // the cells are 6 px: too short for a line of label text.
+  const int rows = 4, cols = 80;
+  std::vector<float> m(rows * cols);
+  for (size_t i = 0; i < m.size(); ++i) m[i] = static_cast<float>(i % 7) / 7.0f;
+  HeatmapSpec spec;
+  spec.title = "query row";
+  for (int r = 0; r < rows; ++r) spec.row_labels.push_back("layer " + std::to_string(r / 2) + " head " + std::to_string(r % 2));
+  spec.row_axis = "layer, head";
+  spec.annotate = 0;
+  // The label column: right of the turned axis title, left of the grid (which starts past
+  // x = 100: the labels are wider than 70 px); the grid's rows from y = 37.
+  const Canvas square = render_heatmap(m.data(), rows, cols, spec);
+  // Every other label at most (6 px rows, 9 px text): each its own band of ink.
+  EXPECT_EQ(ink_bands(square, 32, 100, 30, 37 + rows * 6 + 4), rows / 2);
+  spec.row_px = 14;
+  const Canvas tall = render_heatmap(m.data(), rows, cols, spec);
+  EXPECT_EQ(ink_bands(tall, 32, 100, 30, 37 + rows * 14 + 4), rows);  // every label, apart
+  EXPECT_GE(tall.height(), square.height() + rows * 8);
 }
 
 TEST(Chart, DrawsSeriesInsideTheAxes) {

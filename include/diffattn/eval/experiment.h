@@ -37,6 +37,8 @@ struct RetrievalExperimentOptions {
   std::vector<nn::AttnKind> kinds = {nn::AttnKind::DiffV1, nn::AttnKind::DiffV2,
                                      nn::AttnKind::Standard};
   std::string out_dir;                // models/<kind>/ and the report go here ("" : nothing saved)
+  bool progress = false;              // a progress bar on stderr while a model trains, when
+                                      // stderr is a terminal (Trainer::progress; needs out_dir)
 };
 
 // Held-out samples: the same task drawn from another seed (the training seed + 1,000,000,007).
