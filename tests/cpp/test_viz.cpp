@@ -202,14 +202,14 @@ TEST(Heatmap, RowLabelsOfAFewRowsOfManyColumnsDoNotOverlap) {
   for (int r = 0; r < rows; ++r) spec.row_labels.push_back("layer " + std::to_string(r / 2) + " head " + std::to_string(r % 2));
   spec.row_axis = "layer, head";
   spec.annotate = 0;
-  // The label column: right of the turned axis title, left of the grid (which starts past
-  // x = 100: the labels are wider than 70 px); the grid's rows from y = 37.
+  // The labels' left part (they are right-aligned, each about 60 px or wider): right of the
+  // turned axis title, left of the grid; the grid's rows start at y = 37.
   const Canvas square = render_heatmap(m.data(), rows, cols, spec);
   // Every other label at most (6 px rows, 9 px text): each its own band of ink.
-  EXPECT_EQ(ink_bands(square, 32, 100, 30, 37 + rows * 6 + 4), rows / 2);
+  EXPECT_EQ(ink_bands(square, 32, 60, 30, 37 + rows * 6 + 4), rows / 2);
   spec.row_px = 14;
   const Canvas tall = render_heatmap(m.data(), rows, cols, spec);
-  EXPECT_EQ(ink_bands(tall, 32, 100, 30, 37 + rows * 14 + 4), rows);  // every label, apart
+  EXPECT_EQ(ink_bands(tall, 32, 60, 30, 37 + rows * 14 + 4), rows);  // every label, apart
   EXPECT_GE(tall.height(), square.height() + rows * 8);
 }
 

@@ -79,17 +79,23 @@ def test_runtime_errors_exit_1(tmp_path, args):
 
 
 def test_a_missing_config_is_worded_once(tmp_path):
-    # A directory without config.json: every command that takes a model says the same.
-    d = tmp_path / "empty"
-    d.mkdir()
-    msgs = []
-    for args in (["info", d], ["generate", "--model", d, "--prompt", "x"], ["eval", "--model", d],
-                 ["maps", "--model", d, "--prompt", "x"]):
-        p = mh.run_cli(*args, check=False, timeout=60)
-        assert p.returncode == 1, p.stderr
-        msgs.append(p.stderr.split(": error: ", 1)[1])
-    assert len(set(msgs)) == 1, msgs
-    assert "config.json" in msgs[0] and str(d) in msgs[0]
+    # A directory without config.json, and no directory at all: every command that takes a
+    # model says the same, "not a model directory" and why.
+    for d, why in ((tmp_path / "empty", "no config.json"), (tmp_path / "absent", "no such directory")):
+        if why == "no config.json":
+            d.mkdir()
+            (d / "model.safetensors").write_bytes(b"")
+        msgs = []
+        for args in (["info", d], ["generate", "--model", d, "--prompt", "x"], ["eval", "--model", d],
+                     ["maps", "--model", d, "--prompt", "x"], ["convert", "--model", d, "--to", "hf",
+                     "--out", tmp_path / "o"], ["analyze", "--model", d]):
+            p = mh.run_cli(*args, check=False, timeout=60)
+            assert p.returncode == 1, p.stderr
+            msgs.append(p.stderr.split(": error: ", 1)[1])
+        assert len(set(msgs)) == 1, msgs
+        assert msgs[0].startswith(f"{d}: not a model directory ({why};"), msgs[0]
+    p = mh.run_cli("params", "--model", tmp_path / "empty", check=False, timeout=60)
+    assert p.returncode == 1 and "not a model directory (no config.json;" in p.stderr, p.stderr
 
 
 def test_generate_notes_only_what_the_user_asked(tmp_path):
