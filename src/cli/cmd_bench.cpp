@@ -58,11 +58,11 @@ int run_bench(const std::vector<std::string>& argv) {
   bench::AttnCase& base = o.base;
   base.name = "diff";
   base.maps = 2;
-  base.B = args.integer("--B");
-  base.H = args.integer("--H");
-  base.G = args.integer("--G");
-  base.D = args.integer("--D");
-  base.Dv = args.integer("--Dv");
+  base.B = args.integer("--B", 1, int64_t{1} << 20);
+  base.H = args.integer("--H", 1, int64_t{1} << 20);
+  base.G = args.integer("--G", 1, int64_t{1} << 20);
+  base.D = args.integer("--D", 1, int64_t{1} << 20);
+  base.Dv = args.integer("--Dv", 1, int64_t{1} << 20);
   base.causal = true;
   if (args.integer("--rss-child") > 0) return bench::rss_child(args.integer("--rss-child"), base, std::cout);
 
@@ -79,9 +79,9 @@ int run_bench(const std::vector<std::string>& argv) {
   }
   o.backward = !args.on("--no-backward");
   o.json = args.on("--json");
-  o.bandwidth_mb = args.integer("--bandwidth-mb");
-  o.sgemm_n = args.integer("--sgemm-n");
-  o.rss_T = args.integer("--rss-T");
+  o.bandwidth_mb = args.integer("--bandwidth-mb", 1, int64_t{1} << 20);
+  o.sgemm_n = args.integer("--sgemm-n", 1, int64_t{1} << 16);
+  o.rss_T = args.integer("--rss-T", 0, int64_t{1} << 30);
   // The peak-memory row: this tool again, `bench --rss-child T` with the same sizes.
   o.rss_child_args = [](int64_t T, const bench::AttnCase& b) {
     return std::vector<std::string>{"--threads", std::to_string(num_threads()), "bench", "--rss-child",

@@ -129,7 +129,8 @@ std::string generate(Model& m, const Tokenizer& tok, const std::string& prompt,
   });
   emit(utf8.finish());
   Utf8Stream whole;
-  return whole.push(raw) + whole.finish();
+  std::string text = whole.push(raw);
+  return text + whole.finish();
 }
 
 }  // namespace diffattn::data

@@ -21,7 +21,8 @@ std::string stream_bytes(const std::string& bytes) {
 
 std::string stream_whole(const std::string& bytes) {
   Utf8Stream s;
-  return s.push(bytes) + s.finish();
+  const std::string out = s.push(bytes);  // before finish(): the operands of + are unordered
+  return out + s.finish();
 }
 
 const std::string kFffd = "\xEF\xBF\xBD";

@@ -175,18 +175,18 @@ TEST(Heatmap, CellsCarryTheirColours) {
   EXPECT_THROW(render_heatmap(m, 2, 2, bad), InvalidArgument);
 }
 
-// Bands of consecutive pixel rows in [y0, y1) with ink (a dark pixel) between x0 and x1.
+// Lines of text between x0 and x1 in the pixel rows [y0, y1): bands of rows with ink (a dark
+// pixel), a band ending at two blank rows (a glyph's own gaps, as over an "i", are one row).
 int ink_bands(const Canvas& c, int x0, int x1, int y0, int y1) {
-  int bands = 0;
-  bool in = false;
+  int bands = 0, blank = 2;
   for (int y = y0; y < y1; ++y) {
     bool ink = false;
     for (int x = x0; x < x1 && !ink; ++x) {
       const Rgb p = c.at(x, y);
       ink = p.r + p.g + p.b < 3 * 128;
     }
-    bands += ink && !in;
-    in = ink;
+    bands += ink && blank >= 2;
+    blank = ink ? 0 : blank + 1;
   }
   return bands;
 }
@@ -210,7 +210,6 @@ TEST(Heatmap, RowLabelsOfAFewRowsOfManyColumnsDoNotOverlap) {
   spec.row_px = 14;
   const Canvas tall = render_heatmap(m.data(), rows, cols, spec);
   EXPECT_EQ(ink_bands(tall, 32, 60, 30, 37 + rows * 14 + 4), rows);  // every label, apart
-  EXPECT_GE(tall.height(), square.height() + rows * 8);
 }
 
 TEST(Chart, DrawsSeriesInsideTheAxes) {

@@ -55,6 +55,11 @@ def tiny_run(tmp_path, name="run", steps=2, extra=()):
     (["params", "--context", "0"], ["--context"]),
     (["params", "--heads", "x"], ["--heads"]),
     (["demo", "--steps", "0"], ["--steps"]),
+    (["snr", "--length", "0"], ["length"]),
+    (["bench", "--H", "0"], ["--H"]),
+    (["explore", "--model", "NOPE", "--port", "99999"], ["--port"]),
+    (["experiment", "retrieval", "--d-model", "0"], ["--d-model"]),
+    (["analyze", "--model", "NOPE", "--samples", "0"], ["--samples"]),
 ])
 def test_flag_errors_exit_2(tmp_path, args, words):
     args = [str(tmp_path / a) if a in ("NOPE", "o") else a for a in args]
