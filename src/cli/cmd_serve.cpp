@@ -3,6 +3,7 @@
 
 #include "cli/args.h"
 #include "diffattn/base/dtype.h"
+#include "diffattn/http/http_server.h"
 #include "diffattn/serve/server.h"
 
 namespace diffattn::cli {
@@ -50,6 +51,10 @@ int run_serve(const std::vector<std::string>& argv) {
   o.model_name = args.str("--name");
   o.host = args.str("--host");
   o.allow_remote = args.on("--allow-remote");
+  if (!o.allow_remote && !http::is_loopback(o.host)) {  // before the model is loaded
+    throw UsageError("--host must be a loopback address (127.0.0.1, ::1 or localhost) unless "
+                     "--allow-remote is given, got \"" + o.host + "\"");
+  }
   o.port = static_cast<int>(args.integer("--port", 0, 65535));
   o.timeout_seconds = static_cast<int>(args.integer("--timeout", 1, 86400));
   o.api.max_tokens = args.integer("--max-tokens", 1, 1 << 20);

@@ -52,6 +52,8 @@ def tiny_run(tmp_path, name="run", steps=2, extra=()):
     (["experiment", "nope"], ["retrieval"]),
     (["serve", "--model", "NOPE", "--kv-dtype", "f8"], ["--kv-dtype"]),
     (["serve", "--model", "NOPE", "--tokenizer", "words"], ["--tokenizer"]),
+    (["serve", "--model", "NOPE", "--host", "192.0.2.1"], ["--host", "--allow-remote"]),
+    (["explore", "--model", "NOPE", "--host", "192.0.2.1"], ["--host", "loopback"]),
     (["params", "--context", "0"], ["--context"]),
     (["params", "--heads", "x"], ["--heads"]),
     (["demo", "--steps", "0"], ["--steps"]),
