@@ -20,7 +20,7 @@
 #include <set>
 #include <vector>
 
-#include "base/json_util.h"
+#include "diffattn/base/json_util.h"
 #include "diffattn/base/memory.h"
 
 namespace diffattn {

@@ -13,10 +13,27 @@
 
 namespace diffattn::cli {
 
+// A command line the tool cannot run: an unknown option, a missing or malformed value, a value
+// out of range. The tool exits with status 2 for it (docs/cli.md, "Exit status"); any other
+// error (a file, a model, the machine) exits with status 1.
 class UsageError : public InvalidArgument {
  public:
   using InvalidArgument::InvalidArgument;
 };
+
+// Runs f, which checks values that came from flags with the library's own parsers
+// (parse_dtype(a.str("--dtype"), "--dtype"), a task's validate()), and reports an
+// InvalidArgument it throws as the UsageError it is. Errors of files (IoError) pass unchanged.
+template <class F>
+auto from_flags(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const UsageError&) {
+    throw;
+  } catch (const InvalidArgument& e) {
+    throw UsageError(e.what());
+  }
+}
 
 class Args {
  public:

@@ -36,7 +36,7 @@ int run_convert(const std::vector<std::string>& argv) {
   }
   const std::string to = a.str("--to"), in = a.str("--model"), out = a.str("--out");
   if (to != "hf" && to != "diffattn") throw UsageError("--to is \"" + to + "\", expected hf or diffattn");
-  const DType dtype = parse_dtype(a.str("--dtype"), "--dtype");
+  const DType dtype = from_flags([&] { return parse_dtype(a.str("--dtype"), "--dtype"); });
   const int64_t shards = a.integer("--shards", 1, 9999);
   if (to == "diffattn" && a.given("--shards")) {
     throw UsageError("--shards applies to --to hf (diffattn's format is one file)");

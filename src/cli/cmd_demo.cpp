@@ -181,12 +181,16 @@ int run_demo(const std::vector<std::string>& argv) {
             "DIFF V1 language model and its standard twin trained on the King James Bible; last,\n"
             "multi-needle retrieval with DIFF V1, DIFF V2 and standard models (about two minutes),\n"
             "whose report, plots, heatmaps and models go to --out.");
-  args.option("--out", "DIR", "diffattn-demo", "where the retrieval section writes its report and models");
+  args.option("--out", "DIR", "diffattn-demo", "where the retrieval section writes its report and models")
+      .option("--steps", "N", "1500",
+              "training steps of each model in sections 4 and 5 (fewer: a quick look; the tables' "
+              "numbers are then those of barely trained models)");
   if (!args.parse(argv)) return 0;
+  const int64_t steps = args.integer("--steps", 1, 1000000);
   worked_example(std::cout);
   exercise_one(std::cout);
-  demo_language_model(std::cout, 4);
-  demo_retrieval(std::cout, 5, args.str("--out") + "/retrieval");
+  demo_language_model(std::cout, 4, steps);
+  demo_retrieval(std::cout, 5, args.str("--out") + "/retrieval", steps);
   return 0;
 }
 

@@ -24,12 +24,18 @@ int run_eval(const std::vector<std::string>& argv) {
   if (!a.parse(argv)) return 0;
   if (!a.given("--model")) throw UsageError("--model DIR is required");
   const std::string dir = a.str("--model");
+  // The flags first: a bad one is a usage error (status 2) whatever the directory holds.
+  const data::TokenizerChoice choice =
+      from_flags([&] { return data::parse_tokenizer_choice(a.str("--tokenizer"), "--tokenizer"); });
+  const int64_t batch = a.integer("--batch", 1, int64_t{1} << 40);
+  const int64_t seq_len = a.integer("--seq-len", 1, int64_t{1} << 40);
+  const int64_t batches = a.integer("--batches", 0, int64_t{1} << 40);
   Model m = load_model(dir);
-  const auto tok = data::tokenizer_for(dir, data::parse_tokenizer_choice(a.str("--tokenizer"), "--tokenizer"));
+  const auto tok = data::tokenizer_for(dir, choice);
   const data::Corpus c = data::load_corpus(a.str("--corpus"), data::default_cache_dir());
   const std::vector<int32_t> valid = tok->encode(c.valid);
-  const int64_t T = std::min(a.integer("--seq-len"), m.config().max_seq_len);
-  const double loss = data::eval_loss(m, valid, a.integer("--batch"), T, a.integer("--batches"));
+  const int64_t T = std::min(seq_len, m.config().max_seq_len);
+  const double loss = data::eval_loss(m, valid, batch, T, batches);
   std::printf("%s on %s validation (%zu tokens, T %lld): loss %.4f  perplexity %.3f  (%.4f bits per token)\n",
               dir.c_str(), c.name.c_str(), valid.size(), static_cast<long long>(T), loss,
               std::exp(loss), loss / std::log(2.0));

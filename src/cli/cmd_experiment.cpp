@@ -212,10 +212,10 @@ int run_experiment(const std::vector<std::string>& argv) {
   o.eval_samples = a.integer("--eval-samples");
   o.noise_samples = a.integer("--noise-samples");
   if (o.eval_samples < 1 || o.noise_samples < 1) throw UsageError("--eval-samples and --noise-samples must be >= 1");
-  o.size.d_model = a.integer("--d-model");
-  o.size.n_layers = a.integer("--layers");
-  o.size.n_heads = a.integer("--heads");
-  o.size.ffn_dim = a.integer("--ffn");
+  o.size.d_model = a.integer("--d-model", 1, 1 << 18);
+  o.size.n_layers = a.integer("--layers", 1, 1 << 16);
+  o.size.n_heads = a.integer("--heads", 1, 1 << 16);
+  o.size.ffn_dim = a.integer("--ffn", 1, 1 << 20);
   o.size.max_seq_len = 0;  // from the longest sample
   o.init_std = a.number("--init-std");
   if (!(o.init_std > 0)) throw UsageError("--init-std must be > 0");
@@ -227,12 +227,15 @@ int run_experiment(const std::vector<std::string>& argv) {
   o.train.adamw.warmup = a.integer("--warmup");
   o.train.adamw.weight_decay = a.number("--weight-decay");
   o.kinds.clear();
-  for (const std::string& k : split(a.str("--kinds"), ',')) o.kinds.push_back(parse_attn_kind(k, "--kinds"));
+  for (const std::string& k : split(a.str("--kinds"), ',')) {
+    o.kinds.push_back(from_flags([&] { return parse_attn_kind(k, "--kinds"); }));
+  }
   if (o.kinds.empty()) throw UsageError("--kinds is empty");
   o.out_dir = a.str("--out");
   if (o.out_dir.empty()) throw UsageError("--out DIR must not be empty");
+  o.progress = true;  // a bar on stderr while each model trains, when it is a terminal
 
-  o.task.validate();
+  from_flags([&] { o.task.validate(); });
   if (a.given("--seeds")) {
     std::vector<RetrievalExperimentResult> runs;
     const std::string root = o.out_dir;
@@ -283,17 +286,17 @@ int run_analyze(const std::vector<std::string>& argv) {
   if (!a.parse(argv)) return 0;
   if (!a.given("--model")) throw UsageError("--model DIR is required");
   const std::string dir = a.str("--model");
+  const int64_t samples = a.integer("--samples");
+  if (samples < 1) throw UsageError("--samples must be >= 1");
   Model m = load_model(dir);
   data::RetrievalSpec spec = data::read_retrieval_spec(dir).value_or(data::RetrievalSpec{});
   apply_task_options(a, spec);
   spec.min_context = 0;
   spec = heldout(spec);
-  const int64_t samples = a.integer("--samples");
-  if (samples < 1) throw UsageError("--samples must be >= 1");
   const NoiseAnalysis r = analyze_noise(m, spec, samples);
   const bool pair = r.kind != nn::AttnKind::Standard;
-  std::cout << nn::attn_kind_name(r.kind) << " model " << dir << ": " << r.samples << " held-out contexts of "
-            << spec.context << " tokens, " << r.rows << " answer rows, answer accuracy " << fixed(100 * r.accuracy, 1)
+  std::cout << nn::attn_kind_name(r.kind) << " model " << dir << ": " << plural(r.samples, "held-out context") << " of "
+            << plural(spec.context, "token") << ", " << plural(r.rows, "answer row") << ", answer accuracy " << fixed(100 * r.accuracy, 1)
             << "%\n";
   std::vector<std::vector<std::string>> rows;
   auto add = [&](const std::string& layer, const char* map, const NoiseStats& s, double lam) {

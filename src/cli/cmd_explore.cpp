@@ -3,6 +3,7 @@
 
 #include "cli/args.h"
 #include "diffattn/explorer/explorer.h"
+#include "diffattn/http/http_server.h"
 
 namespace diffattn::cli {
 
@@ -43,6 +44,11 @@ int run_explore(const std::vector<std::string>& argv) {
       .option("--host", "ADDR", "127.0.0.1", "loopback address to listen on")
       .option("--port", "N", "8765", "port; 0 picks a free one (printed)");
   if (!args.parse(argv)) return 0;
+  const int port = static_cast<int>(args.integer("--port", 0, 65535));
+  if (!http::is_loopback(args.str("--host"))) {  // before the models are loaded
+    throw UsageError("--host must be a loopback address (127.0.0.1, ::1 or localhost), got \"" +
+                     args.str("--host") + "\"");
+  }
   if (args.given("--model")) {
     std::string dirs = args.str("--model");
     size_t at = 0;
@@ -57,7 +63,7 @@ int run_explore(const std::vector<std::string>& argv) {
       at = comma + 1;
     }
   }
-  explorer::serve(args.str("--host"), static_cast<int>(args.integer("--port")), announce);
+  explorer::serve(args.str("--host"), port, announce);
   return 0;
 }
 

@@ -10,6 +10,7 @@
 
 #include "bench/cases/bench_cases.h"
 #include "cli/args.h"
+#include "diffattn/base/text.h"
 #include "diffattn/kernels/runtime.h"
 #include "diffattn/model/checkpoint.h"
 #include "diffattn/train/train.h"
@@ -104,15 +105,17 @@ int run_generate(const std::vector<std::string>& argv) {
   Args a("generate",
          "Continue a prompt with a model (diffattn's own directory, or a Hugging Face Llama or\n"
          "DiffLlama directory with its tokenizer.json): the prompt is prefilled through the KV\n"
-         "cache, then one token at a time is decoded and printed as it comes (streamed); it stops\n"
-         "at the model's end-of-sequence id (generation_config.json or tokenizer_config.json).");
+         "cache, then one token at a time is decoded and printed as it comes (streamed, whole UTF-8\n"
+         "characters; bytes that form none as U+FFFD); it stops at the model's end-of-sequence id\n"
+         "(generation_config.json or tokenizer_config.json).");
   a.option("--model", "DIR", "", "the model directory (required): diffattn's format or Hugging Face's")
       .option("--prompt", "TEXT", "",
               "the text to continue (empty: a newline); it must encode to at least one token and "
               "fewer than the model's max_seq_len")
       .option("--max-new", "N", "200",
               "new tokens to generate, at most; generation stops earlier when the prompt and the "
-              "new tokens fill the model's max_seq_len (a note on stderr says so)")
+              "new tokens fill the model's max_seq_len (a note on stderr says so when --max-new "
+              "was given)")
       .option("--temperature", "X", "0.8", "softmax temperature; 0 is greedy")
       .option("--top-k", "K", "0", "sample from the K most likely tokens (0: all)")
       .option("--top-p", "P", "1.0", "nucleus sampling: the smallest set with probability >= P")
@@ -131,18 +134,13 @@ int run_generate(const std::vector<std::string>& argv) {
   if (!a.parse(argv)) return 0;
   if (!a.given("--model")) throw UsageError("--model DIR is required");
   const std::string dir = a.str("--model");
-  const DType kv_dtype = parse_dtype(a.str("--kv-dtype"), "--kv-dtype");
-  const auto t_load = std::chrono::steady_clock::now();
-  Model m = load_model(dir);
-  const double load_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+  // Every flag is checked before the model is read: a bad flag is a usage error (status 2)
+  // whatever the directory holds.
+  const DType kv_dtype = from_flags([&] { return parse_dtype(a.str("--kv-dtype"), "--kv-dtype"); });
+  const data::TokenizerChoice tok_choice =
+      from_flags([&] { return data::parse_tokenizer_choice(a.str("--tokenizer"), "--tokenizer"); });
   const int64_t bench_steps = a.integer("--bench", 0, int64_t{1} << 40);
   const int64_t bench_prompt = a.integer("--bench-prompt", 1, int64_t{1} << 24);
-  if (bench_steps > 0) {
-    return bench_decode(m, std::max<int64_t>(1, std::min<int64_t>(bench_prompt, m.config().max_seq_len / 2)),
-                        bench_steps, load_s, kv_dtype);
-  }
-  const auto tok = data::tokenizer_for(dir, data::parse_tokenizer_choice(a.str("--tokenizer"), "--tokenizer"));
   data::GenerateOptions o;
   o.max_new = a.integer("--max-new", 0, int64_t{1} << 40);
   o.sampler.temperature = a.number("--temperature", 0, 1e30);
@@ -152,6 +150,15 @@ int run_generate(const std::vector<std::string>& argv) {
     throw UsageError("--top-p must be in (0, 1], got " + a.str("--top-p"));
   }
   o.sampler.seed = static_cast<uint64_t>(a.integer("--seed", 0, INT64_MAX));
+  const auto t_load = std::chrono::steady_clock::now();
+  Model m = load_model(dir);
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+  if (bench_steps > 0) {
+    return bench_decode(m, std::max<int64_t>(1, std::min<int64_t>(bench_prompt, m.config().max_seq_len / 2)),
+                        bench_steps, load_s, kv_dtype);
+  }
+  const auto tok = data::tokenizer_for(dir, tok_choice);
   o.stop_ids = data::stop_ids_for(dir, *tok, m.config().vocab_size);
   o.kv_dtype = kv_dtype;
   const std::string prompt = a.str("--prompt");
@@ -163,14 +170,16 @@ int run_generate(const std::vector<std::string>& argv) {
                        " tokenizer (it is empty or only whitespace); give some text to continue");
     }
     if (static_cast<int64_t>(n) >= cap) {
-      throw UsageError("--prompt is " + std::to_string(n) + " tokens; the model's max_seq_len is " +
+      throw UsageError("--prompt is " + plural(static_cast<long long>(n), "token") + "; the model's max_seq_len is " +
                        std::to_string(cap) + ", so a prompt may have at most " +
-                       std::to_string(cap - 1) + " tokens");
+                       plural(cap - 1, "token"));
     }
-    if (static_cast<int64_t>(n) + o.max_new > cap) {
-      std::cerr << "diffattn generate: note: the prompt (" << n << " tokens) and --max-new "
-                << o.max_new << " exceed max_seq_len " << cap << "; generating "
-                << cap - static_cast<int64_t>(n) << " new tokens\n";
+    // The default --max-new only says "until max_seq_len" on a short model: a note only when
+    // the user asked for more than fits.
+    if (a.given("--max-new") && static_cast<int64_t>(n) + o.max_new > cap) {
+      std::cerr << "diffattn generate: note: the prompt (" << plural(static_cast<long long>(n), "token")
+                << ") and --max-new " << o.max_new << " exceed max_seq_len " << cap << "; generating "
+                << plural(cap - static_cast<int64_t>(n), "new token") << "\n";
     }
   }
   std::cout << prompt << std::flush;

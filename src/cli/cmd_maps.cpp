@@ -27,7 +27,7 @@ Prompt tokenize(const data::Tokenizer& tok, const std::string& text, int64_t max
   p.ids = tok.encode(text);
   if (p.ids.empty()) throw UsageError("--prompt is empty");
   if (static_cast<int64_t>(p.ids.size()) > max_len) {
-    throw UsageError("--prompt is " + std::to_string(p.ids.size()) + " tokens; the model takes at most max_seq_len = " +
+    throw UsageError("--prompt is " + plural(static_cast<long long>(p.ids.size()), "token") + "; the model takes at most max_seq_len = " +
                      std::to_string(max_len));
   }
   for (int32_t id : p.ids) p.labels.push_back(tok.decode({id}));
@@ -76,26 +76,26 @@ int run_maps(const std::vector<std::string>& argv) {
   if (!a.given("--model")) throw UsageError("--model DIR is required");
   if (!a.given("--prompt")) throw UsageError("--prompt TEXT is required");
   const std::string dir = a.str("--model");
+  // The flags that need no model first: a bad one is a usage error whatever DIR holds.
+  const data::TokenizerChoice choice =
+      from_flags([&] { return data::parse_tokenizer_choice(a.str("--tokenizer"), "--tokenizer"); });
+  MapOptions mo;
+  if (a.given("--lambda")) mo.lambda = a.number("--lambda");
+  mo.mode = from_flags([&] { return parse_diff_mode(a.str("--mode"), "--mode"); });
+  int64_t layer = a.integer("--layer");
+  const int64_t head_flag = a.integer("--head");
   Model m = load_model(dir);
-  const auto tok = data::tokenizer_for(dir, data::parse_tokenizer_choice(a.str("--tokenizer"), "--tokenizer"));
+  const auto tok = data::tokenizer_for(dir, choice);
   const Prompt p = tokenize(*tok, a.str("--prompt"), m.config().max_seq_len);
   const int64_t T = static_cast<int64_t>(p.ids.size()), L = m.config().n_layers;
-  int64_t layer = a.integer("--layer");
   if (layer == -1) layer = L - 1;
   if (layer < 0 || layer >= L) {
     throw UsageError("--layer " + std::to_string(layer) + " is outside [0, " + std::to_string(L) + ")");
   }
   const int64_t heads = m.config().n_heads;
-  int64_t head = a.on("--mean-heads") ? -1 : a.integer("--head");
+  int64_t head = a.on("--mean-heads") ? -1 : head_flag;
   if (head < -1 || head >= heads) {
     throw UsageError("--head " + std::to_string(head) + " is outside [0, " + std::to_string(heads) + ")");
-  }
-  MapOptions mo;
-  if (a.given("--lambda")) mo.lambda = a.number("--lambda");
-  try {
-    mo.mode = parse_diff_mode(a.str("--mode"), "--mode");
-  } catch (const InvalidArgument& e) {
-    throw UsageError(e.what());
   }
   m.forward(p.ids.data(), nullptr, 1, T);
 
@@ -119,7 +119,7 @@ int run_maps(const std::vector<std::string>& argv) {
   const std::string out = a.str("--out");
   const std::vector<std::string> written = export_views(v, out, stem);
 
-  std::cout << v.title << ", " << T << " tokens";
+  std::cout << v.title << ", " << plural(T, "token");
   if (!v.map1.empty()) {
     std::cout << ", lambda " << fixed(v.lambda, 3) << (a.given("--lambda") ? " (given)" : v.lambda_varies ? " (mean; per token)" : " (learned)");
   }

@@ -28,11 +28,16 @@ std::string count(double n) {
   return buf;
 }
 
-// FLOP counts with their unit: 15.36 GFLOP, 60.72 TFLOP.
+// FLOP counts with their unit: 15.36 GFLOP, 60.72 TFLOP, 233.47 KFLOP; below 1000 a whole
+// number (FLOPs are counted, not measured).
 std::string flops(double n) {
   char buf[48];
-  const char* unit = n >= 1e12 ? "TFLOP" : n >= 1e9 ? "GFLOP" : n >= 1e6 ? "MFLOP" : "FLOP";
-  const double div = n >= 1e12 ? 1e12 : n >= 1e9 ? 1e9 : n >= 1e6 ? 1e6 : 1;
+  if (n < 1e3) {
+    std::snprintf(buf, sizeof buf, "%.0f FLOP", n);
+    return buf;
+  }
+  const char* unit = n >= 1e12 ? "TFLOP" : n >= 1e9 ? "GFLOP" : n >= 1e6 ? "MFLOP" : "KFLOP";
+  const double div = n >= 1e12 ? 1e12 : n >= 1e9 ? 1e9 : n >= 1e6 ? 1e6 : 1e3;
   std::snprintf(buf, sizeof buf, "%.2f %s", n / div, unit);
   return buf;
 }
@@ -177,7 +182,9 @@ int run_params(const std::vector<std::string>& argv) {
       .option("--kv-heads", "N", "", "key/value heads of the standard model (default: --heads)")
       .option("--head-dim", "N", "128", "head size of the standard model")
       .option("--ffn", "N", "11008", "FFN hidden size")
-      .option("--context", "T", "4096", "context for attention FLOPs per token")
+      .option("--context", "T", "4096",
+              "context for attention FLOPs per token (with --model and no --context: the model's "
+              "max_seq_len)")
       .option("--kv-bytes", "N", "2", "bytes per cached value (2: bf16/fp16; 4: float32)")
       .flag("--tie", "tie lm_head to the embedding table")
       .flag("--v2-match-ffn", "shrink V2's ffn to match the standard parameter count")
@@ -187,22 +194,28 @@ int run_params(const std::vector<std::string>& argv) {
     exercise_five(std::cout);
     return 0;
   }
-  const int64_t T = args.integer("--context");
-  const double bytes = args.number("--kv-bytes");
+  constexpr int64_t kBig = int64_t{1} << 40;
+  int64_t T = args.integer("--context", 1, kBig);
+  const double bytes = args.number("--kv-bytes", 0.125, 64);
   const bool match = args.on("--v2-match-ffn");
   if (args.given("--model")) {
+    for (const char* o : {"--vocab", "--d-model", "--layers", "--heads", "--head-dim", "--ffn",
+                          "--kv-heads", "--tie"}) {
+      if (args.given(o)) throw UsageError(std::string(o) + " cannot be used with --model (the size is the model's)");
+    }
     const ModelConfig c = read_model_config(args.str("--model"));
+    if (!args.given("--context")) T = c.max_seq_len;
     report(std::cout, args.str("--model") + " (" + nn::attn_kind_name(c.attention) + ") and its other versions",
            base_of(c), T, bytes, match);
     return 0;
   }
   ModelConfig b = example_7b();
-  b.vocab_size = args.integer("--vocab");
-  b.d_model = args.integer("--d-model");
-  b.n_layers = args.integer("--layers");
-  b.n_heads = args.integer("--heads");
-  b.head_dim = args.integer("--head-dim");
-  b.ffn_dim = args.integer("--ffn");
+  b.vocab_size = args.integer("--vocab", 1, kBig);
+  b.d_model = args.integer("--d-model", 1, kBig);
+  b.n_layers = args.integer("--layers", 1, kBig);
+  b.n_heads = args.integer("--heads", 1, kBig);
+  b.head_dim = args.integer("--head-dim", 1, kBig);
+  b.ffn_dim = args.integer("--ffn", 1, kBig);
   b.tie_embeddings = args.on("--tie");
   bool sized = false;
   for (const char* o : {"--vocab", "--d-model", "--layers", "--heads", "--head-dim", "--ffn",
@@ -210,7 +223,7 @@ int run_params(const std::vector<std::string>& argv) {
     sized |= args.given(o);
   }
   if (args.given("--kv-heads")) {
-    b.n_kv_heads = args.integer("--kv-heads");
+    b.n_kv_heads = args.integer("--kv-heads", 1, kBig);
   } else {
     b.n_kv_heads = b.n_heads;
   }

@@ -3,7 +3,8 @@
 
 #include "cli/args.h"
 #include "diffattn/base/dtype.h"
-#include "serve/server.h"
+#include "diffattn/http/http_server.h"
+#include "diffattn/serve/server.h"
 
 namespace diffattn::cli {
 
@@ -50,6 +51,10 @@ int run_serve(const std::vector<std::string>& argv) {
   o.model_name = args.str("--name");
   o.host = args.str("--host");
   o.allow_remote = args.on("--allow-remote");
+  if (!o.allow_remote && !http::is_loopback(o.host)) {  // before the model is loaded
+    throw UsageError("--host must be a loopback address (127.0.0.1, ::1 or localhost) unless "
+                     "--allow-remote is given, got \"" + o.host + "\"");
+  }
   o.port = static_cast<int>(args.integer("--port", 0, 65535));
   o.timeout_seconds = static_cast<int>(args.integer("--timeout", 1, 86400));
   o.api.max_tokens = args.integer("--max-tokens", 1, 1 << 20);
@@ -58,10 +63,10 @@ int run_serve(const std::vector<std::string>& argv) {
   o.engine.max_waiting = args.integer("--max-waiting", 0, 1 << 20);
   o.engine.n_blocks = args.integer("--kv-blocks", 1, int64_t{1} << 30);
   o.engine.block_size = args.integer("--block-size", 1, 4096);
-  o.engine.kv_dtype = parse_dtype(args.str("--kv-dtype"), "--kv-dtype");
+  o.engine.kv_dtype = from_flags([&] { return parse_dtype(args.str("--kv-dtype"), "--kv-dtype"); });
   o.engine.prefill_chunk = args.integer("--prefill-chunk", 1, 1 << 20);
   o.workers = static_cast<int>(args.integer("--workers", 1, 4096));
-  o.tokenizer = data::parse_tokenizer_choice(args.str("--tokenizer"), "--tokenizer");
+  o.tokenizer = from_flags([&] { return data::parse_tokenizer_choice(args.str("--tokenizer"), "--tokenizer"); });
   serve::run_server(o, [](const std::string& host, int port) {
     const std::string h = host.find(':') != std::string::npos ? "[" + host + "]" : host;
     std::cout << "diffattn serve: listening on http://" << h << ":" << port

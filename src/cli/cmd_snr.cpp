@@ -132,7 +132,8 @@ int run_snr_cmd(const std::vector<std::string>& argv) {
   c.seed = static_cast<uint64_t>(args.integer("--seed"));
   const bool sweeps = !args.on("--no-sweeps");
   if (args.given("--plot") && !sweeps) throw UsageError("--plot needs the sweeps (drop --no-sweeps)");
-  const SnrResult r = run_snr(c, sweeps);
+  // The command reads no file: what run_snr refuses is a flag's value (a usage error).
+  const SnrResult r = from_flags([&] { return run_snr(c, sweeps); });
 
   std::cout << "== Signal-to-noise: N = " << c.length << ", D = " << c.head_dim << ", signal "
             << num(c.signal) << ", noise " << num(c.noise) << ", independent "

@@ -12,7 +12,7 @@
 #include <sstream>
 #include <nlohmann/json.hpp>
 
-#include "base/json_util.h"
+#include "diffattn/base/json_util.h"
 #include "cli/args.h"
 #include "diffattn/base/files.h"
 #include "diffattn/kernels/runtime.h"
@@ -187,7 +187,8 @@ int run_train(const std::vector<std::string>& argv) {
     throw UsageError("--tokenizer is \"" + o.tokenizer + "\", expected bytes or sentencepiece");
   }
 
-  const nn::AttnKind kind = parse_attn_kind(attention, "--attention");
+  const nn::AttnKind kind = from_flags([&] { return parse_attn_kind(attention, "--attention"); });
+  if (a.given("--preset")) from_flags([&] { model_preset(preset, kind); });
   const int64_t bench_steps = a.integer("--bench", 0, kBig);
   const int64_t vocab_size = a.integer("--vocab-size", 2, 1 << 20);
   if (bench_steps > 0) {

@@ -1,26 +1,29 @@
 // The demo's language-model section: a tiny Differential Transformer (V1) and the standard
 // Transformer of equal size, trained side by side on the same batches of the King James Bible,
 // then asked to continue the same prompt.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <iostream>
 
 #include "cli/demo.h"
+#include "cli/progress.h"
 #include "cli/table.h"
 #include "diffattn/kernels/runtime.h"
 #include "diffattn/train/train.h"
 
 namespace diffattn::cli {
 
-void demo_language_model(std::ostream& os, int section) {
-  constexpr int64_t kSteps = 1500, kEvery = 150;
+void demo_language_model(std::ostream& os, int section, int64_t steps) {
+  const int64_t kSteps = steps;
+  const int64_t kEvery = std::max<int64_t>(1, kSteps / 10);
   data::TrainOptions o;
   o.steps = kSteps;
   o.batch = 8;
   o.seq_len = 128;
   o.adamw.lr = 3e-3;
   o.adamw.min_lr = 3e-4;
-  o.adamw.warmup = 100;
+  o.adamw.warmup = std::min<int64_t>(100, kSteps / 2);
   o.seed = 1;
   const data::Corpus corpus = data::load_corpus("kjv", data::default_cache_dir());
   const auto tok = data::byte_tokenizer();
@@ -48,13 +51,18 @@ void demo_language_model(std::ostream& os, int section) {
     runs[r].tr = std::make_unique<data::Trainer>("", model_preset("tiny", kinds[r]), o);
     const auto t0 = std::chrono::steady_clock::now();
     double acc = 0;
+    // The curve's rows come only at the end: a progress bar on stderr meanwhile, as `train` has.
+    ProgressBar bar(std::string(runs[r].label) + " (" + std::to_string(r + 1) + " of 2)", kSteps);
     for (int64_t s = 0; s < kSteps; ++s) {
-      acc += runs[r].tr->step(train).loss;
+      const double loss = runs[r].tr->step(train).loss;
+      bar.update(s + 1, loss);
+      acc += loss;
       if ((s + 1) % kEvery == 0) {
         runs[r].curve.push_back(acc / kEvery);
         acc = 0;
       }
     }
+    bar.done();
     runs[r].seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     runs[r].val = data::eval_loss(runs[r].tr->model(), valid, o.batch, o.seq_len, 16);
   }

@@ -1,6 +1,7 @@
 // The demo's retrieval section: DIFF V1, DIFF V2 and a standard model of equal size trained on
 // the same multi-needle retrieval batches (the defaults of `diffattn experiment retrieval`,
 // with fewer held-out samples), their tables, and the report with its plots and heatmaps.
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 
@@ -11,18 +12,19 @@
 
 namespace diffattn::cli {
 
-void demo_retrieval(std::ostream& os, int section, const std::string& out_dir) {
+void demo_retrieval(std::ostream& os, int section, const std::string& out_dir, int64_t steps) {
   RetrievalExperimentOptions o;  // the task's defaults: context 32..64, 4 needles, 2 queried
   o.task.min_context = 32;
   o.lengths = {32, 48, 64, 96};
   o.eval_samples = 128;
   o.noise_samples = 32;
   o.size.max_seq_len = 0;
-  o.train.steps = 1500;
+  o.train.steps = steps;
+  o.progress = true;  // a bar on stderr while each model trains (when it is a terminal)
   o.train.batch = 16;
   o.train.adamw.lr = 3e-3;
   o.train.adamw.min_lr = 3e-4;
-  o.train.adamw.warmup = 30;
+  o.train.adamw.warmup = std::min<int64_t>(30, steps / 2);
   o.train.adamw.weight_decay = 0.0;
   o.out_dir = out_dir;
 

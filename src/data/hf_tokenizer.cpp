@@ -17,7 +17,7 @@
 #include <queue>
 #include <unordered_map>
 
-#include "base/json_util.h"
+#include "diffattn/base/json_util.h"
 #include "diffattn/base/error.h"
 #include "diffattn/base/files.h"
 

@@ -136,6 +136,7 @@ namespace diffattn {
 ModelConfig read_model_config(const std::string& path) {
   struct stat st {};
   const bool dir = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  if (dir || path.empty() || path.back() == '/') check_model_dir(path);  // worded as load_model's
   const std::string file = dir ? path + "/config.json" : path;
   const std::string text = read_file(file, kMaxJsonFileBytes);
   // config.json has one parser per format, the model loader's (every rule and error message).

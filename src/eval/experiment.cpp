@@ -198,6 +198,7 @@ RetrievalExperimentResult run_retrieval_experiment(const RetrievalExperimentOpti
           " tokens on " + std::to_string(num_threads()) + " thread(s)...");
     }
     data::Trainer tr(mr.dir, std::move(init), t);
+    tr.progress = o.progress;
     const auto t0 = std::chrono::steady_clock::now();
     if (mr.dir.empty()) {
       for (int64_t s = 0; s < t.steps; ++s) mr.loss_curve.push_back(tr.step(task).loss);
@@ -359,6 +360,7 @@ std::vector<std::string> write_retrieval_report(RetrievalExperimentResult& r, co
     spec.row_labels = q.labels;
     spec.col_labels = byte_labels(std::vector<int32_t>(sample.tokens.begin(), sample.tokens.begin() + q.n));
     spec.row_axis = "layer, head";
+    spec.row_px = 14;  // a few rows (layers x heads) of many key positions: a line of text each
     spec.col_axis = "key position";
     spec.scale = q.signed_map ? viz::ColorScale::Diverging : viz::ColorScale::Sequential;
     panels.push_back(viz::render_heatmap(q.w.data(), static_cast<int>(q.rows), static_cast<int>(q.n), spec));
@@ -379,8 +381,10 @@ std::vector<std::string> write_retrieval_report(RetrievalExperimentResult& r, co
   md << "# Multi-needle retrieval: DIFF V1, DIFF V2 and standard attention\n\n"
      << "After the key-information-retrieval setup of arXiv:2410.05258 (section 3.4), at small scale on "
         "this machine. Produced by `diffattn experiment retrieval`.\n\n"
-     << "- task: " << data::RetrievalTask(o.task).describe() << "; " << o.task.near_misses
-     << " near-miss needles per context (-1: every unqueried one); keys of " << o.task.key_len << " symbols from "
+     << "- task: " << data::RetrievalTask(o.task).describe() << "; "
+     << plural(o.task.near_misses < 0 ? o.task.needles - o.task.queries : o.task.near_misses, "near-miss needle")
+     << " per context" << (o.task.near_misses < 0 ? " (every unqueried one)" : "")
+     << "; keys of " << o.task.key_len << " symbols from "
      << o.task.key_symbols << ", values from " << o.task.value_symbols << "\n"
      << "- sample: `" << sample.text() << "`\n"
      << "- training: " << o.train.steps << " steps of " << o.train.batch << " sequences, lr " << o.train.adamw.lr

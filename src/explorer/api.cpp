@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "base/json_util.h"
+#include "diffattn/base/json_util.h"
 #include "diffattn/eval/experiment.h"
 #include "diffattn/eval/inspect.h"
 #include "diffattn/eval/views.h"

@@ -3,7 +3,7 @@
 #include <string>
 
 #include "diffattn/explorer/explorer.h"
-#include "http/http_server.h"
+#include "diffattn/http/http_server.h"
 
 namespace diffattn::explorer {
 

@@ -12,7 +12,7 @@
 #include <set>
 #include <unordered_map>
 
-#include "base/json_util.h"
+#include "diffattn/base/json_util.h"
 #include "diffattn/grammar/json_schema.h"
 #include "grammar/program.h"
 

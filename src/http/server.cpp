@@ -49,7 +49,7 @@
 #include <httplib.h>
 
 #include "diffattn/base/error.h"
-#include "http/http_server.h"
+#include "diffattn/http/http_server.h"
 #include "http/request_head.h"
 
 namespace diffattn::http {

@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <set>
 
-#include "base/json_util.h"
+#include "diffattn/base/json_util.h"
 #include "diffattn/base/files.h"
 #include "diffattn/model/checkpoint.h"
 #include "diffattn/model/config.h"
@@ -181,11 +181,20 @@ void load_weights(Model& m, const SafeTensorsFile& f, const std::string& where,
   }
 }
 
-Model load_model(const std::string& dir) {
+void check_model_dir(const std::string& dir) {
+  const char* const expected = "a model directory holds config.json and model.safetensors";
   struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    throw IoError(dir + ": not a model directory (expected config.json and model.safetensors)");
+  if (::stat(dir.c_str(), &st) != 0) {
+    throw IoError(dir + ": not a model directory (no such directory; " + expected + ")");
   }
+  if (!S_ISDIR(st.st_mode)) throw IoError(dir + ": not a model directory (not a directory; " + expected + ")");
+  if (::stat((dir + "/config.json").c_str(), &st) != 0) {
+    throw IoError(dir + ": not a model directory (no config.json; " + expected + ")");
+  }
+}
+
+Model load_model(const std::string& dir) {
+  check_model_dir(dir);
   if (is_hf_model_dir(dir)) return load_hf_model(dir);
   const std::string cfg_path = dir + "/config.json";
   const ModelConfig cfg = ModelConfig::from_json(read_file(cfg_path, kMaxJsonFileBytes), cfg_path);

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "base/json_util.h"
+#include "diffattn/base/json_util.h"
 #include "diffattn/model/config.h"
 #include "model/config_json.h"
 

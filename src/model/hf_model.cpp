@@ -22,7 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "base/json_util.h"
+#include "diffattn/base/json_util.h"
 #include "diffattn/base/files.h"
 #include "diffattn/base/memory.h"
 #include "diffattn/model/checkpoint.h"
@@ -662,21 +662,21 @@ std::string save_hf_model(const Model& m, const std::string& dir, DType dtype, i
   const ModelConfig& c = m.config();
   const bool diff = c.attention == nn::AttnKind::DiffV1;
   if (c.attention == nn::AttnKind::DiffV2) {
-    throw InvalidArgument("convert: transformers has no DIFF V2 model; only diff_v1 (DiffLlama) and "
+    throw InvalidArgument("transformers has no DIFF V2 model; only diff_v1 (DiffLlama) and "
                           "standard (Llama) models can be written as Hugging Face directories");
   }
   if (diff && c.lambda_init) {
     for (int64_t l = 0; l < c.n_layers; ++l) {
       const double sched = 0.8 - 0.6 * std::exp(-0.3 * static_cast<double>(l));
       if (static_cast<float>(*c.lambda_init) != static_cast<float>(sched)) {
-        throw InvalidArgument("convert: the model has a fixed lambda_init = " +
+        throw InvalidArgument("the model has a fixed lambda_init = " +
                               std::to_string(*c.lambda_init) +
                               "; DiffLlama always uses 0.8 - 0.6 exp(-0.3 l), so its logits would differ");
       }
     }
   }
   if (shards < 1 || shards > 9999) {
-    throw InvalidArgument("convert: shards must be between 1 and 9999, got " + std::to_string(shards));
+    throw InvalidArgument("shards must be between 1 and 9999, got " + std::to_string(shards));
   }
   HfLayout L;
   L.diff = diff;

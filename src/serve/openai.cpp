@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "base/json_util.h"
+#include "diffattn/base/json_util.h"
 
 namespace diffattn::serve {
 

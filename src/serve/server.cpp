@@ -1,6 +1,6 @@
 // `diffattn serve` (server.h): routes, the OpenAI responses (whole and streamed as server-sent
 // events), stop strings, metrics and graceful shutdown, over the engine and the shared HTTP server.
-#include "serve/server.h"
+#include "diffattn/serve/server.h"
 
 #include <sys/stat.h>
 
@@ -20,7 +20,7 @@
 #include "diffattn/data/hf_tokenizer.h"
 #include "diffattn/model/checkpoint.h"
 #include "diffattn/train/train.h"
-#include "http/http_server.h"
+#include "diffattn/http/http_server.h"
 
 namespace diffattn::serve {
 

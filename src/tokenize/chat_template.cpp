@@ -7,7 +7,7 @@
 #include <new>
 #include <stdexcept>
 
-#include "base/json_util.h"
+#include "diffattn/base/json_util.h"
 #include "diffattn/base/files.h"
 #include "tokenize/interp.h"
 

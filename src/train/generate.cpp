@@ -7,9 +7,10 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "base/json_util.h"
+#include "diffattn/base/json_util.h"
 
 #include "diffattn/base/files.h"
+#include "diffattn/base/text.h"
 #include "diffattn/train/train.h"
 
 namespace diffattn::data {
@@ -106,20 +107,30 @@ std::string generate(Model& m, const Tokenizer& tok, const std::string& prompt,
                           " tokenizer (it is empty or only whitespace); give some text to continue");
   }
   std::vector<int32_t> out;
-  std::string text;
+  std::string raw;
+  // A byte-level token or a BPE token may hold part of a character: what is passed on is whole
+  // characters, invalid bytes as U+FFFD (valid UTF-8 text is unchanged), and so is what is
+  // returned (the whole decode, which differs from the pieces only where pieces merged).
+  Utf8Stream utf8;
+  auto emit = [&](const std::string& piece) {
+    if (on_text && !piece.empty()) on_text(piece);
+  };
   generate_ids(m, ids, restricted, [&](int32_t next) {
     out.push_back(next);
     // Decode everything generated so far and emit what is new: SentencePiece pieces may merge.
     const std::string now = tok.decode(out);
-    if (now.size() > text.size() && now.compare(0, text.size(), text) == 0) {
-      if (on_text) on_text(now.substr(text.size()));
-      text = now;
-    } else if (now != text) {
-      text = now;
+    if (now.size() > raw.size() && now.compare(0, raw.size(), raw) == 0) {
+      emit(utf8.push(now.substr(raw.size())));
+      raw = now;
+    } else if (now != raw) {
+      raw = now;
     }
     return true;
   });
-  return text;
+  emit(utf8.finish());
+  Utf8Stream whole;
+  std::string text = whole.push(raw);
+  return text + whole.finish();
 }
 
 }  // namespace diffattn::data

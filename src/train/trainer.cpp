@@ -17,7 +17,7 @@
 #include <set>
 #include <sstream>
 
-#include "base/json_util.h"
+#include "diffattn/base/json_util.h"
 #include "diffattn/base/files.h"
 #include "diffattn/model/checkpoint.h"
 #include "diffattn/train/train.h"

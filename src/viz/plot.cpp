@@ -90,6 +90,9 @@ Canvas render_heatmap(const float* data, int rows, int cols, const HeatmapSpec& 
   }
   const int n = std::max(rows, cols);
   const int cell = spec.cell_px > 0 ? spec.cell_px : std::clamp(480 / n, 1, 56);
+  // Row height: the cell's, or taller (spec.row_px) so that few rows of many columns keep
+  // readable labels.
+  const int ch = std::max(cell, spec.row_px);
   const bool diverging = spec.scale == ColorScale::Diverging;
 
   double lo = spec.vmin, hi = spec.vmax;
@@ -115,20 +118,22 @@ Canvas render_heatmap(const float* data, int rows, int cols, const HeatmapSpec& 
   // Small cells show every k-th label only (see label_step), each with its index.
   const bool show_rows = true, show_cols = true;
   std::vector<std::string> rl(rows), cl(cols);
-  const bool indexed = cell < 10;
-  auto label = [indexed](const std::vector<std::string>& labels, int i) {
+  auto label = [](const std::vector<std::string>& labels, int i, bool indexed) {
     if (labels.empty()) return std::to_string(i);
     return indexed ? std::to_string(i) + " " + display_label(labels[i], 10) : display_label(labels[i]);
   };
-  for (int i = 0; i < rows; ++i) rl[i] = label(spec.row_labels, i);
-  for (int j = 0; j < cols; ++j) cl[j] = label(spec.col_labels, j);
-  // Index ticks for small cells: every k-th row or column (a 1-2-5 step) so labels do not collide.
-  auto label_step = [cell](int count) {
-    if (cell >= 10) return 1;
+  for (int i = 0; i < rows; ++i) rl[i] = label(spec.row_labels, i, ch < 10);
+  for (int j = 0; j < cols; ++j) cl[j] = label(spec.col_labels, j, cell < 10);
+  // Index ticks for small cells: every k-th row or column (a 1-2-5 step) so labels do not
+  // collide: at most about 6 labels, and never closer than a line of label text.
+  auto label_step = [label_px](int count, int px) {
+    if (px >= 10) return 1;
     const std::vector<double> t = nice_ticks(0, count, 6);
-    return t.size() > 1 ? std::max(1, static_cast<int>(t[1] - t[0])) : count;
+    int k = t.size() > 1 ? std::max(1, static_cast<int>(t[1] - t[0])) : count;
+    for (int m = 0; k * px < label_px + 2; ++m) k = (m % 3 == 1 ? 5 * k / 2 : 2 * k);  // 1, 2, 5, 10, ...
+    return k;
   };
-  const int every_r = label_step(rows), every_c = label_step(cols);
+  const int every_r = label_step(rows, ch), every_c = label_step(cols, cell);
   int row_label_w = 0, col_label_h = 0;
   for (int i = 0; i < rows; i += every_r) {
     if (show_rows) row_label_w = std::max(row_label_w, measure_text(rl[i], label_px).width);
@@ -141,7 +146,7 @@ Canvas render_heatmap(const float* data, int rows, int cols, const HeatmapSpec& 
   const int pad = 10;
   const int gx = pad + axis_px + 8 + row_label_w + 6;  // grid left
   const int gy = pad + title_px + 12;                 // grid top
-  const int gw = cell * cols, gh = cell * rows;
+  const int gw = cell * cols, gh = ch * rows;
   const int bar_x = gx + gw + 18, bar_w = 14;
   std::vector<double> bar_ticks = nice_ticks(lo, hi, 5);
   int bar_label_w = 0;
@@ -164,7 +169,7 @@ Canvas render_heatmap(const float* data, int rows, int cols, const HeatmapSpec& 
       } else {
         col = sequential_color((v - lo) / (hi - lo));
       }
-      c.fill_rect(gx + j * cell, gy + i * cell, cell, cell, col);
+      c.fill_rect(gx + j * cell, gy + i * ch, cell, ch, col);
     }
   }
   const bool annotate = spec.annotate == 1 || (spec.annotate == -1 && cell >= 36);
@@ -177,8 +182,8 @@ Canvas render_heatmap(const float* data, int rows, int cols, const HeatmapSpec& 
         std::snprintf(buf, sizeof buf, "%.3f", v);
         std::string s = buf;
         if (s == "-0.000") s = "0.000";
-        const Rgb under = c.at(gx + j * cell + cell / 2, gy + i * cell + cell / 2);
-        draw_text(c, gx + j * cell + cell / 2, gy + i * cell + cell / 2, s, vpx,
+        const Rgb under = c.at(gx + j * cell + cell / 2, gy + i * ch + ch / 2);
+        draw_text(c, gx + j * cell + cell / 2, gy + i * ch + ch / 2, s, vpx,
                   luminance(under) < 128 ? kWhite : kBlack, HAlign::Center, VAlign::Middle);
       }
     }
@@ -186,7 +191,7 @@ Canvas render_heatmap(const float* data, int rows, int cols, const HeatmapSpec& 
   c.rect_outline(gx - 1, gy - 1, gw + 2, gh + 2, kGrey);
   // Row labels (queries) to the left, column labels (keys) below, turned.
   for (int i = 0; show_rows && i < rows; i += every_r) {
-    draw_text(c, gx - 6, gy + i * cell + cell / 2, rl[i], label_px, kBlack, HAlign::Right,
+    draw_text(c, gx - 6, gy + i * ch + ch / 2, rl[i], label_px, kBlack, HAlign::Right,
               VAlign::Middle);
   }
   for (int j = 0; show_cols && j < cols; j += every_c) {

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "diffattn/viz/viz.h"
 #include "temp_dir.h"
@@ -172,6 +173,43 @@ TEST(Heatmap, CellsCarryTheirColours) {
   HeatmapSpec bad;
   bad.row_labels = {"one"};
   EXPECT_THROW(render_heatmap(m, 2, 2, bad), InvalidArgument);
+}
+
+// Lines of text between x0 and x1 in the pixel rows [y0, y1): bands of rows with ink (a dark
+// pixel), a band ending at two blank rows (a glyph's own gaps, as over an "i", are one row).
+int ink_bands(const Canvas& c, int x0, int x1, int y0, int y1) {
+  int bands = 0, blank = 2;
+  for (int y = y0; y < y1; ++y) {
+    bool ink = false;
+    for (int x = x0; x < x1 && !ink; ++x) {
+      const Rgb p = c.at(x, y);
+      ink = p.r + p.g + p.b < 3 * 128;
+    }
+    bands += ink && blank >= 2;
+    blank = ink ? 0 : blank + 1;
+  }
+  return bands;
+}
+
+TEST(Heatmap, RowLabelsOfAFewRowsOfManyColumnsDoNotOverlap) {
+  // The shape of the retrieval report's query_row.png: layers x heads rows, ~80 key columns, so
+  // the cells are 6 px: too short for a line of label text.
+  const int rows = 4, cols = 80;
+  std::vector<float> m(rows * cols);
+  for (size_t i = 0; i < m.size(); ++i) m[i] = static_cast<float>(i % 7) / 7.0f;
+  HeatmapSpec spec;
+  spec.title = "query row";
+  for (int r = 0; r < rows; ++r) spec.row_labels.push_back("layer " + std::to_string(r / 2) + " head " + std::to_string(r % 2));
+  spec.row_axis = "layer, head";
+  spec.annotate = 0;
+  // The labels' left part (they are right-aligned, each about 60 px or wider): right of the
+  // turned axis title, left of the grid; the grid's rows start at y = 37.
+  const Canvas square = render_heatmap(m.data(), rows, cols, spec);
+  // Every other label at most (6 px rows, 9 px text): each its own band of ink.
+  EXPECT_EQ(ink_bands(square, 32, 60, 30, 37 + rows * 6 + 4), rows / 2);
+  spec.row_px = 14;
+  const Canvas tall = render_heatmap(m.data(), rows, cols, spec);
+  EXPECT_EQ(ink_bands(tall, 32, 60, 30, 37 + rows * 14 + 4), rows);  // every label, apart
 }
 
 TEST(Chart, DrawsSeriesInsideTheAxes) {

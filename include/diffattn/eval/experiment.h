@@ -41,6 +41,8 @@ struct RetrievalExperimentOptions {
   // Initialise with paired_init (lm_experiment.h: every tensor of the same name and shape
   // byte-identical across the kinds, init_std applied) instead of init_weights + rescaling.
   bool paired_init = false;
+  bool progress = false;              // a progress bar on stderr while a model trains, when
+                                      // stderr is a terminal (Trainer::progress; needs out_dir)
 };
 
 // Held-out samples: the same task drawn from another seed (the training seed + 1,000,000,007).

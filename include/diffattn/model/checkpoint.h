@@ -49,6 +49,10 @@ std::string save_model(const Model& m, const std::string& dir, DType dtype = DTy
 // A project directory whose model.safetensors is all F32 gives a trainable model; one with BF16
 // or F16 tensors an inference model over the mapped file (load_mapped_model).
 Model load_model(const std::string& dir);
+// An IoError unless DIR is a directory holding config.json, worded the same by every reader of
+// a model directory: "DIR: not a model directory (no such directory; ...)" or "(no config.json;
+// ...)".
+void check_model_dir(const std::string& dir);
 // The project's format read like a transformers directory: matrices kept in their stored type
 // where they lie in the memory-mapped model.safetensors (each layer's q|k|v(|lambda_proj) one
 // copy), 1-D tensors as float32, every value checked finite. cfg is DIR/config.json's, already

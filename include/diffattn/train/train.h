@@ -42,8 +42,9 @@ std::vector<int32_t> stop_ids_for(const std::string& model_dir, const Tokenizer&
 void restrict_to_tokens(SamplerOptions& o, const Tokenizer& tok, int64_t model_vocab);
 
 // Prefills the prompt through the KV cache, then decodes one token at a time, passing each new
-// piece of text to on_text as soon as it is known (streamed output). Returns the new text. Only
-// ids the tokenizer has are drawn (restrict_to_tokens).
+// piece of text to on_text as soon as it is known (streamed output): whole UTF-8 characters, an
+// invalid or unfinished byte sequence as U+FFFD (base/text.h, Utf8Stream). Returns the new
+// text, valid UTF-8 the same way. Only ids the tokenizer has are drawn (restrict_to_tokens).
 std::string generate(Model& m, const Tokenizer& tok, const std::string& prompt,
                      const GenerateOptions& o,
                      const std::function<void(const std::string&)>& on_text = {});

@@ -99,6 +99,7 @@ struct HeatmapSpec {
   double vmin = std::numeric_limits<double>::quiet_NaN();
   double vmax = std::numeric_limits<double>::quiet_NaN();
   int cell_px = 0;         // 0: chosen from the size (large maps get 1-2 px cells)
+  int row_px = 0;          // rows at least this tall (a few rows of many columns); 0: square cells
   int annotate = -1;       // write values in cells: -1 auto (when cells are large), 0 no, 1 yes
 };
 
