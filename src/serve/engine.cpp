@@ -2,6 +2,8 @@
 #include "serve/engine.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 namespace diffattn::serve {
 
@@ -78,6 +80,48 @@ Finish Sequence::wait(size_t have, std::vector<int32_t>& out, std::chrono::milli
   return finish_;
 }
 
+Finish Sequence::wait(size_t have, std::vector<int32_t>& out, std::vector<TokenLogprob>& lp,
+                      std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return tokens_.size() > have || finish_ != Finish::kNone; });
+  if (tokens_.size() > have) out.insert(out.end(), tokens_.begin() + static_cast<long>(have), tokens_.end());
+  if (logprobs_.size() > have) lp.insert(lp.end(), logprobs_.begin() + static_cast<long>(have), logprobs_.end());
+  return finish_;
+}
+
+std::vector<TokenLogprob> Sequence::prompt_logprobs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return prompt_logprobs_;
+}
+
+TokenLogprob logprob_of(const float* z, int64_t V, double T, int32_t id, int64_t top) {
+  if (!(T > 0)) T = 1;
+  double mx = -std::numeric_limits<double>::infinity();
+  for (int64_t i = 0; i < V; ++i) mx = std::max(mx, static_cast<double>(z[i]));
+  double sum = 0;
+  for (int64_t i = 0; i < V; ++i) sum += std::exp((z[i] - mx) / T);
+  const double lse = mx / T + std::log(sum);
+  const auto lp = [&](int32_t i) {
+    const double v = z[i] / T - lse;
+    return static_cast<float>(std::isfinite(v) ? std::max(v, -9999.0) : -9999.0);
+  };
+  TokenLogprob out;
+  out.id = id;
+  out.logprob = lp(id);
+  // The top ones by one pass, kept in order (top is small).
+  std::vector<int32_t> best;
+  for (int64_t i = 0; i < V && top > 0; ++i) {
+    const auto ii = static_cast<int32_t>(i);
+    if (static_cast<int64_t>(best.size()) == top && !(z[i] > z[best.back()])) continue;
+    auto at = std::upper_bound(best.begin(), best.end(), ii,
+                               [z](int32_t a, int32_t b) { return z[a] > z[b]; });
+    best.insert(at, ii);
+    if (static_cast<int64_t>(best.size()) > top) best.pop_back();
+  }
+  for (const int32_t b : best) out.top.emplace_back(b, lp(b));
+  return out;
+}
+
 void Sequence::cancel() {
   std::lock_guard<std::mutex> lock(mu_);
   cancel_ = true;
@@ -145,6 +189,9 @@ std::shared_ptr<Sequence> Engine::submit(SeqRequest r) {
   }
   Sampler check(r.sampler);  // throws on bad sampler options, before anything is queued
   (void)check;
+  if (r.grammar && (!r.masker || r.masker->vocab_size() != V)) {
+    throw InvalidArgument("constrained output needs a token masker over the model's " + std::to_string(V) + " ids");
+  }
   auto seq = std::make_shared<Sequence>();
   seq->prompt_len_ = P;
   seq->submitted_ = Clock::now();
@@ -183,9 +230,36 @@ void Engine::publish_ended() {
 }
 
 bool Engine::take(Running& r, const float* logits) {
-  const int32_t next = r.sampler->sample(logits, m_.config().vocab_size);
+  const int64_t V = m_.config().vocab_size;
+  const uint8_t* allowed = nullptr;
+  if (r.matcher) {
+    // Constrained output: only the tokens the grammar allows; none left means the document is
+    // complete (and the vocabulary has no end-of-sequence id to say so) or stuck.
+    r.req.masker->allowed(*r.matcher, r.mask);
+    const int64_t n = std::min<int64_t>(V, static_cast<int64_t>(r.mask.size()));
+    r.mask.resize(static_cast<size_t>(V), 0);
+    if (std::find(r.mask.begin(), r.mask.begin() + n, uint8_t{1}) == r.mask.begin() + n) {
+      if (r.matcher->accepts_end()) {
+        finish(r, Finish::kStop);
+      } else {
+        finish(r, Finish::kError, "constrained output: no token of the vocabulary continues the document");
+      }
+      return false;
+    }
+    allowed = r.mask.data();
+  }
+  const int32_t next = r.sampler->sample(logits, V, allowed);
   if (std::find(r.req.stop_ids.begin(), r.req.stop_ids.end(), next) != r.req.stop_ids.end()) {
     finish(r, Finish::kStop);
+    return false;
+  }
+  TokenLogprob lp;
+  if (r.req.logprobs >= 0) {
+    lp = logprob_of(r.sampler->last_logits(), r.sampler->last_vocab(), r.req.sampler.temperature, next,
+                    r.req.logprobs);
+  }
+  if (r.matcher && !r.req.masker->advance(*r.matcher, next)) {
+    finish(r, Finish::kError, "constrained output: the sampler drew a token the grammar refuses");
     return false;
   }
   ++r.generated;
@@ -194,11 +268,16 @@ bool Engine::take(Running& r, const float* logits) {
     std::lock_guard<std::mutex> lock(r.seq->mu_);
     if (r.seq->tokens_.empty()) r.seq->first_token_ = Clock::now();
     r.seq->tokens_.push_back(next);
+    if (r.req.logprobs >= 0) r.seq->logprobs_.push_back(std::move(lp));
   }
   r.seq->cv_.notify_all();
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.generated_tokens;
+  }
+  if (r.matcher && r.matcher->accepts_end() && r.matcher->allowed_bytes().none()) {
+    finish(r, Finish::kStop);  // a whole document, and nothing may follow it
+    return false;
   }
   if (r.generated >= r.req.max_tokens) {
     finish(r, Finish::kLength);
@@ -250,6 +329,7 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
       r->seq = seq;
       r->req = std::move(req);
       r->sampler = std::make_unique<Sampler>(r->req.sampler);
+      if (r->req.grammar) r->matcher.emplace(*r->req.grammar);
       running.push_back(std::move(r));
       waiting_.pop_front();
     }
@@ -302,10 +382,27 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
       if (r->prefilled < P && !r->blocks.empty()) {
         if (budget <= 0) continue;
         const int64_t n = std::min(budget, P - r->prefilled);
-        m_.prefill_paged(r->req.prompt.data() + r->prefilled, n, pools_, r->blocks.data(),
-                         static_cast<int64_t>(r->blocks.size()), r->pos, logits.data());
-        r->prefilled += n;
-        r->pos += n;
+        if (r->req.prompt_logprobs && r->req.logprobs >= 0) {
+          // One position at a time: each position's logits give the next prompt token's.
+          const int64_t V = m_.config().vocab_size;
+          for (int64_t i = 0; i < n; ++i) {
+            m_.prefill_paged(r->req.prompt.data() + r->prefilled, 1, pools_, r->blocks.data(),
+                             static_cast<int64_t>(r->blocks.size()), r->pos, logits.data());
+            ++r->prefilled;
+            ++r->pos;
+            if (r->prefilled < P) {
+              TokenLogprob lp = logprob_of(logits.data(), V, 1.0, r->req.prompt[static_cast<size_t>(r->prefilled)],
+                                           r->req.logprobs);
+              std::lock_guard<std::mutex> lock(r->seq->mu_);
+              r->seq->prompt_logprobs_.push_back(std::move(lp));
+            }
+          }
+        } else {
+          m_.prefill_paged(r->req.prompt.data() + r->prefilled, n, pools_, r->blocks.data(),
+                           static_cast<int64_t>(r->blocks.size()), r->pos, logits.data());
+          r->prefilled += n;
+          r->pos += n;
+        }
         budget -= n;
         prompt_done += n;
         ++advanced;

@@ -30,11 +30,14 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "diffattn/base/error.h"
+#include "diffattn/grammar/json_schema.h"
+#include "diffattn/grammar/token_mask.h"
 #include "diffattn/model/model.h"
 #include "diffattn/model/sampler.h"
 
@@ -70,12 +73,38 @@ class QueueFull : public Error {
 enum class Finish { kNone, kStop, kLength, kCancelled, kTimeout, kError };
 const char* finish_name(Finish f);
 
+// A token's log probability and the most likely tokens beside it (id, log probability), most
+// likely first. A log probability of -inf (an id that could not be drawn) is -9999, as OpenAI
+// writes it.
+struct TokenLogprob {
+  int32_t id = -1;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
+// The log-softmax of logits (V of them) at temperature T (1 when T is 0): id's, and the top
+// `top` ids' (ties by id).
+TokenLogprob logprob_of(const float* logits, int64_t V, double T, int32_t id, int64_t top);
+
 struct SeqRequest {
   std::vector<int32_t> prompt;
   int64_t max_tokens = 16;
   SamplerOptions sampler;
   std::vector<int32_t> stop_ids;
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  // >= 0: each generated token's log probability with that many top ones: the log-softmax of
+  // the logits the sampler drew from (after logit_bias, penalties and masks) at its
+  // temperature (1 when greedy), before top-k and top-p.
+  int64_t logprobs = -1;
+  // With logprobs >= 0: also the prompt's tokens' (from the second on), under the model's own
+  // distribution (the raw logits at temperature 1); the prompt is then prefilled one token at a
+  // time, so that every position's logits exist.
+  bool prompt_logprobs = false;
+  // Constrained output: only tokens that keep the text a prefix of a document of the grammar
+  // (masker: built for the model's vocabulary, its end-of-sequence ids the stop ids). A
+  // finished document ends the sequence (kStop) when nothing may follow it.
+  std::optional<grammar::Grammar> grammar;
+  std::shared_ptr<const grammar::TokenMasker> masker;
 };
 
 // One sequence's progress, shared by the engine and the request's handler.
@@ -84,6 +113,12 @@ class Sequence {
   // Waits until more than `have` tokens exist, the sequence ended, or `timeout` passed; copies
   // the tokens from index `have` on into out. Returns the finish state (kNone: still running).
   Finish wait(size_t have, std::vector<int32_t>& out, std::chrono::milliseconds timeout);
+  // The same, with the tokens' log probabilities (SeqRequest::logprobs >= 0) into lp.
+  Finish wait(size_t have, std::vector<int32_t>& out, std::vector<TokenLogprob>& lp,
+              std::chrono::milliseconds timeout);
+  // The prompt's log probabilities (SeqRequest::prompt_logprobs), complete once the first token
+  // exists: one per prompt token from the second on.
+  std::vector<TokenLogprob> prompt_logprobs() const;
   // Asks the engine to stop the sequence and free its blocks (idempotent).
   void cancel();
   int64_t prompt_tokens() const { return prompt_len_; }
@@ -96,6 +131,7 @@ class Sequence {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<int32_t> tokens_;
+  std::vector<TokenLogprob> logprobs_, prompt_logprobs_;
   Finish finish_ = Finish::kNone;
   std::string error_;
   bool cancel_ = false;
@@ -148,6 +184,8 @@ class Engine {
     int64_t generated = 0;
     int32_t last = -1;      // the token to feed next (after the prefill)
     std::unique_ptr<Sampler> sampler;
+    std::optional<grammar::Matcher> matcher;  // constrained output
+    std::vector<uint8_t> mask;
   };
   void loop();
   void step(std::vector<std::unique_ptr<Running>>& running, std::vector<float>& logits);
