@@ -339,6 +339,29 @@ def test_hugging_face_directory_with_the_llama3_tokenizer(tmp_path):
         text = "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1]
                        if json.loads(e)["choices"])
         assert text == r["choices"][0]["message"]["content"]
+        # Constrained output over Llama 3's 128,256 tokens: whole enum objects from random weights.
+        schema = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}},
+                  "required": ["color"], "additionalProperties": False}
+        got, body = post(s.port, "/v1/completions", {
+            "prompt": prompt, "max_tokens": 40, "temperature": 1, "seed": 3, "n": 3,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}})
+        assert got == 200, body
+        for c in json.loads(body)["choices"]:
+            assert json.loads(c["text"])["color"] in ("red", "green", "blue") and c["finish_reason"] == "stop", c
+        # logprobs name real BPE tokens; /tokenize and /detokenize agree with the tokenizer.
+        got, body = post(s.port, "/v1/completions", {"prompt": prompt, "max_tokens": 6, "temperature": 0,
+                                                     "logprobs": 2})
+        lp = json.loads(body)["choices"][0]["logprobs"]
+        assert len(lp["tokens"]) == 6 and all(v <= 0 for v in lp["token_logprobs"])
+        got, body = post(s.port, "/tokenize", {"prompt": prompt})
+        tokens = json.loads(body)["tokens"]
+        assert tokens[0] == 128000 and json.loads(body)["count"] == 6
+        got, body = post(s.port, "/tokenize", {"prompt": prompt, "add_special_tokens": False})
+        assert json.loads(body)["tokens"] == tokens[1:]
+        got, body = post(s.port, "/tokenize", {"messages": msgs})
+        assert [str(t) for t in json.loads(body)["tokens"]] == ids
+        got, body = post(s.port, "/detokenize", {"tokens": tokens[1:]})
+        assert json.loads(body) == {"prompt": prompt}
     finally:
         s.stop()
 
