@@ -51,6 +51,9 @@ int run_serve(const std::vector<std::string>& argv) {
               "the KV pool's storage: f32, bf16 or f16 (half the bytes, rounded once when\n"
               "      written; attention still computes in float32)")
       .option("--prefill-chunk", "N", "512", "prompt tokens prefilled per step, over all sequences")
+      .flag("--no-prefix-cache",
+            "compute every prompt in full (default: whole KV blocks of earlier prompts that begin the\n"
+            "      same way are reused, least recently used evicted first)")
       .option("--workers", "N", "128", "connections served at once (each stream holds one)")
       .option("--tokenizer", "WHICH", "model",
               "model: the directory's tokenizer (a Hugging Face directory must have one); bytes: raw "
@@ -83,6 +86,7 @@ int run_serve(const std::vector<std::string>& argv) {
   o.engine.block_size = args.integer("--block-size", 1, 4096);
   o.engine.kv_dtype = parse_dtype(args.str("--kv-dtype"), "--kv-dtype");
   o.engine.prefill_chunk = args.integer("--prefill-chunk", 1, 1 << 20);
+  o.engine.prefix_cache = !args.on("--no-prefix-cache");
   o.workers = static_cast<int>(args.integer("--workers", 1, 4096));
   o.tokenizer = data::parse_tokenizer_choice(args.str("--tokenizer"), "--tokenizer");
   serve::run_server(o, [](const std::string& host, int port) {

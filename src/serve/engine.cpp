@@ -20,7 +20,8 @@ BlockAllocator::BlockAllocator(int64_t n_blocks, int64_t block_size) : block_siz
     throw InvalidArgument("KV pool: the block size must be in 1..4096 positions, got " +
                           std::to_string(block_size));
   }
-  used_.assign(static_cast<size_t>(n_blocks), false);
+  ref_.assign(static_cast<size_t>(n_blocks), 0);
+  cached_.resize(static_cast<size_t>(n_blocks));
   free_.reserve(static_cast<size_t>(n_blocks));
   for (int64_t i = n_blocks - 1; i >= 0; --i) free_.push_back(static_cast<int32_t>(i));
 }
@@ -29,13 +30,29 @@ int64_t BlockAllocator::blocks_for(int64_t positions) const {
   return positions <= 0 ? 0 : (positions + block_size_ - 1) / block_size_;
 }
 
+void BlockAllocator::forget(int32_t b) {
+  Cached& c = cached_[static_cast<size_t>(b)];
+  if (!c.registered) return;
+  by_key_.erase(c.key);
+  c.registered = false;
+  c.tokens.clear();
+  c.tokens.shrink_to_fit();
+}
+
 bool BlockAllocator::allocate(int64_t n, std::vector<int32_t>& table) {
   if (n < 0) throw InvalidArgument("KV pool: cannot allocate " + std::to_string(n) + " blocks");
   if (n > free_blocks()) return false;
   for (int64_t i = 0; i < n; ++i) {
-    const int32_t b = free_.back();
-    free_.pop_back();
-    used_[static_cast<size_t>(b)] = true;
+    int32_t b;
+    if (!free_.empty()) {
+      b = free_.back();
+      free_.pop_back();
+    } else {
+      b = lru_.front();  // the least recently used cached block: its K/V is overwritten
+      lru_.pop_front();
+      forget(b);
+    }
+    ref_[static_cast<size_t>(b)] = 1;
     table.push_back(b);
   }
   return true;
@@ -46,17 +63,63 @@ void BlockAllocator::release(std::vector<int32_t>& table) {
   std::sort(sorted.begin(), sorted.end());
   for (size_t i = 0; i < sorted.size(); ++i) {
     const int32_t b = sorted[i];
-    if (b < 0 || b >= total() || !used_[static_cast<size_t>(b)] ||
+    if (b < 0 || b >= total() || ref_[static_cast<size_t>(b)] == 0 ||
         (i > 0 && sorted[i - 1] == b)) {
       throw InvalidArgument("KV pool: block " + std::to_string(b) +
                             " is not allocated (or is in the table twice)");
     }
   }
   for (const int32_t b : table) {
-    used_[static_cast<size_t>(b)] = false;
-    free_.push_back(b);
+    if (--ref_[static_cast<size_t>(b)] > 0) continue;
+    Cached& c = cached_[static_cast<size_t>(b)];
+    if (c.registered) {
+      c.lru = lru_.insert(lru_.end(), b);  // kept, most recently used last
+    } else {
+      free_.push_back(b);
+    }
   }
   table.clear();
+}
+
+uint64_t BlockAllocator::key_of(uint64_t parent, const int32_t* tokens) const {
+  // FNV-1a over the parent's key and the tokens, then a final mix (splitmix64's).
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto eat = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 0x100000001b3ull;
+    }
+  };
+  eat(parent);
+  for (int64_t i = 0; i < block_size_; ++i) eat(static_cast<uint32_t>(tokens[i]));
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebull;
+  return h ^ (h >> 31);
+}
+
+int32_t BlockAllocator::lookup(uint64_t key, const int32_t* tokens) {
+  const auto it = by_key_.find(key);
+  if (it == by_key_.end()) return -1;
+  const int32_t b = it->second;
+  Cached& c = cached_[static_cast<size_t>(b)];
+  if (!std::equal(c.tokens.begin(), c.tokens.end(), tokens)) return -1;  // a collision of keys
+  if (ref_[static_cast<size_t>(b)]++ == 0) lru_.erase(c.lru);
+  return b;
+}
+
+bool BlockAllocator::register_block(int32_t b, uint64_t key, const int32_t* tokens) {
+  if (b < 0 || b >= total() || ref_[static_cast<size_t>(b)] == 0) {
+    throw InvalidArgument("KV pool: cannot register block " + std::to_string(b) + ": not allocated");
+  }
+  Cached& c = cached_[static_cast<size_t>(b)];
+  if (c.registered || by_key_.count(key) != 0) return false;
+  c.registered = true;
+  c.key = key;
+  c.tokens.assign(tokens, tokens + block_size_);
+  by_key_.emplace(key, b);
+  return true;
 }
 
 // ---- Sequence ----
@@ -87,6 +150,11 @@ Finish Sequence::wait(size_t have, std::vector<int32_t>& out, std::vector<TokenL
   if (tokens_.size() > have) out.insert(out.end(), tokens_.begin() + static_cast<long>(have), tokens_.end());
   if (logprobs_.size() > have) lp.insert(lp.end(), logprobs_.begin() + static_cast<long>(have), logprobs_.end());
   return finish_;
+}
+
+int64_t Sequence::cached_tokens() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cached_tokens_;
 }
 
 std::vector<TokenLogprob> Sequence::prompt_logprobs() const {
@@ -323,9 +391,34 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
         waiting_.pop_front();
         continue;
       }
-      const int64_t span = static_cast<int64_t>(req.prompt.size()) + req.max_tokens;
+      const int64_t P = static_cast<int64_t>(req.prompt.size()), span = P + req.max_tokens;
       auto r = std::make_unique<Running>();
-      if (!alloc_.allocate(alloc_.blocks_for(span), r->blocks)) break;  // wait for blocks
+      // The prefix cache: whole blocks of the prompt, but its last token (whose logits the
+      // first draw needs), while earlier prompts had them. A request for the prompt's log
+      // probabilities computes every position.
+      if (o_.prefix_cache && !(req.prompt_logprobs && req.logprobs >= 0)) {
+        const int64_t bs = alloc_.block_size();
+        for (int64_t b = 0; b < (P - 1) / bs; ++b) {
+          const int32_t* t = req.prompt.data() + b * bs;
+          const uint64_t key = alloc_.key_of(r->key, t);
+          const int32_t id = alloc_.lookup(key, t);
+          if (id < 0) break;
+          r->blocks.push_back(id);
+          r->key = key;
+        }
+        r->registered = static_cast<int64_t>(r->blocks.size());
+      }
+      const int64_t have = static_cast<int64_t>(r->blocks.size());
+      if (!alloc_.allocate(alloc_.blocks_for(span) - have, r->blocks)) {
+        alloc_.release(r->blocks);  // back to the cache
+        break;  // wait for blocks
+      }
+      r->prefilled = r->pos = have * alloc_.block_size();
+      stats_.cached_prompt_tokens += r->prefilled;
+      {
+        std::lock_guard<std::mutex> sl(seq->mu_);
+        seq->cached_tokens_ = r->prefilled;
+      }
       r->seq = seq;
       r->req = std::move(req);
       r->sampler = std::make_unique<Sampler>(r->req.sampler);
@@ -403,6 +496,16 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
           r->prefilled += n;
           r->pos += n;
         }
+        // The prompt's blocks now whole go into the prefix cache.
+        if (o_.prefix_cache) {
+          const int64_t bs = alloc_.block_size();
+          while ((r->registered + 1) * bs <= r->prefilled) {
+            const int32_t* t = r->req.prompt.data() + r->registered * bs;
+            r->key = alloc_.key_of(r->key, t);
+            alloc_.register_block(r->blocks[static_cast<size_t>(r->registered)], r->key, t);
+            ++r->registered;
+          }
+        }
         budget -= n;
         prompt_done += n;
         ++advanced;
@@ -421,6 +524,7 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
     stats_.prompt_tokens += prompt_done;
     stats_.running = static_cast<int64_t>(running.size());
     stats_.free_blocks = alloc_.free_blocks();
+    stats_.cached_blocks = alloc_.cached_blocks();
     stats_.last_batch = static_cast<double>(advanced);
   }
   publish_ended();

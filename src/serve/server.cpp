@@ -434,6 +434,10 @@ class Server {
              std::to_string(k.second) + "\"} " + std::to_string(n) + "\n";
     }
     gauge("diffattn_prompt_tokens_total", "counter", "prompt tokens prefilled", static_cast<double>(s.prompt_tokens));
+    gauge("diffattn_prefix_cache_hit_tokens_total", "counter", "prompt tokens whose K/V came from the prefix cache",
+          static_cast<double>(s.cached_prompt_tokens));
+    gauge("diffattn_kv_blocks_cached", "gauge", "KV blocks registered in the prefix cache (in use or free)",
+          static_cast<double>(s.cached_blocks));
     gauge("diffattn_generation_tokens_total", "counter", "tokens generated", static_cast<double>(s.generated_tokens));
     gauge("diffattn_engine_steps_total", "counter", "scheduler steps run", static_cast<double>(s.steps));
     gauge("diffattn_queue_depth", "gauge", "sequences waiting to be admitted", static_cast<double>(s.waiting));
@@ -485,8 +489,10 @@ class Server {
     return seqs;
   }
 
-  json usage(int64_t prompt, int64_t completion) const {
-    return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+  // cached: the prompt tokens the first choice took from the prefix cache.
+  json usage(int64_t prompt, int64_t completion, int64_t cached) const {
+    return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion},
+            {"prompt_tokens_details", {{"cached_tokens", cached}}}};
   }
 
   static const char* reason(const ChoiceText& c) {
@@ -618,7 +624,7 @@ class Server {
       out.push_back(ch);
     }
     json body = {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
-                 {"model", name_}, {"choices", out}, {"usage", usage(P, completion)}};
+                 {"model", name_}, {"choices", out}, {"usage", usage(P, completion, seqs[0]->cached_tokens())}};
     res.set_content(dump(body), "application/json");
     return 200;
   }
@@ -769,7 +775,7 @@ class Server {
       if (req.include_usage) {
         int64_t completion = 0;
         for (const ChoiceText& c : st->choices) completion += static_cast<int64_t>(c.ids.size());
-        const json u = usage(P, completion);
+        const json u = usage(P, completion, st->seqs[0]->cached_tokens());
         out += chunk(json::array(), &u);
       }
       out += "data: [DONE]\n\n";

@@ -11,6 +11,7 @@
 #include <limits>
 #include <cstdlib>
 #include <fstream>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -104,6 +105,49 @@ class EngineKinds : public ::testing::TestWithParam<nn::AttnKind> {};
 // Where the KV stores lie (base/memory.h): every row on a cache line and the values half a page
 // off the keys, for the contiguous cache and the paged pool, in each storage type. The decode
 // kernel's speed depends on it (a 16-byte offset splits every vector load across two lines).
+// The prefix cache's bookkeeping: a registered block is found by its key and tokens (a
+// reference taken), kept when released, handed out again least recently used first (its key
+// forgotten), and free blocks count the cached ones nothing refers to.
+TEST(BlockAllocator, PrefixCacheKeysReferencesAndEviction) {
+  BlockAllocator a(3, 2);
+  const std::vector<int32_t> p = {1, 2, 3, 4}, q = {1, 2, 9, 9};
+  const uint64_t k0 = a.key_of(BlockAllocator::kRootKey, p.data());
+  const uint64_t k1 = a.key_of(k0, p.data() + 2);
+  EXPECT_NE(k1, a.key_of(k0, q.data() + 2));
+  EXPECT_NE(k0, a.key_of(k1, p.data()));  // the same tokens after another prefix
+  std::vector<int32_t> t1, t2;
+  ASSERT_TRUE(a.allocate(2, t1));
+  EXPECT_EQ(a.lookup(k0, p.data()), -1);
+  EXPECT_TRUE(a.register_block(t1[0], k0, p.data()));
+  EXPECT_TRUE(a.register_block(t1[1], k1, p.data() + 2));
+  EXPECT_FALSE(a.register_block(t1[1], k1, p.data() + 2));  // once
+  EXPECT_EQ(a.cached_blocks(), 2);
+  EXPECT_EQ(a.lookup(k0, q.data() + 2), -1);  // the key with other tokens: not a hit
+  const int32_t b0 = a.lookup(k0, p.data());
+  EXPECT_EQ(b0, t1[0]);
+  t2.push_back(b0);
+  a.release(t1);  // t1[0] still referred to by t2; t1[1] cached and free
+  EXPECT_EQ(a.free_blocks(), 2);
+  EXPECT_EQ(a.cached_blocks(), 2);
+  a.release(t2);
+  EXPECT_EQ(a.free_blocks(), 3);
+  // The never-used block first, then the least recently used cached one (t1[1], released
+  // before t1[0]): its key goes.
+  std::vector<int32_t> t3;
+  ASSERT_TRUE(a.allocate(2, t3));
+  EXPECT_EQ(t3, (std::vector<int32_t>{2, 1}));
+  EXPECT_EQ(a.cached_blocks(), 1);
+  EXPECT_EQ(a.lookup(k1, p.data() + 2), -1);
+  const int32_t again = a.lookup(k0, p.data());
+  EXPECT_GE(again, 0);
+  std::vector<int32_t> t4 = {again};
+  EXPECT_FALSE(a.allocate(1, t3));  // every block referred to
+  a.release(t4);
+  a.release(t3);
+  EXPECT_EQ(a.free_blocks(), 3);
+  EXPECT_THROW(a.register_block(0, 7, p.data()), InvalidArgument);  // not allocated
+}
+
 TEST(KvStorage, RowsOnCacheLinesValuesHalfAPageOffTheKeys) {
   nn::AttnLayerShape s;
   s.kind = nn::AttnKind::DiffV1, s.C = 64, s.H = 2, s.G = 2, s.D = 16;
@@ -386,6 +430,61 @@ TEST(Engine, ResponseFormatSchemaClosesTheObject) {
   bad.prompt = {1, 2};
   bad.grammar = g;
   EXPECT_THROW(e.submit(bad), InvalidArgument);
+}
+
+// Prefix caching: the same prompts, one after another and with others between them, in a pool
+// small enough that cached blocks are evicted: every sequence gives generate_ids' tokens (the
+// oracle: one sequence alone, no cache) with the cache on and off, the repeated prompts take
+// their whole blocks but the last token from the cache, and the stats count it.
+TEST(Engine, PrefixCacheGivesTheSameTokensAndCountsItsHits) {
+  Model ref = tiny_model(nn::AttnKind::DiffV1, 9);
+  const int64_t V = 61;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int32_t s = 0; s < 4; ++s) prompts.push_back(prompt_of(21 + s, s, V));
+  prompts.push_back(prompts[3]);  // again, its blocks still cached
+  prompts.push_back(prompts[0]);  // again, its blocks evicted by now
+  std::vector<int32_t> longer = prompts[1];
+  longer.insert(longer.end(), {5, 6, 7, 8, 9, 10, 11, 12, 13});
+  prompts.push_back(longer);      // begins as prompts[1], whose blocks were evicted
+  prompts.push_back(prompt_of(16, 0, V));  // two blocks, the beginning of prompts[0]
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : prompts) {
+    data::GenerateOptions go;
+    go.max_new = 6;
+    go.sampler.temperature = 0;
+    want.push_back(data::generate_ids(ref, p, go));
+  }
+  for (const bool cache : {true, false}) {
+    Model m = tiny_model(nn::AttnKind::DiffV1, 9);
+    EngineOptions o;
+    o.block_size = 8;
+    o.n_blocks = 9;  // two sequences of 4 blocks and one more: older cached blocks are evicted
+    o.prefill_chunk = 5;
+    o.prefix_cache = cache;
+    Engine e(m, o);
+    std::vector<int64_t> cached;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      SeqRequest r;
+      r.prompt = prompts[i];
+      r.max_tokens = 6;
+      r.sampler.temperature = 0;
+      auto seq = e.submit(r);
+      EXPECT_EQ(drain(*seq), want[i]) << "prompt " << i << (cache ? " with" : " without") << " the cache";
+      cached.push_back(seq->cached_tokens());
+    }
+    if (!cache) {
+      EXPECT_EQ(cached, std::vector<int64_t>(prompts.size(), 0));
+      EXPECT_EQ(e.stats().cached_prompt_tokens, 0);
+      continue;
+    }
+    // prompts[3] again: 24 tokens, the last computed: two of its three blocks; prompts[0]
+    // (first used, first evicted) and prompts[1] are gone; the 16-token beginning of prompts[0],
+    // cached again by its second run: one block (its last token computed).
+    EXPECT_EQ(cached, (std::vector<int64_t>{0, 0, 0, 0, 16, 0, 0, 8}));
+    EXPECT_EQ(e.stats().cached_prompt_tokens, 24);
+    EXPECT_GT(e.stats().cached_blocks, 0);
+    EXPECT_EQ(e.stats().free_blocks, 9);
+  }
 }
 
 // A pool that holds one sequence at a time: the others wait for its blocks, none is refused and

@@ -96,7 +96,8 @@ def test_greedy_equals_generate_alone_and_among_15_streams(model, server):
         assert r["choices"][0]["text"] == want[p]
         assert r["choices"][0]["finish_reason"] == "length"
         assert r["usage"] == {"prompt_tokens": len(p.encode()), "completion_tokens": 30,
-                              "total_tokens": len(p.encode()) + 30}
+                              "total_tokens": len(p.encode()) + 30,
+                              "prompt_tokens_details": {"cached_tokens": 0}}
         assert r["object"] == "text_completion" and r["model"] == "tiny"
     # 15 sampled streams run (long ones) while the greedy requests are answered, streamed and not.
     results, errors = {}, []
@@ -650,3 +651,37 @@ def test_api_key_from_the_flag_and_the_environment(model):
         s.stop()
     p = mh.run_cli("serve", "--model", model, "--api-key", "has space", check=False)
     assert p.returncode != 0 and "API key" in p.stderr
+
+
+def test_prefix_cache_reuses_blocks_and_changes_nothing(model):
+    """A prompt seen before takes its whole 16-position blocks (not its last token) from the
+    prefix cache: usage and /metrics say how many, and the answers, greedy and seeded, whole
+    and streamed, are those of a server without the cache (and of `diffattn generate`)."""
+    base = "In the beginning God created the heaven and the earth."  # 55 bytes: 3 whole blocks
+    prompts = [base, base, base + " And the earth was", base[:40], base]
+    want = generate_cli(model, base, 20)
+    answers = {}
+    for flag in ((), ("--no-prefix-cache",)):
+        s = sh.Server(model, *flag)
+        try:
+            got = []
+            for i, p in enumerate(prompts):
+                r = completion(s.port, prompt=p, max_tokens=20, temperature=0)
+                g = completion(s.port, prompt=p, max_tokens=20, seed=i, temperature=1.0)
+                ev = sse(s.port, {"prompt": p, "max_tokens": 20, "temperature": 0, "stream": True,
+                                  "stream_options": {"include_usage": True}})
+                streamed = "".join(json.loads(e)["choices"][0]["text"] for e in ev[:-1] if json.loads(e)["choices"])
+                assert streamed == r["choices"][0]["text"]
+                got.append((r["choices"][0]["text"], g["choices"][0]["text"],
+                            r["usage"]["prompt_tokens_details"]["cached_tokens"],
+                            json.loads(ev[-2])["usage"]["prompt_tokens_details"]["cached_tokens"],
+                            g["usage"]["prompt_tokens_details"]["cached_tokens"]))
+            answers[flag] = got
+            assert metric(s.port, "diffattn_prefix_cache_hit_tokens_total") == sum(sum(g[2:]) for g in got)
+        finally:
+            s.stop()
+    on, off = answers[()], answers[("--no-prefix-cache",)]
+    assert [g[:2] for g in on] == [g[:2] for g in off]
+    assert on[0][0] == want
+    assert [g[2] for g in on] == [0, 48, 48, 32, 48] and on[0][3] == 48
+    assert all(g[2] == 0 and g[3] == 0 for g in off)
