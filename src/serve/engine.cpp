@@ -12,6 +12,13 @@ using Clock = std::chrono::steady_clock;
 // ---- BlockAllocator ----
 
 BlockAllocator::BlockAllocator(int64_t n_blocks, int64_t block_size) : block_size_(block_size) {
+  check_sizes(n_blocks, block_size);
+  ref_.assign(static_cast<size_t>(n_blocks), 0);
+  free_.reserve(static_cast<size_t>(n_blocks));
+  for (int64_t i = n_blocks - 1; i >= 0; --i) free_.push_back(static_cast<int32_t>(i));
+}
+
+void BlockAllocator::check_sizes(int64_t n_blocks, int64_t block_size) {
   if (n_blocks < 1 || n_blocks > (int64_t{1} << 30)) {
     throw InvalidArgument("KV pool: the number of blocks must be in 1..2^30, got " +
                           std::to_string(n_blocks));
@@ -20,10 +27,6 @@ BlockAllocator::BlockAllocator(int64_t n_blocks, int64_t block_size) : block_siz
     throw InvalidArgument("KV pool: the block size must be in 1..4096 positions, got " +
                           std::to_string(block_size));
   }
-  ref_.assign(static_cast<size_t>(n_blocks), 0);
-  cached_.resize(static_cast<size_t>(n_blocks));
-  free_.reserve(static_cast<size_t>(n_blocks));
-  for (int64_t i = n_blocks - 1; i >= 0; --i) free_.push_back(static_cast<int32_t>(i));
 }
 
 int64_t BlockAllocator::blocks_for(int64_t positions) const {
@@ -31,12 +34,10 @@ int64_t BlockAllocator::blocks_for(int64_t positions) const {
 }
 
 void BlockAllocator::forget(int32_t b) {
-  Cached& c = cached_[static_cast<size_t>(b)];
-  if (!c.registered) return;
-  by_key_.erase(c.key);
-  c.registered = false;
-  c.tokens.clear();
-  c.tokens.shrink_to_fit();
+  const auto it = cached_.find(b);
+  if (it == cached_.end()) return;
+  by_key_.erase(it->second.key);
+  cached_.erase(it);
 }
 
 bool BlockAllocator::allocate(int64_t n, std::vector<int32_t>& table) {
@@ -71,9 +72,9 @@ void BlockAllocator::release(std::vector<int32_t>& table) {
   }
   for (const int32_t b : table) {
     if (--ref_[static_cast<size_t>(b)] > 0) continue;
-    Cached& c = cached_[static_cast<size_t>(b)];
-    if (c.registered) {
-      c.lru = lru_.insert(lru_.end(), b);  // kept, most recently used last
+    const auto it = cached_.find(b);
+    if (it != cached_.end()) {
+      it->second.lru = lru_.insert(lru_.end(), b);  // kept, most recently used last
     } else {
       free_.push_back(b);
     }
@@ -103,7 +104,7 @@ int32_t BlockAllocator::lookup(uint64_t key, const int32_t* tokens) {
   const auto it = by_key_.find(key);
   if (it == by_key_.end()) return -1;
   const int32_t b = it->second;
-  Cached& c = cached_[static_cast<size_t>(b)];
+  Cached& c = cached_.at(b);
   if (!std::equal(c.tokens.begin(), c.tokens.end(), tokens)) return -1;  // a collision of keys
   if (ref_[static_cast<size_t>(b)]++ == 0) lru_.erase(c.lru);
   return b;
@@ -113,9 +114,8 @@ bool BlockAllocator::register_block(int32_t b, uint64_t key, const int32_t* toke
   if (b < 0 || b >= total() || ref_[static_cast<size_t>(b)] == 0) {
     throw InvalidArgument("KV pool: cannot register block " + std::to_string(b) + ": not allocated");
   }
-  Cached& c = cached_[static_cast<size_t>(b)];
-  if (c.registered || by_key_.count(key) != 0) return false;
-  c.registered = true;
+  if (cached_.count(b) != 0 || by_key_.count(key) != 0) return false;
+  Cached& c = cached_[b];
   c.key = key;
   c.tokens.assign(tokens, tokens + block_size_);
   by_key_.emplace(key, b);
@@ -209,11 +209,13 @@ double Sequence::ttft() const {
 // ---- Engine ----
 
 Engine::Engine(Model& model, const EngineOptions& o)
-    : m_(model), o_(o), alloc_(o.n_blocks, o.block_size) {
+    : m_(model), o_(o),
+      pools_((BlockAllocator::check_sizes(o.n_blocks, o.block_size),
+              model.kv_pools(o.n_blocks, o.block_size, o.kv_dtype))),
+      alloc_(o.n_blocks, o.block_size) {
   if (o.max_batch < 1 || o.max_waiting < 0 || o.prefill_chunk < 1) {
     throw InvalidArgument("engine: max_batch and prefill_chunk must be >= 1, max_waiting >= 0");
   }
-  pools_ = m_.kv_pools(o.n_blocks, o.block_size, o.kv_dtype);
   stats_.total_blocks = stats_.free_blocks = alloc_.total();
   thread_ = std::thread([this] { loop(); });
 }

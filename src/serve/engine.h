@@ -54,6 +54,8 @@ namespace diffattn::serve {
 class BlockAllocator {
  public:
   BlockAllocator(int64_t n_blocks, int64_t block_size);
+  // Throws InvalidArgument unless n_blocks is in 1..2^30 and block_size in 1..4096.
+  static void check_sizes(int64_t n_blocks, int64_t block_size);
   int64_t block_size() const { return block_size_; }
   int64_t total() const { return static_cast<int64_t>(ref_.size()); }
   // Blocks that allocate() can hand out: never used or released, and cached ones nothing refers to.
@@ -88,10 +90,9 @@ class BlockAllocator {
   struct Cached {
     uint64_t key = 0;
     std::vector<int32_t> tokens;
-    bool registered = false;
     std::list<int32_t>::iterator lru;  // valid while free (ref 0)
   };
-  std::vector<Cached> cached_;
+  std::unordered_map<int32_t, Cached> cached_;  // the registered blocks
   std::unordered_map<uint64_t, int32_t> by_key_;
   std::list<int32_t> lru_;  // registered blocks nothing refers to, least recently used first
 };
@@ -240,8 +241,9 @@ class Engine {
 
   Model& m_;
   EngineOptions o_;
-  BlockAllocator alloc_;
+  // The pools first: a pool that cannot fit is refused (with its size) before anything else.
   std::vector<nn::KVPool> pools_;  // one per layer, (n_blocks, block_size, ...) each
+  BlockAllocator alloc_;
   // decode_paged's inputs, reused each step: (batch, table_stride) block ids and lengths
   std::vector<int32_t> tables_;
   std::vector<int64_t> lens_;
