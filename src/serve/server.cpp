@@ -249,9 +249,11 @@ class Server {
     if (names.empty()) return;
     std::lock_guard<std::mutex> lock(mu_);
     for (const std::string& n : names) {
-      if (logged_.size() < 1000 && logged_.insert(n).second) {
+      // At most 1,000 names of at most 64 bytes are remembered (a client chooses them).
+      const std::string name = n.size() > 64 ? n.substr(0, 64) + "..." : n;
+      if (logged_.size() < 1000 && logged_.insert(name).second) {
         std::fprintf(stderr, "diffattn serve: ignoring the request field %s (not used by this server; said once)\n",
-                     dump(json(n)).c_str());
+                     dump(json(name)).c_str());
       }
     }
   }
