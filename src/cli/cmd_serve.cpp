@@ -21,16 +21,16 @@ int run_serve(const std::vector<std::string>& argv) {
             "echo (completions), response_format (json_object, or json_schema: grammar-constrained\n"
             "decoding), stream (server-sent events ending in data: [DONE]; stream_options.include_usage\n"
             "adds a usage chunk). Other request fields are ignored (each logged once on stderr).\n"
-            "Requests join and leave\n"
-            "the running batch between decode steps (continuous batching); long prompts are\n"
-            "prefilled in chunks between the running streams' tokens; each admitted sequence\n"
-            "reserves KV blocks for its prompt plus max_tokens from one pool, and waits in a\n"
-            "bounded queue while the pool is full (beyond it: 503). A client that disconnects\n"
-            "cancels its sequences. SIGINT / SIGTERM end in-flight streams with an error event and\n"
-            "exit 0. Listens on 127.0.0.1 unless --allow-remote is given; the port is bound\n"
-            "exclusively (a port in use is an error). With --api-key or DIFFATTN_API_KEY in the\n"
-            "environment, requests need \"Authorization: Bearer KEY\" (else 401), but for /health\n"
-            "and /metrics.");
+            "Requests join and leave the running batch between decode steps (continuous batching);\n"
+            "long prompts are prefilled in chunks between the running streams' tokens; each admitted\n"
+            "sequence reserves KV blocks for its prompt plus max_tokens from one pool, and waits in a\n"
+            "bounded queue while the pool is full (beyond it: 503); whole blocks of earlier prompts\n"
+            "that begin the same way are reused (prefix caching; usage.prompt_tokens_details).\n"
+            "A client that disconnects cancels its sequences. SIGINT / SIGTERM end in-flight streams\n"
+            "with an error event and exit 0. Listens on 127.0.0.1 unless --allow-remote is given;\n"
+            "the port is bound exclusively (a port in use is an error). With --api-key, or\n"
+            "DIFFATTN_API_KEY in the environment, requests need \"Authorization: Bearer KEY\" (else\n"
+            "401), but for /health and /metrics.");
   args.option("--model", "DIR", "", "the model directory (this project's format or Hugging Face)")
       .option("--name", "NAME", "", "the model's id in the API (default: the directory's name)")
       .option("--host", "ADDR", "127.0.0.1", "address to listen on (loopback unless --allow-remote)")
