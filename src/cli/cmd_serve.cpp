@@ -1,4 +1,5 @@
 // `diffattn serve --model DIR`: the OpenAI-compatible HTTP server (src/serve/).
+#include <cstdlib>
 #include <iostream>
 
 #include "cli/args.h"
@@ -14,20 +15,31 @@ int run_serve(const std::vector<std::string>& argv) {
   Args args("serve",
             "Serve a model over the OpenAI HTTP API: POST /v1/completions, POST\n"
             "/v1/chat/completions (the model's own chat template: chat_template.jinja or tokenizer_config.json),\n"
-            "GET /v1/models, GET /health and GET /metrics (Prometheus text). Parameters: max_tokens,\n"
-            "temperature, top_p, top_k, seed, stop, n, stream (server-sent events ending in\n"
-            "data: [DONE]; stream_options.include_usage adds a usage chunk). Requests join and leave\n"
-            "the running batch between decode steps (continuous batching); long prompts are\n"
-            "prefilled in chunks between the running streams' tokens; each admitted sequence\n"
-            "reserves KV blocks for its prompt plus max_tokens from one pool, and waits in a\n"
-            "bounded queue while the pool is full (beyond it: 503). A client that disconnects\n"
-            "cancels its sequences. SIGINT / SIGTERM end in-flight streams with an error event and\n"
-            "exit 0. Listens on 127.0.0.1 unless --allow-remote is given; the port is bound\n"
-            "exclusively (a port in use is an error).");
+            "POST /tokenize {\"prompt\"} -> {\"tokens\", \"count\"}, POST /detokenize {\"tokens\"} -> {\"prompt\"},\n"
+            "GET /v1/models, GET /health and GET /metrics (Prometheus text). Parameters: max_tokens\n"
+            "(chat: max_completion_tokens), temperature, top_p, top_k, seed, stop, n, presence_penalty,\n"
+            "frequency_penalty, logit_bias, logprobs and top_logprobs (completions: logprobs N),\n"
+            "echo (completions), response_format (json_object, or json_schema: grammar-constrained\n"
+            "decoding), stream (server-sent events ending in data: [DONE]; stream_options.include_usage\n"
+            "adds a usage chunk). Other request fields are ignored (each logged once on stderr).\n"
+            "Requests join and leave the running batch between decode steps (continuous batching);\n"
+            "long prompts are prefilled in chunks between the running streams' tokens; each admitted\n"
+            "sequence reserves KV blocks for its prompt plus max_tokens from one pool, and waits in a\n"
+            "bounded queue while the pool is full (beyond it: 503); whole blocks of earlier prompts\n"
+            "that begin the same way are reused (prefix caching; usage.prompt_tokens_details).\n"
+            "A client that disconnects cancels its sequences. SIGINT / SIGTERM end in-flight streams\n"
+            "with an error event and exit 0. Listens on 127.0.0.1 unless --allow-remote is given;\n"
+            "the port is bound exclusively (a port in use is an error). With --api-key, or\n"
+            "DIFFATTN_API_KEY in the environment, requests need \"Authorization: Bearer KEY\" (else\n"
+            "401), but for /health and /metrics.");
   args.option("--model", "DIR", "", "the model directory (this project's format or Hugging Face)")
       .option("--name", "NAME", "", "the model's id in the API (default: the directory's name)")
       .option("--host", "ADDR", "127.0.0.1", "address to listen on (loopback unless --allow-remote)")
-      .flag("--allow-remote", "allow a --host that is not a loopback address (there is no authentication:\n      whoever reaches the port can use the model)")
+      .flag("--allow-remote", "allow a --host that is not a loopback address (without --api-key there is no\n      authentication: whoever reaches the port can use the model)")
+      .option("--api-key", "KEY", "",
+              "requests must carry \"Authorization: Bearer KEY\" (else 401; /health and /metrics\n"
+              "      are open); default: the environment's DIFFATTN_API_KEY, if set (which, unlike\n"
+              "      this flag, other users cannot read in the process list)")
       .option("--port", "N", "8000", "port; 0 picks a free one (printed)")
       .option("--timeout", "S", "600", "a request's whole life in seconds (queue and generation): else 504")
       .option("--max-tokens", "N", "4096", "the largest max_tokens a request may ask for")
@@ -40,6 +52,9 @@ int run_serve(const std::vector<std::string>& argv) {
               "the KV pool's storage: f32, bf16 or f16 (half the bytes, rounded once when\n"
               "      written; attention still computes in float32)")
       .option("--prefill-chunk", "N", "512", "prompt tokens prefilled per step, over all sequences")
+      .flag("--no-prefix-cache",
+            "compute every prompt in full (default: whole KV blocks of earlier prompts that begin the\n"
+            "      same way are reused, least recently used evicted first)")
       .option("--workers", "N", "128", "connections served at once (each stream holds one)")
       .option("--tokenizer", "WHICH", "model",
               "model: the directory's tokenizer (a Hugging Face directory must have one); bytes: raw "
@@ -55,6 +70,17 @@ int run_serve(const std::vector<std::string>& argv) {
     throw UsageError("--host must be a loopback address (127.0.0.1, ::1 or localhost) unless "
                      "--allow-remote is given, got \"" + o.host + "\"");
   }
+  o.api_key = args.str("--api-key");
+  if (!args.given("--api-key")) {
+    const char* env = std::getenv("DIFFATTN_API_KEY");
+    if (env != nullptr) o.api_key = env;
+  }
+  if (args.given("--api-key") && o.api_key.empty()) throw UsageError("--api-key must not be empty");
+  for (const char c : o.api_key) {
+    if (static_cast<unsigned char>(c) <= 0x20 || static_cast<unsigned char>(c) >= 0x7f) {
+      throw UsageError("the API key (--api-key or DIFFATTN_API_KEY) must be printable ASCII without spaces");
+    }
+  }
   o.port = static_cast<int>(args.integer("--port", 0, 65535));
   o.timeout_seconds = static_cast<int>(args.integer("--timeout", 1, 86400));
   o.api.max_tokens = args.integer("--max-tokens", 1, 1 << 20);
@@ -65,6 +91,7 @@ int run_serve(const std::vector<std::string>& argv) {
   o.engine.block_size = args.integer("--block-size", 1, 4096);
   o.engine.kv_dtype = from_flags([&] { return parse_dtype(args.str("--kv-dtype"), "--kv-dtype"); });
   o.engine.prefill_chunk = args.integer("--prefill-chunk", 1, 1 << 20);
+  o.engine.prefix_cache = !args.on("--no-prefix-cache");
   o.workers = static_cast<int>(args.integer("--workers", 1, 4096));
   o.tokenizer = from_flags([&] { return data::parse_tokenizer_choice(args.str("--tokenizer"), "--tokenizer"); });
   serve::run_server(o, [](const std::string& host, int port) {

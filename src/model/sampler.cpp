@@ -28,6 +28,18 @@ Sampler::Sampler(const SamplerOptions& o) : o_(o), rng_(o.seed) {
       throw InvalidArgument("sampler: excluded ids must be increasing ids >= 0");
     }
   }
+  for (const double pen : {o.presence_penalty, o.frequency_penalty}) {
+    if (!(pen >= -2 && pen <= 2)) {
+      throw InvalidArgument("sampler: presence and frequency penalties must be in [-2, 2], got " +
+                            std::to_string(pen));
+    }
+  }
+  for (size_t i = 0; i < o.logit_bias.size(); ++i) {
+    const auto& [id, b] = o.logit_bias[i];
+    if (id < 0 || (i > 0 && id <= o.logit_bias[i - 1].first) || !(b >= -100 && b <= 100)) {
+      throw InvalidArgument("sampler: logit_bias must hold increasing ids >= 0 with biases in [-100, 100]");
+    }
+  }
 }
 
 // Without a top-k or top-p limit every token is a candidate and no order is needed: the draw
@@ -36,17 +48,47 @@ Sampler::Sampler(const SamplerOptions& o) : o_(o), rng_(o.seed) {
 // by a partial sort, the nucleus by a partial sort of a prefix that grows until it holds top_p
 // of the mass (a full sort of a 128K vocabulary per token cost more than the model's step at
 // 16 streams).
-int32_t Sampler::sample(const float* logits, int64_t V) {
-  // Only the ids that may be drawn: the first vocab_limit, the excluded ones at -inf (a weight
-  // of exp(-inf) = 0, never the argmax while any other id is finite).
+int32_t Sampler::sample(const float* logits, int64_t V, const uint8_t* allowed) {
+  const int32_t id = draw(logits, V, allowed);
+  if (o_.presence_penalty != 0 || o_.frequency_penalty != 0) {
+    if (count_.size() <= static_cast<size_t>(id)) count_.resize(static_cast<size_t>(id) + 1, 0);
+    if (count_[static_cast<size_t>(id)]++ == 0) seen_.push_back(id);
+  }
+  return id;
+}
+
+int32_t Sampler::draw(const float* logits, int64_t V, const uint8_t* allowed) {
+  // Only the ids that may be drawn: the first vocab_limit, the excluded and the masked ones at
+  // -inf (a weight of exp(-inf) = 0, never the argmax while any other id is finite). The logits
+  // are copied only when something changes them.
   if (o_.vocab_limit > 0) V = std::min(V, o_.vocab_limit);
-  if (!o_.excluded.empty()) {
+  const bool penalize = !seen_.empty() && (o_.presence_penalty != 0 || o_.frequency_penalty != 0);
+  if (!o_.excluded.empty() || !o_.logit_bias.empty() || penalize || allowed != nullptr) {
     masked_.assign(logits, logits + V);
+    for (const auto& [id, b] : o_.logit_bias) {
+      if (id < V) masked_[static_cast<size_t>(id)] += b;
+    }
+    if (penalize) {
+      for (const int32_t id : seen_) {
+        if (id >= V) continue;
+        const int32_t c = count_[static_cast<size_t>(id)];
+        masked_[static_cast<size_t>(id)] -=
+            static_cast<float>(c * o_.frequency_penalty + o_.presence_penalty);
+      }
+    }
+    constexpr float kNeg = -std::numeric_limits<float>::infinity();
     for (int32_t id : o_.excluded) {
-      if (id < V) masked_[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+      if (id < V) masked_[static_cast<size_t>(id)] = kNeg;
+    }
+    if (allowed != nullptr) {
+      for (int64_t i = 0; i < V; ++i) {
+        if (allowed[i] == 0) masked_[static_cast<size_t>(i)] = kNeg;
+      }
     }
     logits = masked_.data();
   }
+  last_ = logits;
+  last_v_ = V;
   if (o_.temperature == 0.0) {
     return static_cast<int32_t>(std::max_element(logits, logits + V) - logits);
   }

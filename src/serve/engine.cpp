@@ -2,6 +2,8 @@
 #include "serve/engine.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 namespace diffattn::serve {
 
@@ -10,6 +12,13 @@ using Clock = std::chrono::steady_clock;
 // ---- BlockAllocator ----
 
 BlockAllocator::BlockAllocator(int64_t n_blocks, int64_t block_size) : block_size_(block_size) {
+  check_sizes(n_blocks, block_size);
+  ref_.assign(static_cast<size_t>(n_blocks), 0);
+  free_.reserve(static_cast<size_t>(n_blocks));
+  for (int64_t i = n_blocks - 1; i >= 0; --i) free_.push_back(static_cast<int32_t>(i));
+}
+
+void BlockAllocator::check_sizes(int64_t n_blocks, int64_t block_size) {
   if (n_blocks < 1 || n_blocks > (int64_t{1} << 30)) {
     throw InvalidArgument("KV pool: the number of blocks must be in 1..2^30, got " +
                           std::to_string(n_blocks));
@@ -18,22 +27,33 @@ BlockAllocator::BlockAllocator(int64_t n_blocks, int64_t block_size) : block_siz
     throw InvalidArgument("KV pool: the block size must be in 1..4096 positions, got " +
                           std::to_string(block_size));
   }
-  used_.assign(static_cast<size_t>(n_blocks), false);
-  free_.reserve(static_cast<size_t>(n_blocks));
-  for (int64_t i = n_blocks - 1; i >= 0; --i) free_.push_back(static_cast<int32_t>(i));
 }
 
 int64_t BlockAllocator::blocks_for(int64_t positions) const {
   return positions <= 0 ? 0 : (positions + block_size_ - 1) / block_size_;
 }
 
+void BlockAllocator::forget(int32_t b) {
+  const auto it = cached_.find(b);
+  if (it == cached_.end()) return;
+  by_key_.erase(it->second.key);
+  cached_.erase(it);
+}
+
 bool BlockAllocator::allocate(int64_t n, std::vector<int32_t>& table) {
   if (n < 0) throw InvalidArgument("KV pool: cannot allocate " + std::to_string(n) + " blocks");
   if (n > free_blocks()) return false;
   for (int64_t i = 0; i < n; ++i) {
-    const int32_t b = free_.back();
-    free_.pop_back();
-    used_[static_cast<size_t>(b)] = true;
+    int32_t b;
+    if (!free_.empty()) {
+      b = free_.back();
+      free_.pop_back();
+    } else {
+      b = lru_.front();  // the least recently used cached block: its K/V is overwritten
+      lru_.pop_front();
+      forget(b);
+    }
+    ref_[static_cast<size_t>(b)] = 1;
     table.push_back(b);
   }
   return true;
@@ -44,17 +64,62 @@ void BlockAllocator::release(std::vector<int32_t>& table) {
   std::sort(sorted.begin(), sorted.end());
   for (size_t i = 0; i < sorted.size(); ++i) {
     const int32_t b = sorted[i];
-    if (b < 0 || b >= total() || !used_[static_cast<size_t>(b)] ||
+    if (b < 0 || b >= total() || ref_[static_cast<size_t>(b)] == 0 ||
         (i > 0 && sorted[i - 1] == b)) {
       throw InvalidArgument("KV pool: block " + std::to_string(b) +
                             " is not allocated (or is in the table twice)");
     }
   }
   for (const int32_t b : table) {
-    used_[static_cast<size_t>(b)] = false;
-    free_.push_back(b);
+    if (--ref_[static_cast<size_t>(b)] > 0) continue;
+    const auto it = cached_.find(b);
+    if (it != cached_.end()) {
+      it->second.lru = lru_.insert(lru_.end(), b);  // kept, most recently used last
+    } else {
+      free_.push_back(b);
+    }
   }
   table.clear();
+}
+
+uint64_t BlockAllocator::key_of(uint64_t parent, const int32_t* tokens) const {
+  // FNV-1a over the parent's key and the tokens, then a final mix (splitmix64's).
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto eat = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 0x100000001b3ull;
+    }
+  };
+  eat(parent);
+  for (int64_t i = 0; i < block_size_; ++i) eat(static_cast<uint32_t>(tokens[i]));
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebull;
+  return h ^ (h >> 31);
+}
+
+int32_t BlockAllocator::lookup(uint64_t key, const int32_t* tokens) {
+  const auto it = by_key_.find(key);
+  if (it == by_key_.end()) return -1;
+  const int32_t b = it->second;
+  Cached& c = cached_.at(b);
+  if (!std::equal(c.tokens.begin(), c.tokens.end(), tokens)) return -1;  // a collision of keys
+  if (ref_[static_cast<size_t>(b)]++ == 0) lru_.erase(c.lru);
+  return b;
+}
+
+bool BlockAllocator::register_block(int32_t b, uint64_t key, const int32_t* tokens) {
+  if (b < 0 || b >= total() || ref_[static_cast<size_t>(b)] == 0) {
+    throw InvalidArgument("KV pool: cannot register block " + std::to_string(b) + ": not allocated");
+  }
+  if (cached_.count(b) != 0 || by_key_.count(key) != 0) return false;
+  Cached& c = cached_[b];
+  c.key = key;
+  c.tokens.assign(tokens, tokens + block_size_);
+  by_key_.emplace(key, b);
+  return true;
 }
 
 // ---- Sequence ----
@@ -78,6 +143,53 @@ Finish Sequence::wait(size_t have, std::vector<int32_t>& out, std::chrono::milli
   return finish_;
 }
 
+Finish Sequence::wait(size_t have, std::vector<int32_t>& out, std::vector<TokenLogprob>& lp,
+                      std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return tokens_.size() > have || finish_ != Finish::kNone; });
+  if (tokens_.size() > have) out.insert(out.end(), tokens_.begin() + static_cast<long>(have), tokens_.end());
+  if (logprobs_.size() > have) lp.insert(lp.end(), logprobs_.begin() + static_cast<long>(have), logprobs_.end());
+  return finish_;
+}
+
+int64_t Sequence::cached_tokens() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cached_tokens_;
+}
+
+std::vector<TokenLogprob> Sequence::prompt_logprobs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return prompt_logprobs_;
+}
+
+TokenLogprob logprob_of(const float* z, int64_t V, double T, int32_t id, int64_t top) {
+  if (!(T > 0)) T = 1;
+  double mx = -std::numeric_limits<double>::infinity();
+  for (int64_t i = 0; i < V; ++i) mx = std::max(mx, static_cast<double>(z[i]));
+  double sum = 0;
+  for (int64_t i = 0; i < V; ++i) sum += std::exp((z[i] - mx) / T);
+  const double lse = mx / T + std::log(sum);
+  const auto lp = [&](int32_t i) {
+    const double v = z[i] / T - lse;
+    return static_cast<float>(std::isfinite(v) ? std::max(v, -9999.0) : -9999.0);
+  };
+  TokenLogprob out;
+  out.id = id;
+  out.logprob = lp(id);
+  // The top ones by one pass, kept in order (top is small).
+  std::vector<int32_t> best;
+  for (int64_t i = 0; i < V && top > 0; ++i) {
+    const auto ii = static_cast<int32_t>(i);
+    if (static_cast<int64_t>(best.size()) == top && !(z[i] > z[best.back()])) continue;
+    auto at = std::upper_bound(best.begin(), best.end(), ii,
+                               [z](int32_t a, int32_t b) { return z[a] > z[b]; });
+    best.insert(at, ii);
+    if (static_cast<int64_t>(best.size()) > top) best.pop_back();
+  }
+  for (const int32_t b : best) out.top.emplace_back(b, lp(b));
+  return out;
+}
+
 void Sequence::cancel() {
   std::lock_guard<std::mutex> lock(mu_);
   cancel_ = true;
@@ -97,11 +209,13 @@ double Sequence::ttft() const {
 // ---- Engine ----
 
 Engine::Engine(Model& model, const EngineOptions& o)
-    : m_(model), o_(o), alloc_(o.n_blocks, o.block_size) {
+    : m_(model), o_(o),
+      pools_((BlockAllocator::check_sizes(o.n_blocks, o.block_size),
+              model.kv_pools(o.n_blocks, o.block_size, o.kv_dtype))),
+      alloc_(o.n_blocks, o.block_size) {
   if (o.max_batch < 1 || o.max_waiting < 0 || o.prefill_chunk < 1) {
     throw InvalidArgument("engine: max_batch and prefill_chunk must be >= 1, max_waiting >= 0");
   }
-  pools_ = m_.kv_pools(o.n_blocks, o.block_size, o.kv_dtype);
   stats_.total_blocks = stats_.free_blocks = alloc_.total();
   thread_ = std::thread([this] { loop(); });
 }
@@ -145,6 +259,9 @@ std::shared_ptr<Sequence> Engine::submit(SeqRequest r) {
   }
   Sampler check(r.sampler);  // throws on bad sampler options, before anything is queued
   (void)check;
+  if (r.grammar && (!r.masker || r.masker->vocab_size() != V)) {
+    throw InvalidArgument("constrained output needs a token masker over the model's " + std::to_string(V) + " ids");
+  }
   auto seq = std::make_shared<Sequence>();
   seq->prompt_len_ = P;
   seq->submitted_ = Clock::now();
@@ -183,9 +300,36 @@ void Engine::publish_ended() {
 }
 
 bool Engine::take(Running& r, const float* logits) {
-  const int32_t next = r.sampler->sample(logits, m_.config().vocab_size);
+  const int64_t V = m_.config().vocab_size;
+  const uint8_t* allowed = nullptr;
+  if (r.matcher) {
+    // Constrained output: only the tokens the grammar allows; none left means the document is
+    // complete (and the vocabulary has no end-of-sequence id to say so) or stuck.
+    r.req.masker->allowed(*r.matcher, r.mask);
+    const int64_t n = std::min<int64_t>(V, static_cast<int64_t>(r.mask.size()));
+    r.mask.resize(static_cast<size_t>(V), 0);
+    if (std::find(r.mask.begin(), r.mask.begin() + n, uint8_t{1}) == r.mask.begin() + n) {
+      if (r.matcher->accepts_end()) {
+        finish(r, Finish::kStop);
+      } else {
+        finish(r, Finish::kError, "constrained output: no token of the vocabulary continues the document");
+      }
+      return false;
+    }
+    allowed = r.mask.data();
+  }
+  const int32_t next = r.sampler->sample(logits, V, allowed);
   if (std::find(r.req.stop_ids.begin(), r.req.stop_ids.end(), next) != r.req.stop_ids.end()) {
     finish(r, Finish::kStop);
+    return false;
+  }
+  TokenLogprob lp;
+  if (r.req.logprobs >= 0) {
+    lp = logprob_of(r.sampler->last_logits(), r.sampler->last_vocab(), r.req.sampler.temperature, next,
+                    r.req.logprobs);
+  }
+  if (r.matcher && !r.req.masker->advance(*r.matcher, next)) {
+    finish(r, Finish::kError, "constrained output: the sampler drew a token the grammar refuses");
     return false;
   }
   ++r.generated;
@@ -194,11 +338,16 @@ bool Engine::take(Running& r, const float* logits) {
     std::lock_guard<std::mutex> lock(r.seq->mu_);
     if (r.seq->tokens_.empty()) r.seq->first_token_ = Clock::now();
     r.seq->tokens_.push_back(next);
+    if (r.req.logprobs >= 0) r.seq->logprobs_.push_back(std::move(lp));
   }
   r.seq->cv_.notify_all();
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.generated_tokens;
+  }
+  if (r.matcher && r.matcher->accepts_end() && r.matcher->allowed_bytes().none()) {
+    finish(r, Finish::kStop);  // a whole document, and nothing may follow it
+    return false;
   }
   if (r.generated >= r.req.max_tokens) {
     finish(r, Finish::kLength);
@@ -244,12 +393,38 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
         waiting_.pop_front();
         continue;
       }
-      const int64_t span = static_cast<int64_t>(req.prompt.size()) + req.max_tokens;
+      const int64_t P = static_cast<int64_t>(req.prompt.size()), span = P + req.max_tokens;
       auto r = std::make_unique<Running>();
-      if (!alloc_.allocate(alloc_.blocks_for(span), r->blocks)) break;  // wait for blocks
+      // The prefix cache: whole blocks of the prompt, but its last token (whose logits the
+      // first draw needs), while earlier prompts had them. A request for the prompt's log
+      // probabilities computes every position.
+      if (o_.prefix_cache && !(req.prompt_logprobs && req.logprobs >= 0)) {
+        const int64_t bs = alloc_.block_size();
+        for (int64_t b = 0; b < (P - 1) / bs; ++b) {
+          const int32_t* t = req.prompt.data() + b * bs;
+          const uint64_t key = alloc_.key_of(r->key, t);
+          const int32_t id = alloc_.lookup(key, t);
+          if (id < 0) break;
+          r->blocks.push_back(id);
+          r->key = key;
+        }
+        r->registered = static_cast<int64_t>(r->blocks.size());
+      }
+      const int64_t have = static_cast<int64_t>(r->blocks.size());
+      if (!alloc_.allocate(alloc_.blocks_for(span) - have, r->blocks)) {
+        alloc_.release(r->blocks);  // back to the cache
+        break;  // wait for blocks
+      }
+      r->prefilled = r->pos = have * alloc_.block_size();
+      stats_.cached_prompt_tokens += r->prefilled;
+      {
+        std::lock_guard<std::mutex> sl(seq->mu_);
+        seq->cached_tokens_ = r->prefilled;
+      }
       r->seq = seq;
       r->req = std::move(req);
       r->sampler = std::make_unique<Sampler>(r->req.sampler);
+      if (r->req.grammar) r->matcher.emplace(*r->req.grammar);
       running.push_back(std::move(r));
       waiting_.pop_front();
     }
@@ -302,10 +477,37 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
       if (r->prefilled < P && !r->blocks.empty()) {
         if (budget <= 0) continue;
         const int64_t n = std::min(budget, P - r->prefilled);
-        m_.prefill_paged(r->req.prompt.data() + r->prefilled, n, pools_, r->blocks.data(),
-                         static_cast<int64_t>(r->blocks.size()), r->pos, logits.data());
-        r->prefilled += n;
-        r->pos += n;
+        if (r->req.prompt_logprobs && r->req.logprobs >= 0) {
+          // One position at a time: each position's logits give the next prompt token's.
+          const int64_t V = m_.config().vocab_size;
+          for (int64_t i = 0; i < n; ++i) {
+            m_.prefill_paged(r->req.prompt.data() + r->prefilled, 1, pools_, r->blocks.data(),
+                             static_cast<int64_t>(r->blocks.size()), r->pos, logits.data());
+            ++r->prefilled;
+            ++r->pos;
+            if (r->prefilled < P) {
+              TokenLogprob lp = logprob_of(logits.data(), V, 1.0, r->req.prompt[static_cast<size_t>(r->prefilled)],
+                                           r->req.logprobs);
+              std::lock_guard<std::mutex> lock(r->seq->mu_);
+              r->seq->prompt_logprobs_.push_back(std::move(lp));
+            }
+          }
+        } else {
+          m_.prefill_paged(r->req.prompt.data() + r->prefilled, n, pools_, r->blocks.data(),
+                           static_cast<int64_t>(r->blocks.size()), r->pos, logits.data());
+          r->prefilled += n;
+          r->pos += n;
+        }
+        // The prompt's blocks now whole go into the prefix cache.
+        if (o_.prefix_cache) {
+          const int64_t bs = alloc_.block_size();
+          while ((r->registered + 1) * bs <= r->prefilled) {
+            const int32_t* t = r->req.prompt.data() + r->registered * bs;
+            r->key = alloc_.key_of(r->key, t);
+            alloc_.register_block(r->blocks[static_cast<size_t>(r->registered)], r->key, t);
+            ++r->registered;
+          }
+        }
         budget -= n;
         prompt_done += n;
         ++advanced;
@@ -324,6 +526,7 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
     stats_.prompt_tokens += prompt_done;
     stats_.running = static_cast<int64_t>(running.size());
     stats_.free_blocks = alloc_.free_blocks();
+    stats_.cached_blocks = alloc_.cached_blocks();
     stats_.last_batch = static_cast<double>(advanced);
   }
   publish_ended();

@@ -28,38 +28,73 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "diffattn/base/error.h"
+#include "diffattn/grammar/json_schema.h"
+#include "diffattn/grammar/token_mask.h"
 #include "diffattn/model/model.h"
 #include "diffattn/model/sampler.h"
 
 namespace diffattn::serve {
 
-// Fixed-size blocks of KV positions from one pool of n_blocks. Not thread-safe (the engine's
-// thread owns it).
+// Fixed-size blocks of KV positions from one pool of n_blocks, with automatic prefix caching:
+// a block that holds a whole block of a prompt can be registered under a key (a hash of its
+// tokens chained to its prefix's key), and a later sequence whose prompt starts with the same
+// tokens takes it (a reference) instead of computing it again. A block is free when nothing
+// refers to it; a free registered block keeps its K/V and its key until it is needed for
+// something else, the least recently used first. Not thread-safe (the engine's thread owns it).
 class BlockAllocator {
  public:
   BlockAllocator(int64_t n_blocks, int64_t block_size);
+  // Throws InvalidArgument unless n_blocks is in 1..2^30 and block_size in 1..4096.
+  static void check_sizes(int64_t n_blocks, int64_t block_size);
   int64_t block_size() const { return block_size_; }
-  int64_t total() const { return static_cast<int64_t>(used_.size()); }
-  int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
+  int64_t total() const { return static_cast<int64_t>(ref_.size()); }
+  // Blocks that allocate() can hand out: never used or released, and cached ones nothing refers to.
+  int64_t free_blocks() const { return static_cast<int64_t>(free_.size() + lru_.size()); }
+  // Registered blocks (whether referred to or not).
+  int64_t cached_blocks() const { return static_cast<int64_t>(by_key_.size()); }
   // Blocks needed for `positions` KV positions.
   int64_t blocks_for(int64_t positions) const;
   // Appends n block ids to table, or returns false (and takes nothing) if fewer than n are free.
+  // Blocks never registered go first, then registered ones nothing refers to, least recently
+  // used first (their keys are forgotten).
   bool allocate(int64_t n, std::vector<int32_t>& table);
-  // Returns every block of table to the pool and clears it; a block not allocated, or given
-  // twice, is an InvalidArgument (and nothing is freed).
+  // Drops a reference to every block of table and clears it; a block not allocated, or given
+  // twice, is an InvalidArgument (and nothing is released).
   void release(std::vector<int32_t>& table);
 
+  // The key of a block of tokens (block_size of them) after a prefix whose key is `parent`
+  // (kRootKey for the first block).
+  static constexpr uint64_t kRootKey = 0x6a09e667f3bcc908ull;
+  uint64_t key_of(uint64_t parent, const int32_t* tokens) const;
+  // The block registered under key with exactly these tokens, a reference taken; -1 if none.
+  int32_t lookup(uint64_t key, const int32_t* tokens);
+  // Registers allocated block b as holding `tokens` under key; false (nothing changes) when the
+  // key already has a block.
+  bool register_block(int32_t b, uint64_t key, const int32_t* tokens);
+
  private:
+  void forget(int32_t b);
   int64_t block_size_;
   std::vector<int32_t> free_;  // a stack: the most recently freed block is reused first
-  std::vector<bool> used_;
+  std::vector<int32_t> ref_;   // references to each block (0: free or cached-and-free)
+  struct Cached {
+    uint64_t key = 0;
+    std::vector<int32_t> tokens;
+    std::list<int32_t>::iterator lru;  // valid while free (ref 0)
+  };
+  std::unordered_map<int32_t, Cached> cached_;  // the registered blocks
+  std::unordered_map<uint64_t, int32_t> by_key_;
+  std::list<int32_t> lru_;  // registered blocks nothing refers to, least recently used first
 };
 
 class QueueFull : public Error {
@@ -70,12 +105,38 @@ class QueueFull : public Error {
 enum class Finish { kNone, kStop, kLength, kCancelled, kTimeout, kError };
 const char* finish_name(Finish f);
 
+// A token's log probability and the most likely tokens beside it (id, log probability), most
+// likely first. A log probability of -inf (an id that could not be drawn) is -9999, as OpenAI
+// writes it.
+struct TokenLogprob {
+  int32_t id = -1;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
+// The log-softmax of logits (V of them) at temperature T (1 when T is 0): id's, and the top
+// `top` ids' (ties by id).
+TokenLogprob logprob_of(const float* logits, int64_t V, double T, int32_t id, int64_t top);
+
 struct SeqRequest {
   std::vector<int32_t> prompt;
   int64_t max_tokens = 16;
   SamplerOptions sampler;
   std::vector<int32_t> stop_ids;
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  // >= 0: each generated token's log probability with that many top ones: the log-softmax of
+  // the logits the sampler drew from (after logit_bias, penalties and masks) at its
+  // temperature (1 when greedy), before top-k and top-p.
+  int64_t logprobs = -1;
+  // With logprobs >= 0: also the prompt's tokens' (from the second on), under the model's own
+  // distribution (the raw logits at temperature 1); the prompt is then prefilled one token at a
+  // time, so that every position's logits exist.
+  bool prompt_logprobs = false;
+  // Constrained output: only tokens that keep the text a prefix of a document of the grammar
+  // (masker: built for the model's vocabulary, its end-of-sequence ids the stop ids). A
+  // finished document ends the sequence (kStop) when nothing may follow it.
+  std::optional<grammar::Grammar> grammar;
+  std::shared_ptr<const grammar::TokenMasker> masker;
 };
 
 // One sequence's progress, shared by the engine and the request's handler.
@@ -84,9 +145,17 @@ class Sequence {
   // Waits until more than `have` tokens exist, the sequence ended, or `timeout` passed; copies
   // the tokens from index `have` on into out. Returns the finish state (kNone: still running).
   Finish wait(size_t have, std::vector<int32_t>& out, std::chrono::milliseconds timeout);
+  // The same, with the tokens' log probabilities (SeqRequest::logprobs >= 0) into lp.
+  Finish wait(size_t have, std::vector<int32_t>& out, std::vector<TokenLogprob>& lp,
+              std::chrono::milliseconds timeout);
+  // The prompt's log probabilities (SeqRequest::prompt_logprobs), complete once the first token
+  // exists: one per prompt token from the second on.
+  std::vector<TokenLogprob> prompt_logprobs() const;
   // Asks the engine to stop the sequence and free its blocks (idempotent).
   void cancel();
   int64_t prompt_tokens() const { return prompt_len_; }
+  // Prompt tokens whose K/V came from the prefix cache (known once the sequence is admitted).
+  int64_t cached_tokens() const;
   std::string error() const;
   // Seconds from submission to the first token (< 0 before it).
   double ttft() const;
@@ -96,10 +165,12 @@ class Sequence {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<int32_t> tokens_;
+  std::vector<TokenLogprob> logprobs_, prompt_logprobs_;
   Finish finish_ = Finish::kNone;
   std::string error_;
   bool cancel_ = false;
   int64_t prompt_len_ = 0;
+  int64_t cached_tokens_ = 0;
   std::chrono::steady_clock::time_point submitted_, first_token_;
 };
 
@@ -110,6 +181,9 @@ struct EngineOptions {
   int64_t max_waiting = 256;      // waiting sequences; more: QueueFull
   int64_t prefill_chunk = 512;    // prompt tokens per step, over all sequences
   DType kv_dtype = DType::F32;    // the pools' storage (BF16/F16: half the memory and traffic)
+  // Automatic prefix caching: the whole blocks of a prompt (but its last token) are taken from
+  // earlier sequences' blocks when the same tokens began their prompts (BlockAllocator).
+  bool prefix_cache = true;
   // Called by the engine's thread before each step (0, 1, ...); tests hold the engine here to
   // make an interleaving (a cancel between two steps) certain instead of likely.
   std::function<void(int64_t step)> before_step;
@@ -118,6 +192,8 @@ struct EngineOptions {
 struct EngineStats {
   int64_t running = 0, waiting = 0, free_blocks = 0, total_blocks = 0;
   int64_t steps = 0, prompt_tokens = 0, generated_tokens = 0;
+  int64_t cached_prompt_tokens = 0;  // prompt tokens taken from the prefix cache
+  int64_t cached_blocks = 0;         // blocks registered in the prefix cache
   double last_batch = 0;  // sequences advanced in the last step
 };
 
@@ -144,10 +220,14 @@ class Engine {
     SeqRequest req;
     std::vector<int32_t> blocks;  // its block table (every pool: the same ids)
     int64_t prefilled = 0;  // prompt tokens in the cache
+    int64_t registered = 0;  // its first blocks registered in (or taken from) the prefix cache
+    uint64_t key = BlockAllocator::kRootKey;  // the key of its last registered block
     int64_t pos = 0;        // positions in its blocks
     int64_t generated = 0;
     int32_t last = -1;      // the token to feed next (after the prefill)
     std::unique_ptr<Sampler> sampler;
+    std::optional<grammar::Matcher> matcher;  // constrained output
+    std::vector<uint8_t> mask;
   };
   void loop();
   void step(std::vector<std::unique_ptr<Running>>& running, std::vector<float>& logits);
@@ -161,8 +241,9 @@ class Engine {
 
   Model& m_;
   EngineOptions o_;
-  BlockAllocator alloc_;
+  // The pools first: a pool that cannot fit is refused (with its size) before anything else.
   std::vector<nn::KVPool> pools_;  // one per layer, (n_blocks, block_size, ...) each
+  BlockAllocator alloc_;
   // decode_paged's inputs, reused each step: (batch, table_stride) block ids and lengths
   std::vector<int32_t> tables_;
   std::vector<int64_t> lens_;

@@ -1,6 +1,8 @@
 // Request parsing and chat templates of the OpenAI API (openai.h).
 #include "serve/openai.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -11,6 +13,7 @@
 namespace diffattn::serve {
 
 using nlohmann::json;
+using nlohmann::ordered_json;
 
 std::string error_json(const std::string& message, const std::string& type,
                        const std::string& param, const std::string& code) {
@@ -104,7 +107,9 @@ std::string content_text(const json& c, const std::string& field) {
 
 }  // namespace
 
-ApiRequest parse_request(const std::string& body, bool chat, const ApiLimits& lim) {
+namespace {
+
+json parse_body(const std::string& body) {
   json j;
   try {
     j = parse_json_bounded(body, "the request body");
@@ -114,31 +119,156 @@ ApiRequest parse_request(const std::string& body, bool chat, const ApiLimits& li
   if (!j.is_object()) {
     throw ApiError(std::string("the request body must be a JSON object, got ") + type_name(j));
   }
-  static const std::set<std::string> common = {"model", "max_tokens", "temperature", "top_p",
-                                               "top_k", "seed", "stop", "n", "stream",
-                                               "stream_options", "user"};
+  return j;
+}
+
+std::vector<ChatMessage> parse_messages(const json& v, const ApiLimits& lim, std::vector<std::string>& ignored) {
+  const std::string k = "messages";
+  if (!v.is_array()) wrong_type(k, "an array of messages", v);
+  if (v.empty()) throw ApiError("'messages' must not be empty", k);
+  if (v.size() > lim.max_messages) {
+    out_of_range(k, "at most " + std::to_string(lim.max_messages) + " messages", v);
+  }
+  std::vector<ChatMessage> out;
+  size_t bytes = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string f = "messages[" + std::to_string(i) + "]";
+    const json& m = v[i];
+    if (!m.is_object()) wrong_type(f, "an object {\"role\", \"content\"}", m);
+    ChatMessage cm;
+    for (const auto& [mk, mv] : m.items()) {
+      if (mk == "role") {
+        cm.role = string(mv, f + ".role");
+      } else if (mk == "content") {
+        cm.content = content_text(mv, f + ".content");
+      } else if (mk == "name") {
+        if (!mv.is_null()) string(mv, f + ".name");
+      } else {
+        ignored.push_back("messages[]." + mk);
+      }
+    }
+    if (!m.contains("role")) throw ApiError("'" + f + ".role' is missing", f + ".role");
+    if (!m.contains("content")) throw ApiError("'" + f + ".content' is missing", f + ".content");
+    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant") {
+      throw ApiError("'" + f + ".role' must be \"system\", \"user\" or \"assistant\", got " +
+                         quote_name(cm.role, 40),
+                     f + ".role", 400, "invalid_request_error", "invalid_value");
+    }
+    bytes += cm.content.size();
+    if (bytes > lim.max_prompt_bytes) {
+      throw ApiError("the messages' contents are longer than " +
+                         std::to_string(lim.max_prompt_bytes) + " bytes together",
+                     k, 400, "invalid_request_error", "prompt_too_long");
+    }
+    out.push_back(std::move(cm));
+  }
+  return out;
+}
+
+std::string prompt_string(const json& v, const std::string& k, const ApiLimits& lim) {
+  std::string p = v.get<std::string>();
+  if (p.size() > lim.max_prompt_bytes) {
+    throw ApiError("'" + k + "' is longer than " + std::to_string(lim.max_prompt_bytes) + " bytes",
+                   k, 400, "invalid_request_error", "prompt_too_long");
+  }
+  return p;
+}
+
+std::vector<int32_t> token_ids(const json& v, const std::string& k, const ApiLimits& lim) {
+  if (static_cast<int64_t>(v.size()) > lim.max_prompt_ids) {
+    throw ApiError("'" + k + "' has more than " + std::to_string(lim.max_prompt_ids) + " token ids",
+                   k, 400, "invalid_request_error", "prompt_too_long");
+  }
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string f = k + "[" + std::to_string(i) + "]";
+    if (!v[i].is_number_integer()) wrong_type(f, "a token id (an integer)", v[i]);
+    const int64_t id = integer(v[i], f);
+    if (id < 0 || id > INT32_MAX) out_of_range(f, "a token id >= 0", v[i]);
+    out.push_back(static_cast<int32_t>(id));
+  }
+  return out;
+}
+
+// response_format: {"type": "text"} | {"type": "json_object"} |
+// {"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}.
+void parse_response_format(const json& v, const ordered_json* ordered, ApiRequest& r,
+                           const ApiLimits& lim) {
+  const std::string k = "response_format";
+  if (!v.is_object()) wrong_type(k, "an object {\"type\": ...}", v);
+  if (!v.contains("type")) throw ApiError("'response_format.type' is missing", k + ".type");
+  const std::string& type = string(v["type"], k + ".type");
+  for (const auto& [fk, fv] : v.items()) {
+    if (fk != "type" && fk != "json_schema") r.ignored.push_back(k + "." + fk);
+  }
+  if (type == "text") return;
+  if (type == "json_object") {
+    r.response_format = type;
+    r.grammar = grammar::Grammar::json_object();
+    return;
+  }
+  if (type != "json_schema") {
+    throw ApiError("'response_format.type' must be \"text\", \"json_object\" or \"json_schema\", got " +
+                       quote_name(type, 40),
+                   k + ".type", 400, "invalid_request_error", "invalid_value");
+  }
+  const std::string f = k + ".json_schema";
+  if (!v.contains("json_schema") || v["json_schema"].is_null()) {
+    throw ApiError("'" + f + "' is required with \"type\": \"json_schema\"", f);
+  }
+  const json& js = v["json_schema"];
+  if (!js.is_object()) wrong_type(f, "an object {\"name\", \"schema\"}", js);
+  for (const auto& [sk, sv] : js.items()) {
+    if (sk == "name" || sk == "description") {
+      if (!sv.is_null()) string(sv, f + "." + sk);
+    } else if (sk == "strict") {
+      if (!sv.is_null()) boolean(sv, f + ".strict");
+    } else if (sk != "schema") {
+      r.ignored.push_back(f + "." + sk);
+    }
+  }
+  const std::string sf = f + ".schema";
+  if (!js.contains("schema") || js["schema"].is_null()) {
+    // OpenAI's default: any JSON object.
+    r.response_format = type;
+    r.grammar = grammar::Grammar::json_object();
+    return;
+  }
+  if (!js["schema"].is_object() && !js["schema"].is_boolean()) wrong_type(sf, "an object (a JSON schema)", js["schema"]);
+  const ordered_json& schema = (*ordered)["response_format"]["json_schema"]["schema"];
+  if (schema.dump().size() > lim.max_schema_bytes) {
+    throw ApiError("'" + sf + "' is longer than " + std::to_string(lim.max_schema_bytes) + " bytes as JSON",
+                   sf, 400, "invalid_request_error", "invalid_value");
+  }
+  try {
+    r.grammar = grammar::Grammar::json_schema(schema);
+  } catch (const grammar::UnsupportedSchema& e) {
+    throw ApiError("'" + sf + "': the keyword " + quote_name(e.keyword(), 60) + " at " +
+                       (e.path().empty() ? std::string("/") : e.path()) +
+                       " is not supported by this server's constrained decoding: " + e.what(),
+                   sf, 400, "invalid_request_error", "unsupported_schema");
+  } catch (const InvalidArgument& e) {
+    throw ApiError("'" + sf + "' is not a usable schema: " + std::string(e.what()), sf, 400,
+                   "invalid_request_error", "invalid_schema");
+  }
+  r.response_format = type;
+}
+
+}  // namespace
+
+ApiRequest parse_request(const std::string& body, bool chat, const ApiLimits& lim) {
+  const json j = parse_body(body);
   ApiRequest r;
   r.chat = chat;
+  std::optional<int64_t> max_tokens, max_completion_tokens;
   for (const auto& [k, v] : j.items()) {
-    const bool known = common.count(k) != 0 ||
-                       (chat ? (k == "messages" || k == "max_completion_tokens") : k == "prompt");
-    if (!known) {
-      throw ApiError("unknown field " + quote_name(k, 60) + " (this server takes: " +
-                         (chat ? std::string("messages, max_tokens, max_completion_tokens")
-                               : std::string("prompt, max_tokens")) +
-                         ", temperature, top_p, top_k, seed, stop, n, stream, stream_options, "
-                         "model, user)",
-                     k, 400, "invalid_request_error", "unknown_field");
-    }
     if (v.is_null()) continue;  // null means "not given", as in OpenAI's API
     if (k == "model") {
       r.model = string(v, k);
-    } else if (k == "user") {
-      string(v, k);
-    } else if (k == "max_tokens" || k == "max_completion_tokens") {
+    } else if (k == "max_tokens" || (chat && k == "max_completion_tokens")) {
       const int64_t m = integer(v, k);
       if (m < 1 || m > lim.max_tokens) out_of_range(k, "in 1.." + std::to_string(lim.max_tokens), v);
-      r.max_tokens = m;
+      (k == "max_tokens" ? max_tokens : max_completion_tokens) = m;
     } else if (k == "temperature") {
       r.temperature = number(v, k);
       if (r.temperature < 0 || r.temperature > 2) out_of_range(k, "in [0, 2]", v);
@@ -160,11 +290,61 @@ ApiRequest parse_request(const std::string& body, bool chat, const ApiLimits& li
       if (!v.is_object()) wrong_type(k, "an object", v);
       for (const auto& [sk, sv] : v.items()) {
         if (sk != "include_usage") {
-          throw ApiError("unknown field 'stream_options." + sk + "'", "stream_options." + sk,
-                         400, "invalid_request_error", "unknown_field");
+          r.ignored.push_back("stream_options." + sk);
+        } else if (!sv.is_null()) {
+          r.include_usage = boolean(sv, "stream_options.include_usage");
         }
-        if (!sv.is_null()) r.include_usage = boolean(sv, "stream_options.include_usage");
       }
+    } else if (k == "presence_penalty" || k == "frequency_penalty") {
+      const double p = number(v, k);
+      if (p < -2 || p > 2) out_of_range(k, "in [-2, 2]", v);
+      (k == "presence_penalty" ? r.presence_penalty : r.frequency_penalty) = p;
+    } else if (k == "logit_bias") {
+      if (!v.is_object()) wrong_type(k, "an object {\"token id\": bias}", v);
+      if (v.size() > lim.max_logit_bias) {
+        out_of_range(k, "at most " + std::to_string(lim.max_logit_bias) + " entries", v);
+      }
+      for (const auto& [bk, bv] : v.items()) {
+        const std::string f = k + "." + bk.substr(0, 40);
+        // A token id as decimal digits ("50256"), as OpenAI's API takes it.
+        if (bk.empty() || bk.size() > 10 || bk.find_first_not_of("0123456789") != std::string::npos ||
+            std::stoll(bk) > INT32_MAX) {
+          throw ApiError("'logit_bias' keys must be token ids as decimal strings (\"50256\"), got " +
+                             quote_name(bk, 40),
+                         k, 400, "invalid_request_error", "invalid_value");
+        }
+        const double b = number(bv, f);
+        if (b < -100 || b > 100) out_of_range(f, "in [-100, 100]", bv);
+        r.logit_bias.emplace_back(static_cast<int32_t>(std::stoll(bk)), static_cast<float>(b));
+      }
+      std::sort(r.logit_bias.begin(), r.logit_bias.end());
+      for (size_t i = 1; i < r.logit_bias.size(); ++i) {
+        if (r.logit_bias[i].first == r.logit_bias[i - 1].first) {
+          throw ApiError("'logit_bias' names token " + std::to_string(r.logit_bias[i].first) +
+                             " twice (as \"007\" and \"7\", say)",
+                         k, 400, "invalid_request_error", "invalid_value");
+        }
+      }
+    } else if (k == "logprobs") {
+      if (chat) {
+        r.logprobs = boolean(v, k);
+      } else {
+        // Completions: the number of most likely tokens to list beside each one (0: none).
+        if (v.is_boolean()) wrong_type(k, "an integer (the top log probabilities per token)", v);
+        const int64_t n = integer(v, k);
+        if (n < 0 || n > lim.max_logprobs) out_of_range(k, "in 0.." + std::to_string(lim.max_logprobs), v);
+        r.logprobs = true;
+        r.top_logprobs = n;
+      }
+    } else if (chat && k == "top_logprobs") {
+      const int64_t n = integer(v, k);
+      if (n < 0 || n > lim.max_logprobs) out_of_range(k, "in 0.." + std::to_string(lim.max_logprobs), v);
+      r.top_logprobs = n;
+    } else if (!chat && k == "echo") {
+      r.echo = boolean(v, k);
+    } else if (k == "response_format") {
+      const ordered_json o = ordered_json::parse(body);  // the schema's properties in their order
+      parse_response_format(v, &o, r, lim);
     } else if (k == "stop") {
       if (v.is_string()) {
         r.stop.push_back(v.get<std::string>());
@@ -181,76 +361,27 @@ ApiRequest parse_request(const std::string& body, bool chat, const ApiLimits& li
           out_of_range(k, "strings of 1.." + std::to_string(lim.max_stop_bytes) + " bytes", v);
         }
       }
-    } else if (k == "prompt") {
+    } else if (!chat && k == "prompt") {
       if (v.is_string()) {
-        r.prompt = v.get<std::string>();
-        if (r.prompt.size() > lim.max_prompt_bytes) {
-          throw ApiError("'prompt' is longer than " + std::to_string(lim.max_prompt_bytes) + " bytes",
-                         k, 400, "invalid_request_error", "prompt_too_long");
-        }
+        r.prompt = prompt_string(v, k, lim);
       } else if (v.is_array() && !v.empty() && v[0].is_string()) {
         if (v.size() != 1) {
           throw ApiError("'prompt' as a list of strings must hold exactly one (send one request "
                          "per prompt)", k, 400, "invalid_request_error", "invalid_value");
         }
-        r.prompt = v[0].get<std::string>();
-        if (r.prompt.size() > lim.max_prompt_bytes) {
-          throw ApiError("'prompt' is longer than " + std::to_string(lim.max_prompt_bytes) + " bytes",
-                         k, 400, "invalid_request_error", "prompt_too_long");
-        }
+        r.prompt = prompt_string(v[0], k, lim);
       } else if (v.is_array()) {
-        if (static_cast<int64_t>(v.size()) > lim.max_prompt_ids) {
-          throw ApiError("'prompt' has more than " + std::to_string(lim.max_prompt_ids) + " token ids",
-                         k, 400, "invalid_request_error", "prompt_too_long");
-        }
         r.prompt_is_ids = true;
-        for (size_t i = 0; i < v.size(); ++i) {
-          const std::string f = "prompt[" + std::to_string(i) + "]";
-          if (!v[i].is_number_integer()) wrong_type(f, "a token id (an integer)", v[i]);
-          const int64_t id = integer(v[i], f);
-          if (id < 0 || id > INT32_MAX) out_of_range(f, "a token id >= 0", v[i]);
-          r.prompt_ids.push_back(static_cast<int32_t>(id));
-        }
+        r.prompt_ids = token_ids(v, k, lim);
       } else {
         wrong_type(k, "a string or an array of token ids", v);
       }
-    } else if (k == "messages") {
-      if (!v.is_array()) wrong_type(k, "an array of messages", v);
-      if (v.empty()) throw ApiError("'messages' must not be empty", k);
-      if (v.size() > lim.max_messages) {
-        out_of_range(k, "at most " + std::to_string(lim.max_messages) + " messages", v);
-      }
-      size_t bytes = 0;
-      for (size_t i = 0; i < v.size(); ++i) {
-        const std::string f = "messages[" + std::to_string(i) + "]";
-        const json& m = v[i];
-        if (!m.is_object()) wrong_type(f, "an object {\"role\", \"content\"}", m);
-        ChatMessage cm;
-        for (const auto& [mk, mv] : m.items()) {
-          if (mk == "role") {
-            cm.role = string(mv, f + ".role");
-          } else if (mk == "content") {
-            cm.content = content_text(mv, f + ".content");
-          } else if (mk != "name") {
-            throw ApiError("unknown field '" + f + "." + mk + "'", f + "." + mk, 400,
-                           "invalid_request_error", "unknown_field");
-          }
-        }
-        if (!m.contains("role")) throw ApiError("'" + f + ".role' is missing", f + ".role");
-        if (!m.contains("content")) throw ApiError("'" + f + ".content' is missing", f + ".content");
-        if (cm.role != "system" && cm.role != "user" && cm.role != "assistant") {
-          throw ApiError("'" + f + ".role' must be \"system\", \"user\" or \"assistant\", got " +
-                             quote_name(cm.role, 40),
-                         f + ".role", 400, "invalid_request_error", "invalid_value");
-        }
-        bytes += cm.content.size();
-        if (bytes > lim.max_prompt_bytes) {
-          throw ApiError("the messages' contents are longer than " +
-                             std::to_string(lim.max_prompt_bytes) + " bytes together",
-                         k, 400, "invalid_request_error", "prompt_too_long");
-        }
-        r.messages.push_back(std::move(cm));
-      }
+    } else if (chat && k == "messages") {
+      r.messages = parse_messages(v, lim, r.ignored);
+    } else {
+      // "user", "store", "metadata", "tools", "suffix", "best_of", ... and names this server
+      // does not know: ignored, as vLLM and llama.cpp do (the server logs each once).
+      r.ignored.push_back(k);
     }
   }
   if (chat && r.messages.empty()) throw ApiError("'messages' is required", "messages");
@@ -261,7 +392,73 @@ ApiRequest parse_request(const std::string& body, bool chat, const ApiLimits& li
   if (r.include_usage && !r.stream) {
     throw ApiError("'stream_options' is only allowed with \"stream\": true", "stream_options");
   }
+  if (chat && r.top_logprobs > 0 && !r.logprobs) {
+    throw ApiError("'top_logprobs' needs \"logprobs\": true", "top_logprobs");
+  }
+  // max_completion_tokens is the chat API's newer name of max_tokens: it wins when both come.
+  r.max_tokens = max_completion_tokens ? max_completion_tokens : max_tokens;
   return r;
+}
+
+TokenizeRequest parse_tokenize(const std::string& body, const ApiLimits& lim) {
+  const json j = parse_body(body);
+  TokenizeRequest r;
+  for (const auto& [k, v] : j.items()) {
+    if (v.is_null()) continue;
+    if (k == "model") {
+      r.model = string(v, k);
+    } else if (k == "prompt") {
+      r.prompt = prompt_string(json(string(v, k)), k, lim);
+    } else if (k == "messages") {
+      r.messages = parse_messages(v, lim, r.ignored);
+    } else if (k == "add_generation_prompt") {
+      r.add_generation_prompt = boolean(v, k);
+    } else if (k == "add_special_tokens") {
+      r.add_special_tokens = boolean(v, k);
+    } else {
+      r.ignored.push_back(k);
+    }
+  }
+  const bool has_prompt = j.contains("prompt") && !j["prompt"].is_null();
+  if (has_prompt == !r.messages.empty()) {
+    throw ApiError("give exactly one of 'prompt' (a string) and 'messages'", "prompt");
+  }
+  return r;
+}
+
+DetokenizeRequest parse_detokenize(const std::string& body, const ApiLimits& lim) {
+  const json j = parse_body(body);
+  DetokenizeRequest r;
+  for (const auto& [k, v] : j.items()) {
+    if (v.is_null()) continue;
+    if (k == "model") {
+      r.model = string(v, k);
+    } else if (k == "tokens") {
+      if (!v.is_array()) wrong_type(k, "an array of token ids", v);
+      r.tokens = token_ids(v, k, lim);
+    } else {
+      r.ignored.push_back(k);
+    }
+  }
+  if (!j.contains("tokens") || j["tokens"].is_null()) throw ApiError("'tokens' is required", "tokens");
+  return r;
+}
+
+bool bearer_matches(const std::string& header, const std::string& key) {
+  static const std::string scheme = "bearer ";
+  if (header.size() < scheme.size()) return false;
+  for (size_t i = 0; i < scheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(header[i])) != scheme[i]) return false;
+  }
+  std::string given = header.substr(scheme.size());
+  while (!given.empty() && (given.back() == ' ' || given.back() == '\t')) given.pop_back();
+  while (!given.empty() && (given.front() == ' ' || given.front() == '\t')) given.erase(0, 1);
+  // Every byte compared whatever the first difference, so the time says nothing of the key.
+  unsigned char diff = given.size() == key.size() ? 0 : 1;
+  for (size_t i = 0; i < key.size(); ++i) {
+    diff |= static_cast<unsigned char>(key[i] ^ (i < given.size() ? given[i] : 0));
+  }
+  return diff == 0 && !key.empty();
 }
 
 // ---- chat templates ----

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "diffattn/base/error.h"
+#include "diffattn/grammar/json_schema.h"
 #include "diffattn/tokenize/chat_template.h"
 
 namespace diffattn::serve {
@@ -36,6 +37,9 @@ struct ApiLimits {
   size_t max_stop = 4;                   // stop strings
   size_t max_stop_bytes = 256;           // each
   size_t max_messages = 1024;
+  int64_t max_logprobs = 20;             // top_logprobs (chat), logprobs (completions)
+  size_t max_logit_bias = 1024;          // entries of logit_bias
+  size_t max_schema_bytes = 64 * 1024;   // response_format's json_schema.schema, as JSON text
 };
 
 struct ChatMessage {
@@ -56,12 +60,50 @@ struct ApiRequest {
   std::vector<std::string> stop;
   int64_t n = 1;
   bool stream = false, include_usage = false;
+  double presence_penalty = 0, frequency_penalty = 0;  // in [-2, 2]
+  std::vector<std::pair<int32_t, float>> logit_bias;   // increasing ids, biases in [-100, 100]
+  // Log probabilities of the tokens: chat "logprobs": true (top_logprobs: top ones per token),
+  // completions "logprobs": N (top_logprobs = N).
+  bool logprobs = false;
+  int64_t top_logprobs = 0;
+  bool echo = false;  // completions: the prompt before the completion
+  // response_format: "text", "json_object" or "json_schema" (then `grammar`, compiled).
+  std::string response_format = "text";
+  std::optional<grammar::Grammar> grammar;
+  // Fields this server takes and does not use, or does not know (as vLLM and llama.cpp, it
+  // ignores them; the server logs each name once): "tools", "messages[].tool_calls", ...
+  std::vector<std::string> ignored;
 };
 
 // Parses and checks a POST body of /v1/completions (chat false) or /v1/chat/completions.
-// Malformed JSON, a non-object, an unknown field, a wrong type or an out-of-range value throws
-// ApiError naming the field (param).
+// Malformed JSON, a non-object, a wrong type or an out-of-range value throws ApiError naming
+// the field (param); so does a response_format schema with a keyword the grammar engine does
+// not implement (param "response_format.json_schema.schema", the message naming the keyword
+// and its JSON pointer). Unknown fields are ignored and listed in `ignored`.
 ApiRequest parse_request(const std::string& body, bool chat, const ApiLimits& limits);
+
+// POST /tokenize {"prompt": "..."} (or chat {"messages": [...]}, rendered with the template and
+// add_generation_prompt, "add_generation_prompt" to change it) and POST /detokenize
+// {"tokens": [ids]}: vLLM's shapes. Unknown fields are ignored (listed in `ignored`).
+struct TokenizeRequest {
+  std::string model;
+  std::string prompt;
+  std::vector<ChatMessage> messages;  // non-empty: a chat
+  bool add_generation_prompt = true;
+  bool add_special_tokens = true;
+  std::vector<std::string> ignored;
+};
+TokenizeRequest parse_tokenize(const std::string& body, const ApiLimits& limits);
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<int32_t> tokens;
+  std::vector<std::string> ignored;
+};
+DetokenizeRequest parse_detokenize(const std::string& body, const ApiLimits& limits);
+
+// --api-key: whether an Authorization header value is "Bearer KEY" (the scheme's case ignored,
+// the key compared in time that does not depend on where it differs).
+bool bearer_matches(const std::string& header, const std::string& key);
 
 // The model's own chat template (tokenizer_config.json's "chat_template" or chat_template.jinja,
 // see include/diffattn/tokenize/chat_template.h), parsed once and rendered per request by the

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -20,6 +21,7 @@
 #include "diffattn/data/hf_tokenizer.h"
 #include "diffattn/model/checkpoint.h"
 #include "diffattn/train/train.h"
+#include "diffattn/grammar/token_mask.h"
 #include "diffattn/http/http_server.h"
 
 namespace diffattn::serve {
@@ -87,6 +89,29 @@ struct ChoiceText {
   size_t sent = 0;     // bytes of text already streamed
   bool stopped = false;  // a stop string ended it
   Finish finish = Finish::kNone;
+  // With logprobs: each token's, and where each token's text ends in the decoded text.
+  std::vector<TokenLogprob> lps;
+  std::vector<size_t> ends;
+  size_t lp_sent = 0;  // tokens whose log probabilities were streamed
+
+  void track(const data::Tokenizer& tok) {
+    while (ends.size() < ids.size()) {
+      ends.push_back(tok.decode(std::vector<int32_t>(ids.begin(), ids.begin() + static_cast<long>(ends.size()) + 1)).size());
+    }
+  }
+  // Tokens whose log probabilities go with text[0, end): those whose text ends by `end`; once
+  // the choice is over, every token that starts before the answer's end (a stop string may
+  // cut one).
+  size_t lp_upto(size_t end) const {
+    size_t k = 0;
+    if (!stopped && finish != Finish::kNone) return std::min(ends.size(), lps.size());
+    if (stopped) {
+      while (k < ends.size() && k < lps.size() && (k == 0 ? 0 : ends[k - 1]) < text.size()) ++k;
+      return k;
+    }
+    while (k < ends.size() && k < lps.size() && ends[k] <= end) ++k;
+    return k;
+  }
 
   void update(const data::Tokenizer& tok, const std::vector<std::string>& stops) {
     if (stopped) return;
@@ -149,7 +174,15 @@ class Server {
   void handle(const httplib::Request& req, httplib::Response& res) {
     const std::string& p = req.path;
     int status = 200;
-    if (p == "/health" || p == "/metrics" || p == "/v1/models") {
+    const bool open = p == "/health" || p == "/metrics";  // probes and scrapers need no key
+    if (!o_.api_key.empty() && !open && !bearer_matches(req.get_header_value("Authorization"), o_.api_key)) {
+      res.set_header("WWW-Authenticate", "Bearer");
+      status = error(res, 401,
+                     req.has_header("Authorization")
+                         ? "invalid API key (this server takes \"Authorization: Bearer KEY\" with the key it was started with)"
+                         : "missing API key: send \"Authorization: Bearer KEY\"",
+                     "invalid_request_error", "invalid_api_key");
+    } else if (p == "/health" || p == "/metrics" || p == "/v1/models") {
       if (req.method != "GET" && req.method != "HEAD") {
         status = error(res, 405, "use GET for " + p, "invalid_request_error", "method_not_allowed");
       } else if (p == "/health") {
@@ -168,10 +201,16 @@ class Server {
       } else {
         status = complete(req, res, p == "/v1/chat/completions");
       }
+    } else if (p == "/tokenize" || p == "/detokenize") {
+      if (req.method != "POST") {
+        status = error(res, 405, "use POST for " + p, "invalid_request_error", "method_not_allowed");
+      } else {
+        status = p == "/tokenize" ? tokenize(req, res) : detokenize(req, res);
+      }
     } else {
       status = error(res, 404, "no such endpoint: " + req.method + " " + p.substr(0, 100) +
                                    " (this server has /v1/completions, /v1/chat/completions, "
-                                   "/v1/models, /health, /metrics)",
+                                   "/v1/models, /tokenize, /detokenize, /health, /metrics)",
                      "invalid_request_error", "not_found");
     }
     count(p, status);
@@ -197,11 +236,188 @@ class Server {
 
   void count(const std::string& path, int status) {
     const std::string ep = path == "/v1/completions" || path == "/v1/chat/completions" ||
-                                   path == "/v1/models" || path == "/health" || path == "/metrics"
+                                   path == "/v1/models" || path == "/health" || path == "/metrics" ||
+                                   path == "/tokenize" || path == "/detokenize"
                                ? path
                                : "other";
     std::lock_guard<std::mutex> lock(mu_);
     ++requests_[{ep, status}];
+  }
+
+  // Fields a request carried that this server ignores: each name logged once.
+  void log_ignored(const std::vector<std::string>& names) {
+    if (names.empty()) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const std::string& n : names) {
+      // At most 1,000 names of at most 64 bytes are remembered (a client chooses them).
+      const std::string name = n.size() > 64 ? n.substr(0, 64) + "..." : n;
+      if (logged_.size() < 1000 && logged_.insert(name).second) {
+        std::fprintf(stderr, "diffattn serve: ignoring the request field %s (not used by this server; said once)\n",
+                     dump(json(name)).c_str());
+      }
+    }
+  }
+
+  std::string check_model(const std::string& model) const {
+    if (model.empty() || model == name_) return "";
+    return "the model " + dump(json(model)) + " does not exist; this server has \"" + name_ + "\"";
+  }
+
+  int tokenize(const httplib::Request& req, httplib::Response& res) {
+    std::vector<int32_t> ids;
+    try {
+      const TokenizeRequest r = parse_tokenize(req.body, o_.api);
+      log_ignored(r.ignored);
+      const std::string bad = check_model(r.model);
+      if (!bad.empty()) return error(res, 404, bad, "invalid_request_error", "model_not_found", "model");
+      if (!r.messages.empty()) {
+        if (!chat_) throw *chat_error_;
+        const std::string text = chat_->render(r.messages, r.add_generation_prompt);
+        ids = hf_ ? hf_->encode(text, false) : tok_->encode(text);
+      } else {
+        ids = r.add_special_tokens || !hf_ ? tok_->encode(r.prompt) : hf_->encode(r.prompt, false);
+      }
+    } catch (const ApiError& e) {
+      return error(res, e.status, e.what(), e.type, e.code, e.param);
+    } catch (const Error& e) {
+      return error(res, 400, e.what(), "invalid_request_error", "invalid_value", "prompt");
+    }
+    json out = {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", model_->config().max_seq_len}};
+    res.set_content(dump(out), "application/json");
+    return 200;
+  }
+
+  int detokenize(const httplib::Request& req, httplib::Response& res) {
+    std::string text;
+    try {
+      const DetokenizeRequest r = parse_detokenize(req.body, o_.api);
+      log_ignored(r.ignored);
+      const std::string bad = check_model(r.model);
+      if (!bad.empty()) return error(res, 404, bad, "invalid_request_error", "model_not_found", "model");
+      for (size_t i = 0; i < r.tokens.size(); ++i) {
+        if (!tok_->is_token(r.tokens[i])) {
+          return error(res, 400, "'tokens[" + std::to_string(i) + "]' (" + std::to_string(r.tokens[i]) +
+                                     ") is not a token of this model's tokenizer (0.." +
+                                     std::to_string(tok_->vocab_size() - 1) + ")",
+                       "invalid_request_error", "invalid_value", "tokens[" + std::to_string(i) + "]");
+        }
+      }
+      text = tok_->decode(r.tokens);
+    } catch (const ApiError& e) {
+      return error(res, e.status, e.what(), e.type, e.code, e.param);
+    } catch (const Error& e) {
+      return error(res, 400, e.what(), "invalid_request_error", "invalid_value", "tokens");
+    }
+    res.set_content(dump(json{{"prompt", text}}), "application/json");
+    return 200;
+  }
+
+  // The token masker of constrained output, built at the first request that needs it (a
+  // vocabulary's trie: 50 to 170 ms for 128K tokens).
+  std::shared_ptr<const grammar::TokenMasker> masker() {
+    std::call_once(masker_once_, [this] {
+      const int64_t V = model_->config().vocab_size;
+      std::vector<std::string> bytes(static_cast<size_t>(V));
+      for (int64_t id = 0; id < V; ++id) {
+        const auto i = static_cast<int32_t>(id);
+        if (id < tok_->vocab_size() && tok_->is_token(i) &&
+            !std::binary_search(sampling_.excluded.begin(), sampling_.excluded.end(), i) &&
+            (sampling_.vocab_limit == 0 || id < sampling_.vocab_limit)) {
+          bytes[static_cast<size_t>(id)] = tok_->token_bytes(i);
+        }
+      }
+      masker_ = std::make_shared<const grammar::TokenMasker>(std::move(bytes), stop_ids_);
+    });
+    return masker_;
+  }
+
+  // A token's text for logprobs: its bytes (a special token: its decoded text).
+  std::string token_text(int32_t id) const {
+    if (id < 0 || id >= tok_->vocab_size() || !tok_->is_token(id)) return "";
+    std::string b = tok_->token_bytes(id);
+    if (b.empty()) b = tok_->decode({id});
+    return b;
+  }
+
+  static json bytes_of(const std::string& s) {
+    json a = json::array();
+    for (const char c : s) a.push_back(static_cast<int>(static_cast<unsigned char>(c)));
+    return a;
+  }
+
+  // Chat: choices[].logprobs.content[] entries.
+  json chat_logprobs(const std::vector<TokenLogprob>& lps, size_t from, size_t to) const {
+    json content = json::array();
+    for (size_t i = from; i < to; ++i) {
+      const TokenLogprob& t = lps[i];
+      const std::string s = token_text(t.id);
+      json top = json::array();
+      for (const auto& [id, lp] : t.top) {
+        const std::string ts = token_text(id);
+        top.push_back({{"token", ts}, {"logprob", lp}, {"bytes", bytes_of(ts)}});
+      }
+      content.push_back({{"token", s}, {"logprob", t.logprob}, {"bytes", bytes_of(s)}, {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+
+  // Completions: the legacy {"tokens", "token_logprobs", "top_logprobs", "text_offset"}; `lead`
+  // entries first (the echoed prompt's, whose first token has null for both), offsets from
+  // `offset0`.
+  void legacy_logprobs(json& out, const std::vector<TokenLogprob>& lps, size_t from, size_t to,
+                       const std::vector<size_t>& ends, size_t offset0) const {
+    for (size_t i = from; i < to; ++i) {
+      const TokenLogprob& t = lps[i];
+      out["tokens"].push_back(token_text(t.id));
+      out["token_logprobs"].push_back(t.logprob);
+      json top = json::object();
+      for (const auto& [id, lp] : t.top) {
+        const std::string ts = token_text(id);
+        if (!top.contains(ts)) top[ts] = lp;
+      }
+      const std::string self = token_text(t.id);
+      if (!top.contains(self)) top[self] = t.logprob;
+      out["top_logprobs"].push_back(top);
+      out["text_offset"].push_back(offset0 + (i == 0 ? 0 : ends[i - 1]));
+    }
+  }
+
+  // The prompt a completion echoes: as given, or the ids' text.
+  std::string echo_text(const ApiRequest& r, const std::vector<int32_t>& ids) const {
+    return r.prompt_is_ids ? tok_->decode(ids) : r.prompt;
+  }
+
+  // The echoed prompt's legacy log probabilities: its first token has none (null), the others
+  // the model's own (Sequence::prompt_logprobs); offsets add up the tokens' texts.
+  json echo_logprobs(const std::vector<int32_t>& ids, const std::vector<TokenLogprob>& plps) const {
+    json out = empty_legacy();
+    size_t offset = 0;
+    for (size_t k = 0; k < ids.size(); ++k) {
+      const std::string t = token_text(ids[k]);
+      out["tokens"].push_back(t);
+      out["text_offset"].push_back(offset);
+      offset += t.size();
+      if (k == 0 || k - 1 >= plps.size()) {
+        out["token_logprobs"].push_back(nullptr);
+        out["top_logprobs"].push_back(nullptr);
+        continue;
+      }
+      const TokenLogprob& p = plps[k - 1];
+      out["token_logprobs"].push_back(p.logprob);
+      json top = json::object();
+      for (const auto& [id, lp] : p.top) {
+        const std::string ts = token_text(id);
+        if (!top.contains(ts)) top[ts] = lp;
+      }
+      if (!top.contains(t)) top[t] = p.logprob;
+      out["top_logprobs"].push_back(top);
+    }
+    return out;
+  }
+
+  static json empty_legacy() {
+    return {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
+            {"text_offset", json::array()}};
   }
 
   std::string metrics() {
@@ -220,6 +436,10 @@ class Server {
              std::to_string(k.second) + "\"} " + std::to_string(n) + "\n";
     }
     gauge("diffattn_prompt_tokens_total", "counter", "prompt tokens prefilled", static_cast<double>(s.prompt_tokens));
+    gauge("diffattn_prefix_cache_hit_tokens_total", "counter", "prompt tokens whose K/V came from the prefix cache",
+          static_cast<double>(s.cached_prompt_tokens));
+    gauge("diffattn_kv_blocks_cached", "gauge", "KV blocks registered in the prefix cache (in use or free)",
+          static_cast<double>(s.cached_blocks));
     gauge("diffattn_generation_tokens_total", "counter", "tokens generated", static_cast<double>(s.generated_tokens));
     gauge("diffattn_engine_steps_total", "counter", "scheduler steps run", static_cast<double>(s.steps));
     gauge("diffattn_queue_depth", "gauge", "sequences waiting to be admitted", static_cast<double>(s.waiting));
@@ -251,8 +471,17 @@ class Server {
         s.sampler.seed = base + static_cast<uint64_t>(i);
         s.sampler.vocab_limit = sampling_.vocab_limit;
         s.sampler.excluded = sampling_.excluded;
+        s.sampler.presence_penalty = r.presence_penalty;
+        s.sampler.frequency_penalty = r.frequency_penalty;
+        s.sampler.logit_bias = r.logit_bias;
         s.stop_ids = stop_ids_;
         s.deadline = deadline;
+        if (r.logprobs) s.logprobs = r.top_logprobs;
+        s.prompt_logprobs = r.echo && r.logprobs;
+        if (r.grammar) {
+          s.grammar = r.grammar;
+          s.masker = masker();
+        }
         seqs.push_back(engine_->submit(std::move(s)));
       }
     } catch (...) {
@@ -262,8 +491,10 @@ class Server {
     return seqs;
   }
 
-  json usage(int64_t prompt, int64_t completion) const {
-    return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+  // cached: the prompt tokens the first choice took from the prefix cache.
+  json usage(int64_t prompt, int64_t completion, int64_t cached) const {
+    return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion},
+            {"prompt_tokens_details", {{"cached_tokens", cached}}}};
   }
 
   static const char* reason(const ChoiceText& c) {
@@ -277,10 +508,16 @@ class Server {
     std::vector<int32_t> ids;
     try {
       r = parse_request(req.body, chat, o_.api);
-      if (!r.model.empty() && r.model != name_) {
-        return error(res, 404, "the model " + dump(json(r.model)) + " does not exist; this server has \"" +
-                                   name_ + "\"",
-                     "invalid_request_error", "model_not_found", "model");
+      log_ignored(r.ignored);
+      const std::string bad = check_model(r.model);
+      if (!bad.empty()) return error(res, 404, bad, "invalid_request_error", "model_not_found", "model");
+      const int64_t V = model_->config().vocab_size;
+      for (const auto& [id, b] : r.logit_bias) {
+        if (id >= V) {
+          return error(res, 400, "'logit_bias' names token " + std::to_string(id) + ", outside the model's " +
+                                     std::to_string(V) + " ids",
+                       "invalid_request_error", "invalid_value", "logit_bias");
+        }
       }
       if (chat) {
         if (!chat_) throw *chat_error_;
@@ -325,7 +562,7 @@ class Server {
     }
     const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(++id_counter_);
     const int64_t created = static_cast<int64_t>(std::time(nullptr));
-    if (r.stream) return stream(res, r, std::move(seqs), P, id, created, arrived, chat);
+    if (r.stream) return stream(res, r, std::move(seqs), ids, P, id, created, arrived, chat);
 
     // A whole answer: wait for every choice, giving up when the client goes away.
     ++in_flight_;
@@ -336,7 +573,7 @@ class Server {
         ChoiceText& c = choices[i];
         if (c.finish != Finish::kNone) continue;
         std::vector<int32_t> got;
-        c.finish = seqs[i]->wait(c.ids.size(), got, std::chrono::milliseconds(50));
+        c.finish = seqs[i]->wait(c.ids.size(), got, c.lps, std::chrono::milliseconds(50));
         if (!got.empty() || c.finish != Finish::kNone) {
           c.ids.insert(c.ids.end(), got.begin(), got.end());
           if (!r.stop.empty()) {
@@ -371,16 +608,25 @@ class Server {
       if (!c.stopped) c.update(*tok_, r.stop);
       completion += static_cast<int64_t>(c.ids.size());
       json ch = {{"index", i}, {"finish_reason", reason(c)}};
+      if (r.logprobs) c.track(*tok_);
       if (chat) {
         ch["message"] = {{"role", "assistant"}, {"content", c.text}};
+        ch["logprobs"] = r.logprobs ? chat_logprobs(c.lps, 0, c.lp_upto(c.text.size())) : json(nullptr);
       } else {
-        ch["text"] = c.text;
-        ch["logprobs"] = nullptr;
+        const std::string echoed = r.echo ? echo_text(r, ids) : std::string();
+        ch["text"] = echoed + c.text;
+        if (r.logprobs) {
+          json lp = r.echo ? echo_logprobs(ids, seqs[i]->prompt_logprobs()) : empty_legacy();
+          legacy_logprobs(lp, c.lps, 0, c.lp_upto(c.text.size()), c.ends, echoed.size());
+          ch["logprobs"] = lp;
+        } else {
+          ch["logprobs"] = nullptr;
+        }
       }
       out.push_back(ch);
     }
     json body = {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
-                 {"model", name_}, {"choices", out}, {"usage", usage(P, completion)}};
+                 {"model", name_}, {"choices", out}, {"usage", usage(P, completion, seqs[0]->cached_tokens())}};
     res.set_content(dump(body), "application/json");
     return 200;
   }
@@ -395,15 +641,19 @@ class Server {
   }
 
   int stream(httplib::Response& res, const ApiRequest& r, std::vector<std::shared_ptr<Sequence>> seqs,
-             int64_t P, const std::string& id, int64_t created, Clock::time_point arrived, bool chat) {
+             const std::vector<int32_t>& ids, int64_t P, const std::string& id, int64_t created, Clock::time_point arrived, bool chat) {
     struct State {
       std::vector<std::shared_ptr<Sequence>> seqs;
       std::vector<ChoiceText> choices;
       std::vector<bool> started, closed;
       bool done = false;
+      std::vector<int32_t> ids;  // the prompt (echo)
+      std::string echoed;        // the echoed prompt's text ("" without echo)
     };
     auto st = std::make_shared<State>();
     st->seqs = std::move(seqs);
+    st->ids = ids;
+    if (!chat && r.echo) st->echoed = echo_text(r, ids);
     st->choices.resize(st->seqs.size());
     st->started.assign(st->seqs.size(), false);
     st->closed.assign(st->seqs.size(), false);
@@ -454,7 +704,7 @@ class Server {
       if (c.finish == Finish::kNone) {
         // The first choice still running waits for news (up to 100 ms); the others are
         // only looked at, so a call neither spins nor sleeps once per choice.
-        c.finish = st->seqs[i]->wait(c.ids.size(), got, std::chrono::milliseconds(waited ? 0 : 100));
+        c.finish = st->seqs[i]->wait(c.ids.size(), got, c.lps, std::chrono::milliseconds(waited ? 0 : 100));
         waited = true;
         c.ids.insert(c.ids.end(), got.begin(), got.end());
         if (!got.empty() || c.finish != Finish::kNone) c.update(*tok_, req.stop);
@@ -462,10 +712,18 @@ class Server {
           st->seqs[i]->cancel();
           c.finish = Finish::kStop;
         }
+        if (req.logprobs) c.track(*tok_);
       }
       if (c.finish == Finish::kTimeout) failure = "the request ran past its timeout of " + std::to_string(o_.timeout_seconds) + " s";
       if (c.finish == Finish::kCancelled && !c.stopped) failure = "the server is shutting down";
       if (c.finish == Finish::kError) failure = "generation failed: " + st->seqs[i]->error();
+      // Completions with echo: the prompt first (with its log probabilities, complete once a
+      // token exists).
+      if (!chat && req.echo && !st->started[i] && (!c.ids.empty() || c.finish != Finish::kNone)) {
+        st->started[i] = true;
+        const json lp = req.logprobs ? echo_logprobs(st->ids, st->seqs[i]->prompt_logprobs()) : json(nullptr);
+        out += chunk(json::array({{{"index", i}, {"text", st->echoed}, {"logprobs", lp}, {"finish_reason", nullptr}}}), nullptr);
+      }
       const size_t end = c.sendable(req.stop);
       json delta = json::object();
       bool any = false;
@@ -474,21 +732,38 @@ class Server {
         delta["content"] = "";
         st->started[i] = any = true;
       }
+      // The log probabilities of the tokens whose text goes out now (all that are left when
+      // the choice ends).
+      const auto lps_upto = [&](size_t text_end) {
+        const size_t k = std::max(c.lp_sent, c.lp_upto(text_end));
+        json lp = nullptr;
+        if (req.logprobs) {
+          if (chat) {
+            lp = chat_logprobs(c.lps, c.lp_sent, k);
+          } else {
+            lp = empty_legacy();
+            legacy_logprobs(lp, c.lps, c.lp_sent, k, c.ends, st->echoed.size());
+          }
+        }
+        c.lp_sent = k;
+        return lp;
+      };
       if (end > c.sent) {
         const std::string piece = c.text.substr(c.sent, end - c.sent);
         c.sent = end;
         if (chat) delta["content"] = delta.value("content", "") + piece;
         any = true;
         if (!chat) {
-          out += chunk(json::array({{{"index", i}, {"text", piece}, {"logprobs", nullptr}, {"finish_reason", nullptr}}}), nullptr);
+          out += chunk(json::array({{{"index", i}, {"text", piece}, {"logprobs", lps_upto(end)}, {"finish_reason", nullptr}}}), nullptr);
           any = false;
         }
       }
-      if (any) out += chunk(json::array({{{"index", i}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}}}), nullptr);
+      if (any) out += chunk(json::array({{{"index", i}, {"delta", delta}, {"logprobs", lps_upto(end)}, {"finish_reason", nullptr}}}), nullptr);
       if (c.finish != Finish::kNone && failure.empty()) {
         st->closed[i] = true;
-        const json fin = chat ? json{{"index", i}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", reason(c)}}
-                              : json{{"index", i}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", reason(c)}};
+        const json lp = lps_upto(c.text.size());
+        const json fin = chat ? json{{"index", i}, {"delta", json::object()}, {"logprobs", lp}, {"finish_reason", reason(c)}}
+                              : json{{"index", i}, {"text", ""}, {"logprobs", lp}, {"finish_reason", reason(c)}};
         out += chunk(json::array({fin}), nullptr);
       }
       all = all && c.finish != Finish::kNone;
@@ -502,7 +777,7 @@ class Server {
       if (req.include_usage) {
         int64_t completion = 0;
         for (const ChoiceText& c : st->choices) completion += static_cast<int64_t>(c.ids.size());
-        const json u = usage(P, completion);
+        const json u = usage(P, completion, st->seqs[0]->cached_tokens());
         out += chunk(json::array(), &u);
       }
       out += "data: [DONE]\n\n";
@@ -539,6 +814,9 @@ class Server {
   std::atomic<uint64_t> id_counter_{0}, seed_counter_{0};
   std::mutex mu_;
   std::map<std::pair<std::string, int>, uint64_t> requests_;
+  std::set<std::string> logged_;  // ignored request fields already logged
+  std::once_flag masker_once_;
+  std::shared_ptr<const grammar::TokenMasker> masker_;
   Histogram ttft_, latency_;
 };
 

@@ -12,6 +12,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <tuple>
 
 #include "diffattn/kernels/runtime.h"
 #include "diffattn/model/checkpoint.h"
@@ -348,6 +349,59 @@ TEST(SamplerTest, IdsOutsideTheTokenizerAreNeverDrawn) {
   EXPECT_THROW(Sampler{o}, InvalidArgument);
   o.excluded = {};
   o.vocab_limit = -1;
+  EXPECT_THROW(Sampler{o}, InvalidArgument);
+}
+
+// OpenAI's logit_bias and penalties (logit -= count * frequency + (count > 0) * presence over the
+// ids drawn so far) and a mask of allowed ids, checked on the logits the draw was made from.
+TEST(SamplerTest, LogitBiasPenaltiesAndMask) {
+  const std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.9f, 0.0f};
+  SamplerOptions o{0.0, 0, 1.0, 1};
+  o.logit_bias = {{2, 5.0f}};
+  Sampler b(o);
+  EXPECT_EQ(b.sample(logits.data(), 5), 2);
+  EXPECT_FLOAT_EQ(b.last_logits()[2], 4.0f);
+  EXPECT_FLOAT_EQ(b.last_logits()[1], 2.0f);
+  // Greedy with a frequency penalty of 0.4 and a presence penalty of 0.1: 1 (2.0), then 3
+  // (1.9 > 2.0 - 0.5), then 1 (2.0 - 0.5 = 1.5 > 1.9 - 0.5 = 1.4), then 3 (1.9 - 0.5 > 2.0 - 0.9).
+  o.logit_bias = {};
+  o.frequency_penalty = 0.4;
+  o.presence_penalty = 0.1;
+  Sampler p(o);
+  std::vector<int32_t> got;
+  for (int i = 0; i < 4; ++i) got.push_back(p.sample(logits.data(), 5));
+  EXPECT_EQ(got, (std::vector<int32_t>{1, 3, 1, 3}));
+  EXPECT_FLOAT_EQ(p.last_logits()[1], 2.0f - 2 * 0.4f - 0.1f);
+  EXPECT_FLOAT_EQ(p.last_logits()[3], 1.9f - 1 * 0.4f - 0.1f);
+  EXPECT_FLOAT_EQ(p.last_logits()[0], 0.1f);
+  // A negative presence penalty favours what was drawn.
+  o.frequency_penalty = 0;
+  o.presence_penalty = -2;
+  Sampler q(o);
+  EXPECT_EQ(q.sample(logits.data(), 5), 1);
+  EXPECT_EQ(q.sample(logits.data(), 5), 1);
+  // A mask: only ids 0 and 4, on every path.
+  const std::vector<uint8_t> mask = {1, 0, 0, 0, 1};
+  for (auto [t, k, pp] : {std::tuple{0.0, int64_t{0}, 1.0}, std::tuple{2.0, int64_t{0}, 1.0},
+                          std::tuple{2.0, int64_t{3}, 1.0}, std::tuple{2.0, int64_t{0}, 0.9}}) {
+    Sampler m({t, k, pp, 3});
+    for (int i = 0; i < 500; ++i) {
+      const int32_t id = m.sample(logits.data(), 5, mask.data());
+      ASSERT_TRUE(id == 0 || id == 4) << id;
+    }
+    EXPECT_EQ(m.last_logits()[1], -std::numeric_limits<float>::infinity());
+    EXPECT_EQ(m.last_vocab(), 5);
+  }
+  // Without anything to change, the draw reads the logits in place.
+  Sampler plain({1.0, 0, 1.0, 3});
+  plain.sample(logits.data(), 5);
+  EXPECT_EQ(plain.last_logits(), logits.data());
+  o.presence_penalty = 2.5;
+  EXPECT_THROW(Sampler{o}, InvalidArgument);
+  o.presence_penalty = 0;
+  o.logit_bias = {{3, 1.0f}, {1, 1.0f}};
+  EXPECT_THROW(Sampler{o}, InvalidArgument);
+  o.logit_bias = {{1, 101.0f}};
   EXPECT_THROW(Sampler{o}, InvalidArgument);
 }
 

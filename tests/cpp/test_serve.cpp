@@ -11,9 +11,11 @@
 #include <limits>
 #include <cstdlib>
 #include <fstream>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "diffattn/train/train.h"
 #include "http/request_head.h"
@@ -103,6 +105,49 @@ class EngineKinds : public ::testing::TestWithParam<nn::AttnKind> {};
 // Where the KV stores lie (base/memory.h): every row on a cache line and the values half a page
 // off the keys, for the contiguous cache and the paged pool, in each storage type. The decode
 // kernel's speed depends on it (a 16-byte offset splits every vector load across two lines).
+// The prefix cache's bookkeeping: a registered block is found by its key and tokens (a
+// reference taken), kept when released, handed out again least recently used first (its key
+// forgotten), and free blocks count the cached ones nothing refers to.
+TEST(BlockAllocator, PrefixCacheKeysReferencesAndEviction) {
+  BlockAllocator a(3, 2);
+  const std::vector<int32_t> p = {1, 2, 3, 4}, q = {1, 2, 9, 9};
+  const uint64_t k0 = a.key_of(BlockAllocator::kRootKey, p.data());
+  const uint64_t k1 = a.key_of(k0, p.data() + 2);
+  EXPECT_NE(k1, a.key_of(k0, q.data() + 2));
+  EXPECT_NE(k0, a.key_of(k1, p.data()));  // the same tokens after another prefix
+  std::vector<int32_t> t1, t2;
+  ASSERT_TRUE(a.allocate(2, t1));
+  EXPECT_EQ(a.lookup(k0, p.data()), -1);
+  EXPECT_TRUE(a.register_block(t1[0], k0, p.data()));
+  EXPECT_TRUE(a.register_block(t1[1], k1, p.data() + 2));
+  EXPECT_FALSE(a.register_block(t1[1], k1, p.data() + 2));  // once
+  EXPECT_EQ(a.cached_blocks(), 2);
+  EXPECT_EQ(a.lookup(k0, q.data() + 2), -1);  // the key with other tokens: not a hit
+  const int32_t b0 = a.lookup(k0, p.data());
+  EXPECT_EQ(b0, t1[0]);
+  t2.push_back(b0);
+  a.release(t1);  // t1[0] still referred to by t2; t1[1] cached and free
+  EXPECT_EQ(a.free_blocks(), 2);
+  EXPECT_EQ(a.cached_blocks(), 2);
+  a.release(t2);
+  EXPECT_EQ(a.free_blocks(), 3);
+  // The never-used block first, then the least recently used cached one (t1[1], released
+  // before t1[0]): its key goes.
+  std::vector<int32_t> t3;
+  ASSERT_TRUE(a.allocate(2, t3));
+  EXPECT_EQ(t3, (std::vector<int32_t>{2, 1}));
+  EXPECT_EQ(a.cached_blocks(), 1);
+  EXPECT_EQ(a.lookup(k1, p.data() + 2), -1);
+  const int32_t again = a.lookup(k0, p.data());
+  EXPECT_GE(again, 0);
+  std::vector<int32_t> t4 = {again};
+  EXPECT_FALSE(a.allocate(1, t3));  // every block referred to
+  a.release(t4);
+  a.release(t3);
+  EXPECT_EQ(a.free_blocks(), 3);
+  EXPECT_THROW(a.register_block(0, 7, p.data()), InvalidArgument);  // not allocated
+}
+
 TEST(KvStorage, RowsOnCacheLinesValuesHalfAPageOffTheKeys) {
   nn::AttnLayerShape s;
   s.kind = nn::AttnKind::DiffV1, s.C = 64, s.H = 2, s.G = 2, s.D = 16;
@@ -278,6 +323,170 @@ TEST(Engine, StopIdsEndASequenceWithoutEmittingThem) {
   EXPECT_EQ(how, Finish::kStop);
 }
 
+// logprob_of: the log-softmax at a temperature, the top ones in order (ties by id), -inf as -9999.
+TEST(Engine, LogprobOfIsTheLogSoftmax) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> z = {1.0f, 3.0f, -inf, 3.0f, 0.5f};
+  for (const double T : {1.0, 0.5, 0.0}) {
+    const double t = T > 0 ? T : 1.0;
+    double sum = 0;
+    for (const float v : z) sum += std::exp(v / t);
+    const TokenLogprob lp = logprob_of(z.data(), 5, T, 0, 3);
+    EXPECT_NEAR(lp.logprob, 1.0 / t - std::log(sum), 1e-5);
+    ASSERT_EQ(lp.top.size(), 3u);
+    EXPECT_EQ(lp.top[0].first, 1);
+    EXPECT_EQ(lp.top[1].first, 3);
+    EXPECT_EQ(lp.top[2].first, 0);
+    EXPECT_NEAR(lp.top[0].second, 3.0 / t - std::log(sum), 1e-5);
+    EXPECT_EQ(logprob_of(z.data(), 5, T, 2, 0).logprob, -9999.0f);
+  }
+  EXPECT_TRUE(logprob_of(z.data(), 5, 1.0, 1, 0).top.empty());
+}
+
+// Logprobs from the engine: each generated token's equals logprob_of over the model's logits
+// (greedy: the top one is the token), and the prompt's come one per prompt token after the first,
+// from a prefill one position at a time that leaves the continuation unchanged.
+TEST(Engine, LogprobsOfTokensAndOfThePrompt) {
+  Model m = tiny_model(nn::AttnKind::DiffV1, 5);
+  Model ref = tiny_model(nn::AttnKind::DiffV1, 5);
+  SeqRequest r;
+  r.prompt = prompt_of(6, 1, 61);
+  r.max_tokens = 5;
+  r.sampler.temperature = 0;
+  r.logprobs = 2;
+  r.prompt_logprobs = true;
+  data::GenerateOptions go;
+  go.max_new = 5;
+  go.sampler = r.sampler;
+  const std::vector<int32_t> want = data::generate_ids(ref, r.prompt, go);
+  Engine e(m, EngineOptions{});
+  auto seq = e.submit(r);
+  std::vector<int32_t> got;
+  std::vector<TokenLogprob> lps;
+  while (seq->wait(got.size(), got, lps, std::chrono::milliseconds(200)) == Finish::kNone) {
+  }
+  seq->wait(got.size(), got, lps, std::chrono::milliseconds(0));
+  EXPECT_EQ(got, want);
+  ASSERT_EQ(lps.size(), got.size());
+  // The reference: the model's logits at each position, by infer() on a cache of its own.
+  const int64_t V = 61;
+  std::vector<int32_t> all = r.prompt;
+  all.insert(all.end(), got.begin(), got.end());
+  ref.cache_reset(1, 96);
+  std::vector<float> logits(V);
+  std::vector<TokenLogprob> want_lp;
+  for (size_t i = 0; i + 1 < all.size(); ++i) {
+    ref.infer(&all[i], 1, 1, logits.data());
+    want_lp.push_back(logprob_of(logits.data(), V, 1.0, all[i + 1], 2));
+  }
+  const std::vector<TokenLogprob> plp = seq->prompt_logprobs();
+  ASSERT_EQ(plp.size(), r.prompt.size() - 1);
+  for (size_t i = 0; i + 1 < all.size(); ++i) {
+    const TokenLogprob& g = i < plp.size() ? plp[i] : lps[i - plp.size()];
+    EXPECT_EQ(g.id, all[i + 1]);
+    EXPECT_NEAR(g.logprob, want_lp[i].logprob, 1e-3) << i;
+    ASSERT_EQ(g.top.size(), 2u);
+    EXPECT_EQ(g.top[0].first, want_lp[i].top[0].first) << i;
+  }
+  for (const TokenLogprob& g : lps) EXPECT_EQ(g.top[0].first, g.id);  // greedy
+}
+
+// Constrained output on a random model: over a vocabulary of single characters, an enum-only
+// object comes out whole (one of the enum's values, at most one space) and ends the sequence
+// (kStop: nothing may follow), well within a few dozen tokens, for every seed.
+TEST(Engine, ResponseFormatSchemaClosesTheObject) {
+  Model m = tiny_model(nn::AttnKind::DiffV1, 11);
+  const std::string chars = "{}[]\":, 0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQ";
+  ASSERT_EQ(chars.size(), 61u);
+  std::vector<std::string> bytes;
+  for (const char c : chars) bytes.emplace_back(1, c);
+  auto masker = std::make_shared<const grammar::TokenMasker>(bytes, std::vector<int32_t>{});
+  const grammar::Grammar g = grammar::Grammar::json_schema_text(
+      R"({"type":"object","properties":{"color":{"enum":["red","green","blue"]}},)"
+      R"("required":["color"],"additionalProperties":false})");
+  Engine e(m, EngineOptions{});
+  for (uint64_t seed = 0; seed < 12; ++seed) {
+    SeqRequest r;
+    r.prompt = prompt_of(4, static_cast<int32_t>(seed), 61);
+    r.max_tokens = 40;
+    r.sampler.temperature = 1.5;
+    r.sampler.seed = seed;
+    r.grammar = g;
+    r.masker = masker;
+    Finish how = Finish::kNone;
+    const std::vector<int32_t> got = drain(*e.submit(r), &how);
+    std::string text;
+    for (const int32_t id : got) text += chars[static_cast<size_t>(id)];
+    EXPECT_EQ(how, Finish::kStop) << text;
+    EXPECT_LE(got.size(), 20u) << text;
+    bool ok = false;
+    for (const char* c : {"red", "green", "blue"}) {
+      for (const char* sp : {"", " "}) ok = ok || text == std::string("{\"color\":") + sp + "\"" + c + "\"}";
+    }
+    EXPECT_TRUE(ok) << text;
+  }
+  // Without a masker over the model's ids, a grammar is refused at submit.
+  SeqRequest bad;
+  bad.prompt = {1, 2};
+  bad.grammar = g;
+  EXPECT_THROW(e.submit(bad), InvalidArgument);
+}
+
+// Prefix caching: the same prompts, one after another and with others between them, in a pool
+// small enough that cached blocks are evicted: every sequence gives generate_ids' tokens (the
+// oracle: one sequence alone, no cache) with the cache on and off, the repeated prompts take
+// their whole blocks but the last token from the cache, and the stats count it.
+TEST(Engine, PrefixCacheGivesTheSameTokensAndCountsItsHits) {
+  Model ref = tiny_model(nn::AttnKind::DiffV1, 9);
+  const int64_t V = 61;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int32_t s = 0; s < 4; ++s) prompts.push_back(prompt_of(21 + s, s, V));
+  prompts.push_back(prompts[3]);  // again, its blocks still cached
+  prompts.push_back(prompts[0]);  // again, its blocks evicted by now
+  std::vector<int32_t> longer = prompts[1];
+  longer.insert(longer.end(), {5, 6, 7, 8, 9, 10, 11, 12, 13});
+  prompts.push_back(longer);      // begins as prompts[1], whose blocks were evicted
+  prompts.push_back(prompt_of(16, 0, V));  // two blocks, the beginning of prompts[0]
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : prompts) {
+    data::GenerateOptions go;
+    go.max_new = 6;
+    go.sampler.temperature = 0;
+    want.push_back(data::generate_ids(ref, p, go));
+  }
+  for (const bool cache : {true, false}) {
+    Model m = tiny_model(nn::AttnKind::DiffV1, 9);
+    EngineOptions o;
+    o.block_size = 8;
+    o.n_blocks = 9;  // two sequences of 4 blocks and one more: older cached blocks are evicted
+    o.prefill_chunk = 5;
+    o.prefix_cache = cache;
+    Engine e(m, o);
+    std::vector<int64_t> cached;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      SeqRequest r;
+      r.prompt = prompts[i];
+      r.max_tokens = 6;
+      r.sampler.temperature = 0;
+      auto seq = e.submit(r);
+      EXPECT_EQ(drain(*seq), want[i]) << "prompt " << i << (cache ? " with" : " without") << " the cache";
+      cached.push_back(seq->cached_tokens());
+    }
+    if (!cache) {
+      EXPECT_EQ(cached, std::vector<int64_t>(prompts.size(), 0));
+      EXPECT_EQ(e.stats().cached_prompt_tokens, 0);
+      continue;
+    }
+    // prompts[3] again: 24 tokens, the last computed: two of its three blocks; prompts[0]
+    // (first used, first evicted) and prompts[1] are gone; the 16-token beginning of prompts[0],
+    // cached again by its second run: one block (its last token computed).
+    EXPECT_EQ(cached, (std::vector<int64_t>{0, 0, 0, 0, 16, 0, 0, 8}));
+    EXPECT_EQ(e.stats().cached_prompt_tokens, 24);
+    EXPECT_GT(e.stats().cached_blocks, 0);
+    EXPECT_EQ(e.stats().free_blocks, 9);
+  }
+}
+
 // A pool that holds one sequence at a time: the others wait for its blocks, none is refused and
 // none is corrupted; a queue bounded at 2 refuses the fourth.
 TEST(Engine, FullPoolQueuesThenRefusesBeyondTheQueue) {
@@ -397,6 +606,99 @@ TEST(OpenAiRequest, ParsesWhatTheApiTakes) {
                     true, lim);
   ASSERT_EQ(r.messages.size(), 2u);
   EXPECT_EQ(r.messages[1].content, "ab");
+  // The fields of issue 28: penalties, logit_bias, logprobs, echo, response_format.
+  r = parse_request(R"({"prompt":"hi","presence_penalty":-0.5,"frequency_penalty":2,)"
+                    R"("logit_bias":{"12":-100,"3":2.5},"logprobs":4,"echo":true,)"
+                    R"("response_format":{"type":"json_object"}})", false, lim);
+  EXPECT_EQ(r.presence_penalty, -0.5);
+  EXPECT_EQ(r.frequency_penalty, 2);
+  EXPECT_EQ(r.logit_bias, (std::vector<std::pair<int32_t, float>>{{3, 2.5f}, {12, -100.0f}}));
+  EXPECT_TRUE(r.logprobs && r.echo);
+  EXPECT_EQ(r.top_logprobs, 4);
+  EXPECT_EQ(r.response_format, "json_object");
+  EXPECT_TRUE(r.grammar.has_value());
+  r = parse_request(R"({"prompt":"hi","logprobs":0})", false, lim);
+  EXPECT_TRUE(r.logprobs);
+  EXPECT_EQ(r.top_logprobs, 0);
+  r = parse_request(R"({"messages":[{"role":"user","content":"x","tool_calls":[]}],"logprobs":true,)"
+                    R"("top_logprobs":3,"max_tokens":9,"max_completion_tokens":7,"tools":[],"store":false,)"
+                    R"("stream_options":null,"response_format":{"type":"json_schema","json_schema":{"name":"c",)"
+                    R"("strict":true,"schema":{"type":"object","properties":{"b":{"type":"integer"},)"
+                    R"("a":{"enum":["x","y"]}},"required":["b","a"],"additionalProperties":false}}}})",
+                    true, lim);
+  EXPECT_TRUE(r.logprobs);
+  EXPECT_EQ(r.top_logprobs, 3);
+  EXPECT_EQ(*r.max_tokens, 7);  // max_completion_tokens wins
+  EXPECT_EQ(r.response_format, "json_schema");
+  ASSERT_TRUE(r.grammar.has_value());
+  {
+    // The schema's properties in their written order: b, then a.
+    grammar::Matcher m(*r.grammar);
+    EXPECT_TRUE(m.advance(R"({"b":1,"a":"y"})"));
+    EXPECT_TRUE(m.accepts_end());
+    grammar::Matcher other(*r.grammar);
+    EXPECT_FALSE(other.advance(R"({"a")"));
+  }
+  std::vector<std::string> ignored = r.ignored;
+  std::sort(ignored.begin(), ignored.end());
+  EXPECT_EQ(ignored, (std::vector<std::string>{"messages[].tool_calls", "store", "tools"}));
+  // Unknown fields are ignored (and listed), not refused.
+  r = parse_request(R"({"prompt":"x","bogus":1,"best_of":2,"stream":true,"stream_options":{"foo":1}})", false, lim);
+  ignored = r.ignored;
+  std::sort(ignored.begin(), ignored.end());
+  EXPECT_EQ(ignored, (std::vector<std::string>{"best_of", "bogus", "stream_options.foo"}));
+  // A field of the other endpoint too (echo in a chat, messages in a completion).
+  r = parse_request(R"({"prompt":"y","messages":[{"role":"user","content":"x"}]})", false, lim);
+  EXPECT_EQ(r.prompt, "y");
+  EXPECT_EQ(r.ignored, (std::vector<std::string>{"messages"}));
+  r = parse_request(R"({"prompt":"y","echo":true,"messages":[{"role":"user","content":"x"}]})", true, lim);
+  EXPECT_FALSE(r.echo);
+  EXPECT_EQ(r.ignored, (std::vector<std::string>{"echo", "prompt"}));
+}
+
+TEST(OpenAiRequest, TokenizeDetokenizeAndTheApiKey) {
+  ApiLimits lim;
+  TokenizeRequest t = parse_tokenize(R"({"prompt":"hi","model":"m","x":1})", lim);
+  EXPECT_EQ(t.prompt, "hi");
+  EXPECT_EQ(t.ignored, (std::vector<std::string>{"x"}));
+  t = parse_tokenize(R"({"messages":[{"role":"user","content":"a"}],"add_generation_prompt":false})", lim);
+  EXPECT_EQ(t.messages.size(), 1u);
+  EXPECT_FALSE(t.add_generation_prompt);
+  DetokenizeRequest d = parse_detokenize(R"({"tokens":[1,2,3]})", lim);
+  EXPECT_EQ(d.tokens, (std::vector<int32_t>{1, 2, 3}));
+  const std::vector<std::tuple<std::string, bool, std::string>> bad = {
+      {"{", true, ""},
+      {R"({})", true, "prompt"},
+      {R"({"prompt":5})", true, "prompt"},
+      {R"({"prompt":"a","messages":[{"role":"user","content":"a"}]})", true, "prompt"},
+      {R"({"messages":[{"role":"robot","content":"a"}]})", true, "messages[0].role"},
+      {R"({"prompt":"a","add_special_tokens":1})", true, "add_special_tokens"},
+      {R"({})", false, "tokens"},
+      {R"({"tokens":"1 2"})", false, "tokens"},
+      {R"({"tokens":[1,-2]})", false, "tokens[1]"},
+      {R"({"tokens":[1,2.5]})", false, "tokens[1]"},
+  };
+  for (const auto& [body, tok, param] : bad) {
+    try {
+      if (tok) {
+        parse_tokenize(body, lim);
+      } else {
+        parse_detokenize(body, lim);
+      }
+      ADD_FAILURE() << "accepted " << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.param, param) << body << ": " << e.what();
+    }
+  }
+  EXPECT_TRUE(bearer_matches("Bearer s3cret", "s3cret"));
+  EXPECT_TRUE(bearer_matches("bearer  s3cret ", "s3cret"));
+  EXPECT_FALSE(bearer_matches("Bearer s3cre", "s3cret"));
+  EXPECT_FALSE(bearer_matches("Bearer s3cretx", "s3cret"));
+  EXPECT_FALSE(bearer_matches("Basic s3cret", "s3cret"));
+  EXPECT_FALSE(bearer_matches("s3cret", "s3cret"));
+  EXPECT_FALSE(bearer_matches("", "s3cret"));
+  EXPECT_FALSE(bearer_matches("Bearer ", ""));
 }
 
 TEST(OpenAiRequest, RefusalsNameTheField) {
@@ -405,7 +707,6 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"{not json", ""},
       {"[1]", ""},
-      {R"({"prompt":"x","bogus":1})", "bogus"},
       {R"({"prompt":"x","max_tokens":"5"})", "max_tokens"},
       {R"({"prompt":"x","max_tokens":0})", "max_tokens"},
       {R"({"prompt":"x","max_tokens":101})", "max_tokens"},
@@ -418,7 +719,26 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
       {R"({"prompt":"x","stop":["a",1]})", "stop[1]"},
       {R"({"prompt":"x","stop":["","b"]})", "stop"},
       {R"({"prompt":"x","stream_options":{"include_usage":true}})", "stream_options"},
-      {R"({"prompt":"x","stream":true,"stream_options":{"foo":1}})", "stream_options.foo"},
+      {R"({"prompt":"x","presence_penalty":2.5})", "presence_penalty"},
+      {R"({"prompt":"x","frequency_penalty":"1"})", "frequency_penalty"},
+      {R"({"prompt":"x","logit_bias":[1]})", "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"a7":1}})", "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"7":100.5}})", "logit_bias.7"},
+      {R"({"prompt":"x","logit_bias":{"7":1,"07":2}})", "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"99999999999":1}})", "logit_bias"},
+      {R"({"prompt":"x","logprobs":true})", "logprobs"},
+      {R"({"prompt":"x","logprobs":21})", "logprobs"},
+      {R"({"prompt":"x","echo":1})", "echo"},
+      {R"({"prompt":"x","response_format":"json"})", "response_format"},
+      {R"({"prompt":"x","response_format":{"type":"xml"}})", "response_format.type"},
+      {R"({"prompt":"x","response_format":{}})", "response_format.type"},
+      {R"({"prompt":"x","response_format":{"type":"json_schema"}})", "response_format.json_schema"},
+      {R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":1,"schema":{}}}})",
+       "response_format.json_schema.name"},
+      {R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"schema":)"
+       R"({"type":"string","pattern":"a+"}}}})", "response_format.json_schema.schema"},
+      {R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"schema":{"type":"frog"}}}})",
+       "response_format.json_schema.schema"},
       {R"({"prompt":[1,-1]})", "prompt[1]"},
       {R"({"prompt":{"a":1}})", "prompt"},
       {R"({"max_tokens":3})", "prompt"},
@@ -436,9 +756,11 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
       {R"({"messages":[]})", "messages"},
       {R"({"messages":[{"role":"robot","content":"x"}]})", "messages[0].role"},
       {R"({"messages":[{"role":"user"}]})", "messages[0].content"},
-      {R"({"messages":[{"role":"user","content":"x","extra":1}]})", "messages[0].extra"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":3})", "logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":3})", "top_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", "top_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_completion_tokens":0})", "max_completion_tokens"},
       {R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})", "messages[0].content[0].type"},
-      {R"({"prompt":"x","messages":[{"role":"user","content":"x"}]})", "prompt"},
   };
   for (const auto& [body, param] : bad_chat) {
     try {
@@ -447,6 +769,17 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
     } catch (const ApiError& e) {
       EXPECT_EQ(e.param, param) << body << ": " << e.what();
     }
+  }
+  // The unsupported keyword is named in the message, with its place.
+  try {
+    parse_request(R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"schema":)"
+                  R"({"type":"object","properties":{"a":{"type":"string","format":"email"}}}}}})",
+                  false, lim);
+    ADD_FAILURE() << "accepted format";
+  } catch (const ApiError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"format\""), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("/properties/a/format"), std::string::npos) << e.what();
+    EXPECT_EQ(e.code, "unsupported_schema");
   }
   // The error object's shape.
   EXPECT_EQ(error_json("m", "invalid_request_error", "n", "c"),

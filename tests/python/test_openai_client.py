@@ -1,6 +1,7 @@
 """The official OpenAI Python client (the `openai` package) drives `diffattn serve`: model list,
-completions and chat completions, streamed and not, n > 1, and errors as the client raises
-them. Greedy answers must equal `diffattn generate --temperature 0` on the same prompt."""
+completions and chat completions, streamed and not, n > 1, logprobs, echo, logit_bias and the
+penalties, response_format, the API key, and errors as the client raises them. Greedy answers
+must equal `diffattn generate --temperature 0` on the same prompt."""
 
 import json
 import os
@@ -111,3 +112,76 @@ def test_errors_reach_the_client_as_openai_errors(served):
     with pytest.raises(openai.NotFoundError) as e:
         client.completions.create(model="other", prompt="Hi", max_tokens=4)
     assert e.value.status_code == 404 and e.value.body["param"] == "model"
+
+
+def test_logprobs_penalties_and_bias_through_the_client(served):
+    """Chat logprobs as the client parses them (token, logprob, bytes, top_logprobs), streamed
+    the same; completions' legacy logprobs and echo; logit_bias and the penalties accepted."""
+    d, client = served
+    want = generate_cli(d, RENDERED, 8)
+    chat = client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=8, temperature=0,
+                                          logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == want == chat.choices[0].message.content
+    for t in content:
+        assert bytes(t.bytes).decode() == t.token and t.logprob <= 0
+        assert len(t.top_logprobs) == 2 and t.top_logprobs[0].token == t.token
+        assert t.top_logprobs[0].logprob == pytest.approx(t.logprob)
+    streamed = []
+    for ch in client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=8, temperature=0,
+                                             logprobs=True, top_logprobs=2, stream=True):
+        for choice in ch.choices:
+            if choice.logprobs and choice.logprobs.content:
+                streamed += choice.logprobs.content
+    assert [t.token for t in streamed] == [t.token for t in content]
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in content], abs=1e-6)
+    c = client.completions.create(model="chat", prompt="Hello", max_tokens=5, temperature=0, logprobs=2,
+                                  echo=True)
+    lp = c.choices[0].logprobs
+    assert c.choices[0].text.startswith("Hello") and "".join(lp.tokens) == c.choices[0].text
+    assert lp.token_logprobs[0] is None and len(lp.top_logprobs[-1]) >= 2
+    c = client.completions.create(model="chat", prompt="Hello", max_tokens=6, temperature=0,
+                                  logit_bias={"66": 100}, presence_penalty=0.5, frequency_penalty=0.5)
+    assert c.choices[0].text == "B" * 6
+    c = client.chat.completions.create(model="chat", messages=MESSAGES, max_completion_tokens=3, temperature=0,
+                                       seed=1, n=2)
+    assert [ch.message.content for ch in c.choices] == [want[:3]] * 2
+    # Fields the server does not use are ignored, not refused.
+    c = client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=2, temperature=0,
+                                       user="u", store=False, parallel_tool_calls=False,
+                                       extra_body={"something_new": 1})
+    assert c.choices[0].message.content == want[:2]
+
+
+def test_response_format_through_the_client(served):
+    _, client = served
+    schema = {"type": "object", "properties": {"size": {"enum": ["S", "M", "L"]}, "n": {"type": "integer",
+                                                                                          "minimum": 0, "maximum": 9}},
+              "required": ["size", "n"], "additionalProperties": False}
+    c = client.chat.completions.create(
+        model="chat", messages=MESSAGES, max_tokens=40, temperature=1, seed=2, n=3,
+        response_format={"type": "json_schema", "json_schema": {"name": "shirt", "schema": schema, "strict": True}})
+    for ch in c.choices:
+        doc = json.loads(ch.message.content)
+        assert doc["size"] in ("S", "M", "L") and 0 <= doc["n"] <= 9 and ch.finish_reason == "stop"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=4, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a"}}})
+    assert e.value.body["param"] == "response_format.json_schema.schema"
+    assert "pattern" in e.value.body["message"]
+
+
+def test_api_key_with_the_client(tmp_path):
+    d = tmp_path / "keyed"
+    sh.write_ascii_model(d)
+    s = sh.Server(d, "--api-key", "sk-local-1")
+    try:
+        good = openai.OpenAI(base_url=s.url + "/v1", api_key="sk-local-1", max_retries=0, timeout=60)
+        assert [m.id for m in good.models.list().data] == ["keyed"]
+        assert good.completions.create(model="keyed", prompt="Hi", max_tokens=2).choices[0].text
+        bad = openai.OpenAI(base_url=s.url + "/v1", api_key="sk-other", max_retries=0, timeout=60)
+        with pytest.raises(openai.AuthenticationError) as e:
+            bad.completions.create(model="keyed", prompt="Hi", max_tokens=2)
+        assert e.value.status_code == 401 and e.value.body["code"] == "invalid_api_key"
+    finally:
+        s.stop()

@@ -6,6 +6,7 @@ streams cleanly and exits 0."""
 
 import http.client
 import json
+import math
 import os
 import re
 import shutil
@@ -95,7 +96,8 @@ def test_greedy_equals_generate_alone_and_among_15_streams(model, server):
         assert r["choices"][0]["text"] == want[p]
         assert r["choices"][0]["finish_reason"] == "length"
         assert r["usage"] == {"prompt_tokens": len(p.encode()), "completion_tokens": 30,
-                              "total_tokens": len(p.encode()) + 30}
+                              "total_tokens": len(p.encode()) + 30,
+                              "prompt_tokens_details": {"cached_tokens": 0}}
         assert r["object"] == "text_completion" and r["model"] == "tiny"
     # 15 sampled streams run (long ones) while the greedy requests are answered, streamed and not.
     results, errors = {}, []
@@ -163,7 +165,18 @@ def test_malformed_requests_get_400_error_objects(server):
         ({"prompt": "x", "max_tokens": "5"}, "max_tokens"),
         ({"prompt": "x", "temperature": -1}, "temperature"),
         ({"prompt": "x", "n": 0}, "n"),
-        ({"prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"prompt": "x", "frequency_penalty": 2.5}, "frequency_penalty"),
+        ({"prompt": "x", "presence_penalty": "high"}, "presence_penalty"),
+        ({"prompt": "x", "logit_bias": {"sixty": 5}}, "logit_bias"),
+        ({"prompt": "x", "logit_bias": {"65": -101}}, "logit_bias.65"),
+        ({"prompt": "x", "logit_bias": {"256": 1}}, "logit_bias"),  # past the byte vocabulary
+        ({"prompt": "x", "logprobs": True}, "logprobs"),
+        ({"prompt": "x", "logprobs": 99}, "logprobs"),
+        ({"prompt": "x", "echo": "yes"}, "echo"),
+        ({"prompt": "x", "seed": "s"}, "seed"),
+        ({"prompt": "x", "response_format": {"type": "yaml"}}, "response_format.type"),
+        ({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": {
+            "type": "string", "pattern": "^a"}}}}, "response_format.json_schema.schema"),
         ({"prompt": "x", "max_tokens": 300}, "max_tokens"),  # past the context of 256
         ({"prompt": "x" * 300}, "prompt"),
         ({"prompt": [1, 2, 256]}, None),  # outside the byte vocabulary
@@ -177,6 +190,16 @@ def test_malformed_requests_get_400_error_objects(server):
         assert err["type"] == "invalid_request_error" and err["message"]
         if param:
             assert err["param"] == param, (body, err)
+    chat_cases = [
+        ({"logprobs": 1}, "logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"max_completion_tokens": 0}, "max_completion_tokens"),
+    ]
+    for extra, param in chat_cases:
+        got, reply = post(server.port, "/v1/chat/completions",
+                          {"messages": [{"role": "user", "content": "hi"}], **extra})
+        assert got == 400 and json.loads(reply)["error"]["param"] == param, (extra, reply)
     got, reply = post(server.port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
     assert got == 400
     err = json.loads(reply)["error"]
@@ -186,6 +209,7 @@ def test_malformed_requests_get_400_error_objects(server):
     got, reply = post(server.port, "/v1/completions", b"x" * (2 << 20))
     assert got == 413 and "error" in json.loads(reply)
     assert get(server.port, "/v1/completions")[0] == 405
+    assert get(server.port, "/tokenize")[0] == 405
     assert get(server.port, "/nothing")[0] == 404
     assert json.loads(get(server.port, "/health")[1]) == {"status": "ok"}
     models = json.loads(get(server.port, "/v1/models")[1])
@@ -316,6 +340,29 @@ def test_hugging_face_directory_with_the_llama3_tokenizer(tmp_path):
         text = "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1]
                        if json.loads(e)["choices"])
         assert text == r["choices"][0]["message"]["content"]
+        # Constrained output over Llama 3's 128,256 tokens: whole enum objects from random weights.
+        schema = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}},
+                  "required": ["color"], "additionalProperties": False}
+        got, body = post(s.port, "/v1/completions", {
+            "prompt": prompt, "max_tokens": 40, "temperature": 1, "seed": 3, "n": 3,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}})
+        assert got == 200, body
+        for c in json.loads(body)["choices"]:
+            assert json.loads(c["text"])["color"] in ("red", "green", "blue") and c["finish_reason"] == "stop", c
+        # logprobs name real BPE tokens; /tokenize and /detokenize agree with the tokenizer.
+        got, body = post(s.port, "/v1/completions", {"prompt": prompt, "max_tokens": 6, "temperature": 0,
+                                                     "logprobs": 2})
+        lp = json.loads(body)["choices"][0]["logprobs"]
+        assert len(lp["tokens"]) == 6 and all(v <= 0 for v in lp["token_logprobs"])
+        got, body = post(s.port, "/tokenize", {"prompt": prompt})
+        tokens = json.loads(body)["tokens"]
+        assert tokens[0] == 128000 and json.loads(body)["count"] == 6
+        got, body = post(s.port, "/tokenize", {"prompt": prompt, "add_special_tokens": False})
+        assert json.loads(body)["tokens"] == tokens[1:]
+        got, body = post(s.port, "/tokenize", {"messages": msgs})
+        assert [str(t) for t in json.loads(body)["tokens"]] == ids
+        got, body = post(s.port, "/detokenize", {"tokens": tokens[1:]})
+        assert json.loads(body) == {"prompt": prompt}
     finally:
         s.stop()
 
@@ -416,3 +463,225 @@ def test_kv_dtype_and_pool_size(model):
                         "--block-size", "1"], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert "KV pool" in r.stderr and "GiB" in r.stderr, r.stderr
+
+
+def completion(port, **body):
+    got, reply = post(port, "/v1/completions", body)
+    assert got == 200, reply
+    return json.loads(reply)
+
+
+def test_logit_bias_and_penalties(model, server):
+    """logit_bias adds to the logits (100 on "A": every token is "A"; -100 on greedy's first
+    token: another comes first); penalties subtract per generated token, so the same bias with
+    a frequency penalty runs out of "A"s, sooner with a larger penalty."""
+    want = generate_cli(model, "Hello", 20)
+    r = completion(server.port, prompt="Hello", max_tokens=20, temperature=0, logit_bias={"65": 100})
+    assert r["choices"][0]["text"] == "A" * 20
+    r = completion(server.port, prompt="Hello", max_tokens=20, temperature=0,
+                   logit_bias={str(ord(want[0])): -100})
+    assert r["choices"][0]["text"][0] != want[0]
+    runs = []
+    for fp, pp in ((0.0, 0.0), (1.0, 0.0), (2.0, 0.0), (2.0, 2.0)):
+        r = completion(server.port, prompt="Hello", max_tokens=60, temperature=0, logit_bias={"65": 100},
+                       frequency_penalty=fp, presence_penalty=pp)
+        text = r["choices"][0]["text"]
+        runs.append(len(text) - len(text.lstrip("A")))
+    assert runs[0] == 60 and runs == sorted(runs, reverse=True) and 0 < runs[-1] < runs[0], runs
+    # A presence penalty counts a token once: -2 keeps the greedy text on what it has written.
+    a = completion(server.port, prompt="Hello", max_tokens=30, temperature=0, presence_penalty=2)
+    b = completion(server.port, prompt="Hello", max_tokens=30, temperature=0, presence_penalty=-2)
+    assert a["choices"][0]["text"] != b["choices"][0]["text"]
+    # A penalised request is reproducible with its seed, and n choices differ.
+    c1 = completion(server.port, prompt="Hi", max_tokens=12, seed=3, n=2, frequency_penalty=1, presence_penalty=0.5)
+    c2 = completion(server.port, prompt="Hi", max_tokens=12, seed=3, n=2, frequency_penalty=1, presence_penalty=0.5)
+    assert [c["text"] for c in c1["choices"]] == [c["text"] for c in c2["choices"]]
+
+
+def test_logprobs_and_echo_whole_and_streamed(model, server):
+    """Completions' legacy logprobs: one entry per token, whose texts make the answer; greedy
+    tokens are their own top; streamed chunks carry the same; echo puts the prompt (and its
+    tokens, the first with null) before the completion."""
+    want = generate_cli(model, "Hello", 12)
+    r = completion(server.port, prompt="Hello", max_tokens=12, temperature=0, logprobs=3)
+    ch = r["choices"][0]
+    lp = ch["logprobs"]
+    assert ch["text"] == want
+    assert "".join(lp["tokens"]) == want and len(lp["tokens"]) == 12
+    assert lp["text_offset"] == list(range(12))
+    for tok, val, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+        assert val <= 0 and len(top) == 3 and top[tok] == val and max(top.values()) == val
+    # The log-softmax at temperature 1 (greedy) sums to at most 1 over the top ones.
+    assert all(sum(math.exp(v) for v in top.values()) <= 1 + 1e-5 for top in lp["top_logprobs"])
+    # Streamed: the same tokens and values.
+    ev = sse(server.port, {"prompt": "Hello", "max_tokens": 12, "temperature": 0, "logprobs": 3, "stream": True})
+    chunks = [json.loads(e) for e in ev[:-1]]
+    toks, vals = [], []
+    for c in chunks:
+        if c["choices"] and c["choices"][0]["logprobs"]:
+            toks += c["choices"][0]["logprobs"]["tokens"]
+            vals += c["choices"][0]["logprobs"]["token_logprobs"]
+    assert toks == lp["tokens"]
+    assert vals == pytest.approx(lp["token_logprobs"], abs=1e-6)
+    # Echo, with and without logprobs, whole and streamed.
+    r = completion(server.port, prompt="Hello", max_tokens=12, temperature=0, echo=True)
+    assert r["choices"][0]["text"] == "Hello" + want
+    r = completion(server.port, prompt="Hello", max_tokens=12, temperature=0, echo=True, logprobs=1)
+    lpe = r["choices"][0]["logprobs"]
+    assert lpe["tokens"] == list("Hello") + lp["tokens"]
+    assert lpe["token_logprobs"][0] is None and lpe["top_logprobs"][0] is None
+    assert all(v <= 0 for v in lpe["token_logprobs"][1:])
+    assert lpe["token_logprobs"][5:] == pytest.approx(lp["token_logprobs"], abs=1e-4)
+    assert lpe["text_offset"] == list(range(17))
+    ev = sse(server.port, {"prompt": "Hello", "max_tokens": 12, "temperature": 0, "echo": True, "stream": True})
+    text = "".join(json.loads(e)["choices"][0]["text"] for e in ev[:-1] if json.loads(e)["choices"])
+    assert text == "Hello" + want
+    # Prompt ids echo as their text.
+    r = completion(server.port, prompt=list(b"Hello"), max_tokens=3, temperature=0, echo=True)
+    assert r["choices"][0]["text"] == "Hello" + want[:3]
+
+
+def test_response_format_json_schema_on_a_random_model(model, server):
+    """A random-weight model under an enum-only schema writes a whole object, one of the enum's
+    values, and stops within a few dozen tokens, for every sampled choice; json_object gives an
+    object."""
+    schema = {"type": "object", "properties": {"color": {"type": "string", "enum": ["red", "green", "blue"]},
+                                               "ok": {"type": "boolean"}},
+              "required": ["color", "ok"], "additionalProperties": False}
+    for seed in range(3):
+        r = completion(server.port, prompt="Pick:", max_tokens=60, temperature=1, seed=seed, n=4,
+                       response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema,
+                                                                                "strict": True}})
+        for c in r["choices"]:
+            doc = json.loads(c["text"])
+            assert list(doc) == ["color", "ok"] and doc["color"] in ("red", "green", "blue")
+            assert isinstance(doc["ok"], bool) and c["finish_reason"] == "stop"
+        assert r["usage"]["completion_tokens"] <= 4 * 40
+    r = completion(server.port, prompt="Pick:", max_tokens=200, temperature=0,
+                   response_format={"type": "json_object"})
+    text = r["choices"][0]["text"]
+    assert text.startswith("{")
+    if r["choices"][0]["finish_reason"] == "stop":
+        assert isinstance(json.loads(text), dict)
+    ev = sse(server.port, {"prompt": "Pick:", "max_tokens": 60, "temperature": 1, "seed": 1, "stream": True,
+                           "response_format": {"type": "json_schema", "json_schema": {"schema": schema}}})
+    text = "".join(json.loads(e)["choices"][0]["text"] for e in ev[:-1] if json.loads(e)["choices"])
+    assert json.loads(text)["color"] in ("red", "green", "blue")
+    got, reply = post(server.port, "/v1/completions", {"prompt": "x", "response_format": {
+        "type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {
+            "a": {"type": "string", "format": "date"}}}}}})
+    assert got == 400
+    err = json.loads(reply)["error"]
+    assert err["param"] == "response_format.json_schema.schema" and err["code"] == "unsupported_schema"
+    assert '"format"' in err["message"] and "/properties/a/format" in err["message"]
+
+
+def test_tokenize_and_detokenize(server):
+    got, reply = post(server.port, "/tokenize", {"prompt": "Hi!"})
+    assert got == 200, reply
+    r = json.loads(reply)
+    assert r["tokens"] == [72, 105, 33] and r["count"] == 3 and r["max_model_len"] == 256
+    got, reply = post(server.port, "/detokenize", {"tokens": [72, 105, 33], "model": "tiny"})
+    assert got == 200 and json.loads(reply) == {"prompt": "Hi!"}
+    for path, body, param in [("/tokenize", {}, "prompt"), ("/tokenize", {"prompt": 3}, "prompt"),
+                              ("/tokenize", {"prompt": "x" * 300000}, "prompt"),
+                              ("/detokenize", {"tokens": [1, 300]}, "tokens[1]"),
+                              ("/detokenize", {"tokens": "abc"}, "tokens"),
+                              ("/detokenize", {}, "tokens"), ("/tokenize", b"{oops", None)]:
+        got, reply = post(server.port, path, body)
+        assert got == 400, (path, body, reply)
+        err = json.loads(reply)["error"]
+        assert err["type"] == "invalid_request_error"
+        if param:
+            assert err["param"] == param, (body, err)
+    got, reply = post(server.port, "/tokenize", {"prompt": "x", "model": "other"})
+    assert got == 404
+    # This model has no chat template: messages are a 400 saying so.
+    got, reply = post(server.port, "/tokenize", {"messages": [{"role": "user", "content": "hi"}]})
+    assert got == 400 and json.loads(reply)["error"]["code"] == "no_chat_template"
+
+
+def test_unknown_fields_are_ignored_and_logged_once(model):
+    s = sh.Server(model)
+    try:
+        for _ in range(3):
+            got, reply = post(s.port, "/v1/completions", {"prompt": "x", "max_tokens": 2, "bogus_field": 1,
+                                                          "user": "u", "suffix": "!"})
+            assert got == 200, reply
+    finally:
+        s.stop()
+    err = s.proc.stderr.read().decode()
+    assert err.count('"bogus_field"') == 1 and err.count('"suffix"') == 1, err
+
+
+def test_api_key_from_the_flag_and_the_environment(model):
+    def check(s, key):
+        got, reply = post(s.port, "/v1/completions", {"prompt": "x", "max_tokens": 2})
+        assert got == 401, reply
+        err = json.loads(reply)["error"]
+        assert err["code"] == "invalid_api_key" and err["type"] == "invalid_request_error"
+        for path in ("/tokenize", "/detokenize"):
+            assert post(s.port, path, {"prompt": "x"})[0] == 401
+        c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        c.request("GET", "/v1/models", headers={"Authorization": "Bearer wrong"})
+        r = c.getresponse()
+        assert r.status == 401 and r.getheader("WWW-Authenticate") == "Bearer"
+        r.read()
+        c.request("POST", "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 2}).encode(),
+                  {"Authorization": "Bearer " + key})
+        r = c.getresponse()
+        assert r.status == 200, r.read()
+        r.read()
+        c.close()
+        assert get(s.port, "/health")[0] == 200 and get(s.port, "/metrics")[0] == 200
+
+    s = sh.Server(model, "--api-key", "k-123")
+    try:
+        check(s, "k-123")
+    finally:
+        s.stop()
+    os.environ["DIFFATTN_API_KEY"] = "from-env"
+    try:
+        s = sh.Server(model)
+    finally:
+        del os.environ["DIFFATTN_API_KEY"]
+    try:
+        check(s, "from-env")
+    finally:
+        s.stop()
+    p = mh.run_cli("serve", "--model", model, "--api-key", "has space", check=False)
+    assert p.returncode != 0 and "API key" in p.stderr
+
+
+def test_prefix_cache_reuses_blocks_and_changes_nothing(model):
+    """A prompt seen before takes its whole 16-position blocks (not its last token) from the
+    prefix cache: usage and /metrics say how many, and the answers, greedy and seeded, whole
+    and streamed, are those of a server without the cache (and of `diffattn generate`)."""
+    base = "In the beginning God created the heaven and the earth."  # 55 bytes: 3 whole blocks
+    prompts = [base, base, base + " And the earth was", base[:40], base]
+    want = generate_cli(model, base, 20)
+    answers = {}
+    for flag in ((), ("--no-prefix-cache",)):
+        s = sh.Server(model, *flag)
+        try:
+            got = []
+            for i, p in enumerate(prompts):
+                r = completion(s.port, prompt=p, max_tokens=20, temperature=0)
+                g = completion(s.port, prompt=p, max_tokens=20, seed=i, temperature=1.0)
+                ev = sse(s.port, {"prompt": p, "max_tokens": 20, "temperature": 0, "stream": True,
+                                  "stream_options": {"include_usage": True}})
+                streamed = "".join(json.loads(e)["choices"][0]["text"] for e in ev[:-1] if json.loads(e)["choices"])
+                assert streamed == r["choices"][0]["text"]
+                got.append((r["choices"][0]["text"], g["choices"][0]["text"],
+                            r["usage"]["prompt_tokens_details"]["cached_tokens"],
+                            json.loads(ev[-2])["usage"]["prompt_tokens_details"]["cached_tokens"],
+                            g["usage"]["prompt_tokens_details"]["cached_tokens"]))
+            answers[flag] = got
+            assert metric(s.port, "diffattn_prefix_cache_hit_tokens_total") == sum(sum(g[2:]) for g in got)
+        finally:
+            s.stop()
+    on, off = answers[()], answers[("--no-prefix-cache",)]
+    assert [g[:2] for g in on] == [g[:2] for g in off]
+    assert on[0][0] == want
+    assert [g[2] for g in on] == [0, 48, 48, 32, 48] and on[0][3] == 48
+    assert all(g[2] == 0 and g[3] == 0 for g in off)

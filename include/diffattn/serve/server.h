@@ -4,10 +4,12 @@
 //   POST /v1/completions        {"prompt": "..." | [ids], "max_tokens", "temperature", "top_p",
 //                                "top_k", "seed", "stop", "n", "stream", "stream_options"}
 //   POST /v1/chat/completions   {"messages": [{"role", "content"}], ... the same}
+//   POST /tokenize              {"prompt"} or {"messages"} -> {"tokens", "count", "max_model_len"}
+//   POST /detokenize            {"tokens"} -> {"prompt"}
 //   GET  /v1/models             the one model
 //   GET  /health                {"status": "ok"}
 //   GET  /metrics               Prometheus text
-// Errors are OpenAI error objects: 400 bad request, 404 unknown path or model, 405 wrong method,
+// Errors are OpenAI error objects: 400 bad request, 401 without the --api-key, 404 unknown path or model, 405 wrong method,
 // 413 body too large, 503 queue full or shutting down, 504 past the request's timeout.
 #pragma once
 
@@ -33,6 +35,9 @@ struct ServerOptions {
   EngineOptions engine;
   ApiLimits api;
   data::TokenizerChoice tokenizer = data::TokenizerChoice::kModel;
+  // Non-empty: every request but /health and /metrics needs "Authorization: Bearer api_key"
+  // (else 401).
+  std::string api_key;
 };
 
 // Loads the model and serves until SIGINT / SIGTERM, which cancel what is in flight (streams end
