@@ -108,6 +108,7 @@ AttnParams make_params(const AttnLayerShape& s, int64_t B, int64_t Tq, const flo
     const Shape lam_shape = s.kind == AttnKind::DiffV1 ? Shape{1} : Shape{B, Tq, s.H};
     p = diff_attn_params(qv, kv, vv, {lam, lam_shape}, opts);
   }
+  p.noise_share = s.noise_share;
   if (c16) {
     p.kv_dtype = cache->kv_dtype;
     p.k16 = cache->k16.data();

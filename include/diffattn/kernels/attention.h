@@ -61,6 +61,11 @@ struct AttnProblem {
   bool lam_per_token = false;  // lam is (B, Tq, H) rather than (H)
   bool lam_scalar = false;     // lam is (1): one lambda for every pair (a V1 layer's scalar of
                                //   Eq. 2); its gradient is then one sum, rounded once
+  // maps == 2: runs of noise_share consecutive pairs (dividing H / G) whose map-2 query rows
+  // are equal copies (grouped differential attention, Motif-2-12.7B: one noise head for 4
+  // signal heads). The fused forward (signed mode) computes such a map once, from the run's
+  // first pair; every other path computes each pair's own, the same when the copies are equal.
+  int64_t noise_share = 1;
   bool causal = false;
   float scale = 0.0f;          // multiplies q.k before the softmax
   DiffMode mode = DiffMode::Signed;
