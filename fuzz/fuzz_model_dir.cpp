@@ -66,8 +66,8 @@ const char* const kConfigs[] = {
         "rms_norm_eps": 1e-6, "attn_rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": true})",
     // the project's form of a Motif-2 model
     R"({"format": "diffattn/1", "attention": "diff_v1", "vocab_size": 16, "d_model": 8, "n_layers": 2,
-        "n_heads": 2, "n_kv_heads": 1, "head_dim": 4, "ffn_dim": 8, "max_seq_len": 16,
-        "rope_theta": 10000.0, "norm_eps": 1e-6, "tie_embeddings": false, "mlp": "polynorm",
+        "n_heads": 4, "n_kv_heads": 2, "head_dim": 4, "ffn_dim": 8, "max_seq_len": 16,
+        "rope_theta": 10000.0, "norm_eps": 1e-6, "tie_embeddings": true, "mlp": "polynorm",
         "lambda_init_shift": 1, "subln_eps": 1e-5, "noise_share": 2})",
 };
 constexpr size_t kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
