@@ -299,3 +299,21 @@ def test_serve_paged_batches_equal_generate(tmp_path):
             assert r["choices"][0]["text"] == want[p], (p, r)
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("over,msg", [
+    (dict(mlp="gelu"), "mlp"),
+    (dict(lambda_init_shift=2), "lambda_init_shift"),
+    (dict(subln_eps=0.0), "subln_eps"),
+    (dict(noise_share=3), "noise_share"),
+    (dict(noise_share=2, attention="standard", n_heads=8), "noise_share"),
+])
+def test_project_format_keys_are_checked(tmp_path, over, msg):
+    d, cfg, w = make(tmp_path, "12.7b")
+    proj = tmp_path / "proj"
+    mh.run_cli("convert", "--model", d, "--to", "diffattn", "--out", proj)
+    c = json.load(open(proj / "config.json"))
+    c.update(over)
+    json.dump(c, open(proj / "config.json", "w"))
+    with pytest.raises(ValueError, match=msg):
+        diffattn.load_model(str(proj))
