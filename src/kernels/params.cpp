@@ -382,6 +382,11 @@ void check_params(const PagedDecodeParams& p, const char* op) {
   if (p.H % p.G != 0) {
     fail(op, "H = " + std::to_string(p.H) + " is not divisible by G = " + std::to_string(p.G));
   }
+  if (p.noise_share < 1 || (p.noise_share > 1 && (p.maps != 2 || (p.H / p.G) % p.noise_share != 0))) {
+    fail(op, "noise_share = " + std::to_string(p.noise_share) +
+                 " must be 1, or with maps == 2 divide the pairs per key/value group (" +
+                 std::to_string(p.H / p.G) + ")");
+  }
   if (!std::isfinite(p.scale) || p.scale == 0.0f) {
     fail(op, "scale must be finite and nonzero (it is not defaulted here), got " +
                  std::to_string(p.scale));

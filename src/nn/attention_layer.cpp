@@ -282,6 +282,7 @@ void attn_layer_decode_paged(float* out, AttnLayerActs& acts, const float* inp,
   p.B = B, p.H = s.H, p.G = s.G, p.D = s.D, p.Dv = s.Dv(), p.maps = s.maps();
   p.shared_keys = s.kind == AttnKind::DiffV2;
   p.lam_per_token = s.kind == AttnKind::DiffV2;
+  p.noise_share = s.noise_share;
   p.scale = 1.0f / std::sqrt(static_cast<float>(s.D));
   p.n_blocks = pool.n_blocks, p.block_size = pool.block_size, p.table_stride = seqs.table_stride;
   p.q = proj;
