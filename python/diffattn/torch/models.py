@@ -164,7 +164,7 @@ class DiffTransformerLM(nn.Module):
 
 def load(path):
     """A model directory (config.json + model.safetensors, docs/FORMAT.md; or a Hugging Face
-    Llama / DiffLlama directory, read as the standard / diff_v1 model it maps onto) as a
+    Llama / DiffLlama / Motif-2 directory, read as the standard / diff_v1 model it maps onto) as a
     DiffTransformerLM (float32). The C++ loader reads and checks it (errors name the file and tensor:
     OSError, ValueError); the weights are copied into the module's parameters."""
     from .. import _core
