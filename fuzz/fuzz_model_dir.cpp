@@ -1,7 +1,8 @@
 // Fuzzes the model-directory loader (src/model/checkpoint.cpp, src/model/hf_model.cpp) on disk:
 // load_model over a fixed tiny config.json and model.safetensors from the input. The first byte
 // picks the config (the project's diff_v1, diff_v2, standard, V1 and standard with biases, a
-// transformers llama, diffllama, and llama with biases and tied embeddings); the rest is the
+// transformers llama, diffllama, llama with biases and tied embeddings, a grouped Motif-2, and
+// the project's form of one); the rest is the
 // weights file, read through the float32 path (all F32) or the memory-mapped one (BF16, F16 or
 // mixed, and every transformers directory). A model that loads must have every tensor finite and
 // of its table's size, and a forward over three tokens must run; anything else must be a
@@ -58,6 +59,16 @@ const char* const kConfigs[] = {
         "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4,
         "max_position_embeddings": 16, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
         "attention_bias": true, "mlp_bias": true, "tie_word_embeddings": true})",
+    // Motif-2 grouped (6 query heads in 2 groups of 3, 2 key/value pairs), tied
+    R"({"model_type": "Motif", "vocab_size": 16, "hidden_size": 8, "intermediate_size": 8,
+        "num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 4, "head_dim": 4,
+        "num_noise_heads": 2, "k_ratio": 1, "hidden_act": "poly_norm", "max_position_embeddings": 16,
+        "rms_norm_eps": 1e-6, "attn_rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": true})",
+    // the project's form of a Motif-2 model
+    R"({"format": "diffattn/1", "attention": "diff_v1", "vocab_size": 16, "d_model": 8, "n_layers": 2,
+        "n_heads": 4, "n_kv_heads": 2, "head_dim": 4, "ffn_dim": 8, "max_seq_len": 16,
+        "rope_theta": 10000.0, "norm_eps": 1e-6, "tie_embeddings": true, "mlp": "polynorm",
+        "lambda_init_shift": 1, "subln_eps": 1e-5, "noise_share": 2})",
 };
 constexpr size_t kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 

@@ -75,7 +75,8 @@ ModelConfig arch_of(const py::dict& d) {
   c.max_seq_len = 1;  // no tensor depends on it
   for (auto item : d) {
     const std::string key = py::str(item.first);
-    if (key == "rope_theta" || key == "norm_eps" || key == "lambda_init" || key == "rope_scaling") {
+    if (key == "rope_theta" || key == "norm_eps" || key == "lambda_init" || key == "rope_scaling" ||
+        key == "lambda_init_shift" || key == "subln_eps") {
       continue;  // no parameter, FLOP or cache byte depends on them
     }
     if (key == "attention") c.attention = parse_attn_kind(py::str(item.second), "model config");
@@ -90,6 +91,14 @@ ModelConfig arch_of(const py::dict& d) {
     else if (key == "max_seq_len") c.max_seq_len = item.second.cast<int64_t>();
     else if (key == "attention_bias") c.attn_bias = item.second.cast<bool>();
     else if (key == "mlp_bias") c.mlp_bias = item.second.cast<bool>();
+    else if (key == "noise_share") c.noise_share = item.second.cast<int64_t>();
+    else if (key == "mlp") {
+      const std::string v = py::str(item.second);
+      if (v != "swiglu" && v != "polynorm") {
+        throw InvalidArgument("model config: mlp is \"" + v + "\", expected \"swiglu\" or \"polynorm\"");
+      }
+      c.mlp = v == "polynorm" ? MlpKind::PolyNorm : MlpKind::SwiGLU;
+    }
     else throw InvalidArgument("model config: unknown key \"" + key + "\"");
   }
   return c;

@@ -18,7 +18,8 @@ int run_convert(const std::vector<std::string>& argv) {
   Args a("convert",
          "Write a model in the other format. --to hf: a diff_v1 model as a Hugging Face DiffLlama\n"
          "directory, a standard one as Llama (V1's learned per-head norm weight is folded into\n"
-         "o_proj; DIFF V2 and a fixed lambda_init have no DiffLlama equivalent and are refused).\n"
+         "o_proj; DIFF V2 and a fixed lambda_init have no DiffLlama equivalent and are refused);\n"
+         "a PolyNorm model (one read from a Motif-2 directory) as Motif-2's published layout.\n"
          "--to diffattn: any model diffattn loads (a Hugging Face directory included) in diffattn's\n"
          "format: float32 and trainable, or with --dtype bf16|f16 half the bytes, loaded for\n"
          "inference in that type (e.g. a DIFF V2 model to serve). The tokenizer files and\n"
@@ -49,7 +50,9 @@ int run_convert(const std::vector<std::string>& argv) {
   const std::string note = to == "hf" ? save_hf_model(m, out, dtype, shards, side) : save_model(m, out, dtype, side);
   if (!note.empty()) std::cerr << "diffattn convert: note: " << note << "\n";
   std::cout << "wrote " << out << " (" << (to == "hf" ? "Hugging Face " : "diffattn ")
-            << (to == "hf" ? (m.config().attention == nn::AttnKind::DiffV1 ? "diffllama" : "llama")
+            << (to == "hf" ? (m.config().mlp == MlpKind::PolyNorm           ? "motif"
+                              : m.config().attention == nn::AttnKind::DiffV1 ? "diffllama"
+                                                                             : "llama")
                            : nn::attn_kind_name(m.config().attention))
             << ", " << m.num_params() << " parameters)\n";
   return 0;

@@ -15,7 +15,7 @@ namespace {
 
 int run_info(const std::vector<std::string>& argv) {
   Args a("info", "Show a model directory: config, parameters per tensor, lambda per layer.");
-  a.positional("DIR", "the model directory: diffattn's (config.json, model.safetensors) or a Hugging Face Llama/DiffLlama one");
+  a.positional("DIR", "the model directory: diffattn's (config.json, model.safetensors) or a Hugging Face Llama/DiffLlama/Motif-2 one");
   if (!a.parse(argv)) return 0;
   const std::string dir = a.str("DIR");
   Model m = load_model(dir);
@@ -40,6 +40,15 @@ int run_info(const std::vector<std::string>& argv) {
   }
   rows.push_back({"total", "", std::to_string(m.num_params()), ""});
   print_table(std::cout, {"tensor", "shape", "parameters", "weight decay"}, rows);
+  if (c.noise_share > 1) {
+    // grouped differential attention: each shared noise query head is held once per pair
+    const int64_t groups = c.n_heads / c.noise_share;
+    const int64_t copies = c.n_layers * (c.n_heads - groups) * c.head_dim * c.d_model;
+    std::cout << "noise heads shared by " << c.noise_share << " pairs (" << groups
+              << " a layer): q_proj holds each once per pair, " << copies
+              << " of the parameters above are those copies (" << m.num_params() - copies
+              << " distinct)\n";
+  }
 
   if (c.attention == nn::AttnKind::Standard) {
     std::cout << "\nlambda: none (standard attention)\n";

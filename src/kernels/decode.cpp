@@ -33,13 +33,26 @@ using fused::DecodeTiles;
 using fused::kColPad;
 using fused::round_up;
 
-// Rows of group g: rr = (hh * maps + m) * Tq + t is map m of pair g * gs + hh, query row t.
+// Rows of group g: rr = hm * Tq + t, query row t of the map set hm = hh * maps + m (map m of
+// pair g * gs + hh). With shared noise maps (noise_share ns > 1) the sets are the gs pairs' map-1
+// rows, then one map-2 set per run of ns pairs, read from its first pair's query rows.
 struct DecodeLayout {
-  int64_t gs, Rg, Dvp, chunk, nch;
+  int64_t gs, ns, Rg, Dvp, chunk, nch;
   float c;
+  // The pair (inside the group) and map of set hm, and the set of (pair hh, map m).
+  int64_t set_pair(int64_t hm, int maps) const {
+    return ns > 1 ? (hm < gs ? hm : (hm - gs) * ns) : hm / maps;
+  }
+  int set_map(int64_t hm, int maps) const {
+    return ns > 1 ? (hm < gs ? 0 : 1) : static_cast<int>(hm % maps);
+  }
+  int64_t set_of(int64_t hh, int m, int maps) const {
+    return ns > 1 ? (m == 0 ? hh : gs + hh / ns) : hh * maps + m;
+  }
   DecodeLayout(const AttnDecodeParams& p, int threads) {
     gs = p.group_size();
-    Rg = gs * p.maps * p.Tq;
+    ns = p.maps == 2 ? p.noise_share : 1;
+    Rg = (ns > 1 ? gs + gs / ns : gs * p.maps) * p.Tq;
     Dvp = round_up(p.Dv, kColPad);
     const int64_t Bk = DecodeTiles::kBk;
     if (p.key_chunk > 0) {
@@ -284,8 +297,8 @@ void DecodeChunk(const AttnDecodeParams& p, const DecodeLayout& f, int64_t b, in
   int64_t* const rk = static_cast<int64_t*>(alloca(sizeof(int64_t) * r1));
   for (int64_t row = r0; row < r1; ++row) {
     const int64_t g = row / Rg, rr = row % Rg, t = rr % p.Tq, hm = rr / p.Tq;
-    const int64_t h = g * f.gs + hm / p.maps;
-    const int m = static_cast<int>(hm % p.maps);
+    const int64_t h = g * f.gs + f.set_pair(hm, p.maps);
+    const int m = f.set_map(hm, p.maps);
     rq[row] = r.q(b, t, r.q_head(h, m));
     rk[row] = r.key_head(h, m) * kv.k_hs;
   }
@@ -480,20 +493,20 @@ void RunDecode(const AttnDecodeParams& p, const DecodeLayout& f, int threads, co
         for (int64_t t = 0; t < p.Tq; ++t) {
           float inv[2] = {0, 0};
           for (int m = 0; m < p.maps; ++m) {
-            const int64_t rr = (hh * p.maps + m) * p.Tq + t;
+            const int64_t rr = f.set_of(hh, m, p.maps) * p.Tq + t;
             const float l = lsum[rr];
             inv[m] = l == 0 ? 0.0f : 1.0f / l;  // NaN (a NaN score) stays NaN
             if (p.lse) {
               p.lse[r.lse_index(b, r.q_head(h, m), t)] = fused::lse_of(mx[rr], l);
             }
           }
-          const float* o1 = &acc[((hh * p.maps) * p.Tq + t) * f.Dvp];
+          const float* o1 = &acc[(f.set_of(hh, 0, p.maps) * p.Tq + t) * f.Dvp];
           float* out = r.out(b, t, h);
           if (p.maps == 1) {
             for (int64_t d = 0; d < p.Dv; ++d) out[d] = o1[d] * inv[0];
             continue;
           }
-          const float* o2 = &acc[((hh * p.maps + 1) * p.Tq + t) * f.Dvp];
+          const float* o2 = &acc[(f.set_of(hh, 1, p.maps) * p.Tq + t) * f.Dvp];
           const float lam = r.lam(b, t, h);
           for (int64_t d = 0; d < p.Dv; ++d) out[d] = o1[d] * inv[0] - lam * (o2[d] * inv[1]);
           if (p.o2) {
@@ -543,6 +556,7 @@ void FusedDecodePaged(const PagedDecodeParams& pp) {
   AttnDecodeParams p;
   p.B = pp.B, p.Tq = 1, p.H = pp.H, p.G = pp.G, p.D = pp.D, p.Dv = pp.Dv, p.maps = pp.maps;
   p.shared_keys = pp.shared_keys, p.lam_per_token = pp.lam_per_token, p.causal = false;
+  p.noise_share = pp.noise_share;
   p.scale = pp.scale, p.mode = DiffMode::Signed, p.kv_dtype = pp.kv_dtype;
   p.q = pp.q, p.lam = pp.lam, p.out = pp.out;
   p.q_batch_stride = pp.q_batch_stride, p.q_head_stride = pp.q_head_stride;

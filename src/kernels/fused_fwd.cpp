@@ -29,14 +29,28 @@ using fused::kRowPad;
 using fused::round_up;
 
 // How one call is cut into items (b, g, query block) and how an item stacks its rows: row set
-// s = hh * maps + m holds map m of pair g * gs + hh for the block's Bq query rows.
+// s = hh * maps + m holds map m of pair g * gs + hh for the block's Bq query rows. With shared
+// noise maps (noise_share ns > 1, signed mode) the sets are the gs pairs' map-1 rows, then one
+// map-2 set per ns pairs (read from the first pair's query rows): each shared map once.
 struct FwdLayout {
-  int64_t gs, sets, Bq, nqb, nkh, Dvp, R, ntiles, tile_floats;
+  int64_t gs, ns, sets, Bq, nqb, nkh, Dvp, R, ntiles, tile_floats;
   float c;  // scale * log2(e): scores in log2 units, so exp is exp2
+
+  // The pair (0..gs-1 inside the group) and map a row set reads, and the set of (pair, map).
+  int64_t set_pair(int64_t s, int maps) const {
+    return ns > 1 ? (s < gs ? s : (s - gs) * ns) : s / maps;
+  }
+  int set_map(int64_t s, int maps) const {
+    return ns > 1 ? (s < gs ? 0 : 1) : static_cast<int>(s % maps);
+  }
+  int64_t set_of(int64_t hh, int m, int maps) const {
+    return ns > 1 ? (m == 0 ? hh : gs + hh / ns) : hh * maps + m;
+  }
 
   explicit FwdLayout(const AttnParams& p) {
     gs = p.group_size();
-    sets = gs * p.maps;
+    ns = p.maps == 2 && p.mode == DiffMode::Signed ? p.noise_share : 1;
+    sets = ns > 1 ? gs + gs / ns : gs * p.maps;
     Bq = std::clamp(FwdTiles::kRows / sets / kRowPad * kRowPad, kRowPad, FwdTiles::kMaxBq);
     Bq = std::min(Bq, round_up(std::max<int64_t>(p.Tq, 1), kRowPad));
     nqb = (p.Tq + Bq - 1) / Bq;
@@ -118,8 +132,8 @@ class FwdItem {
 
   void pack_queries() {
     for (int64_t s = 0; s < f_.sets; ++s) {
-      const int64_t h = g_ * f_.gs + s / p_.maps;
-      const int m = static_cast<int>(s % p_.maps);
+      const int64_t h = g_ * f_.gs + f_.set_pair(s, p_.maps);
+      const int m = f_.set_map(s, p_.maps);
       fused::pack_rows(w_.q.get() + s * f_.Bq * p_.D, p_.D, f_.Bq,
                        r_.q(b_, i0_, r_.q_head(h, m)), p_.q_row_stride, nq_, p_.D);
     }
@@ -136,10 +150,14 @@ class FwdItem {
       Gemm(f_.R, Bk(), p_.D, w_.q.get(), p_.D, 1, kt0, Bk(), w_.s.get(), Bk(), false);
       return;
     }
-    for (int64_t s = 0; s < f_.sets; ++s) {
-      const int64_t kl = s % 2;
-      Gemm(f_.Bq, Bk(), p_.D, w_.q.get() + s * f_.Bq * p_.D, p_.D, 1, kt0 + kl * p_.D * Bk(),
-           Bk(), w_.s.get() + s * f_.Bq * Bk(), Bk(), false);
+    // runs of consecutive sets on the same keys: one product each (shared noise maps: two)
+    for (int64_t s = 0; s < f_.sets;) {
+      const int kl = f_.set_map(s, p_.maps);
+      int64_t e = s + 1;
+      while (e < f_.sets && f_.set_map(e, p_.maps) == kl) ++e;
+      Gemm((e - s) * f_.Bq, Bk(), p_.D, w_.q.get() + s * f_.Bq * p_.D, p_.D, 1,
+           kt0 + kl * p_.D * Bk(), Bk(), w_.s.get() + s * f_.Bq * Bk(), Bk(), false);
+      s = e;
     }
   }
 
@@ -167,7 +185,7 @@ class FwdItem {
       const int64_t h = g_ * f_.gs + hh;
       for (int64_t t = 0; t < nq_; ++t) {
         const int64_t i = i0_ + t;
-        const int64_t r1 = (hh * p_.maps) * f_.Bq + t;
+        const int64_t r1 = f_.set_of(hh, 0, p_.maps) * f_.Bq + t;
         const float inv1 = w_.l[r1] == 0 ? 0.0f : 1.0f / w_.l[r1];  // NaN stays NaN
         const float* o1 = w_.o.get() + r1 * f_.Dvp;
         float* out = r_.out(b_, i, h);
@@ -176,7 +194,7 @@ class FwdItem {
           for (int64_t d = 0; d < p_.Dv; ++d) out[d] = inv1 != 0 ? o1[d] * inv1 : 0.0f;
           continue;
         }
-        const int64_t r2 = r1 + f_.Bq;
+        const int64_t r2 = f_.set_of(hh, 1, p_.maps) * f_.Bq + t;
         const float inv2 = w_.l[r2] == 0 ? 0.0f : 1.0f / w_.l[r2];
         const float* o2 = w_.o.get() + r2 * f_.Dvp;
         save_lse(h, 1, i, r2);

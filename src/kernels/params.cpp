@@ -288,6 +288,11 @@ void check_problem(const AttnProblem& p, const char* op) {
   if (p.H % p.G != 0) {
     fail(op, "H = " + std::to_string(p.H) + " is not divisible by G = " + std::to_string(p.G));
   }
+  if (p.noise_share < 1 || (p.noise_share > 1 && (p.maps != 2 || p.group_size() % p.noise_share != 0))) {
+    fail(op, "noise_share = " + std::to_string(p.noise_share) +
+                 " must be 1, or with maps == 2 divide the pairs per key/value group (" +
+                 std::to_string(p.group_size()) + ")");
+  }
   if (!std::isfinite(p.scale)) fail(op, "scale must be finite");
   check_layout(op, "q", false, p.B, p.Tq, p.q_heads(), p.D, p.q_batch_stride, p.q_row_stride,
                p.q_head_stride);
@@ -376,6 +381,11 @@ void check_params(const PagedDecodeParams& p, const char* op) {
   need_positive(op, "Dv", p.Dv);
   if (p.H % p.G != 0) {
     fail(op, "H = " + std::to_string(p.H) + " is not divisible by G = " + std::to_string(p.G));
+  }
+  if (p.noise_share < 1 || (p.noise_share > 1 && (p.maps != 2 || (p.H / p.G) % p.noise_share != 0))) {
+    fail(op, "noise_share = " + std::to_string(p.noise_share) +
+                 " must be 1, or with maps == 2 divide the pairs per key/value group (" +
+                 std::to_string(p.H / p.G) + ")");
   }
   if (!std::isfinite(p.scale) || p.scale == 0.0f) {
     fail(op, "scale must be finite and nonzero (it is not defaulted here), got " +

@@ -61,9 +61,11 @@ nn::RopeScaling parse_rope_scaling(const json& r, const std::string& where) {
   return s;
 }
 
+const char* mlp_kind_name(MlpKind k) { return k == MlpKind::PolyNorm ? "polynorm" : "swiglu"; }
+
 float ModelConfig::layer_lambda_init(int64_t l) const {
   if (lambda_init) return static_cast<float>(*lambda_init);
-  return static_cast<float>(0.8 - 0.6 * std::exp(-0.3 * static_cast<double>(l)));
+  return static_cast<float>(0.8 - 0.6 * std::exp(-0.3 * static_cast<double>(l - lambda_init_shift)));
 }
 
 nn::AttnLayerShape ModelConfig::attn_shape(int64_t l) const {
@@ -73,8 +75,9 @@ nn::AttnLayerShape ModelConfig::attn_shape(int64_t l) const {
   s.H = n_heads;
   s.G = n_kv_heads;
   s.D = head_dim;
-  s.eps = norm_eps;
+  s.eps = subln_eps ? *subln_eps : norm_eps;
   s.lambda_init = attention == nn::AttnKind::DiffV1 ? layer_lambda_init(l) : 0.0f;
+  s.noise_share = attention == nn::AttnKind::DiffV1 ? noise_share : 1;
   return s;
 }
 
@@ -129,6 +132,24 @@ void ModelConfig::validate(const std::string& where) const {
                             "high_freq_factor and original_max_position_embeddings in [1, 2^24]");
     }
   }
+  if (lambda_init_shift < 0 || lambda_init_shift > 1) {
+    throw InvalidArgument(where + ": lambda_init_shift must be 0 or 1, got " +
+                          std::to_string(lambda_init_shift));
+  }
+  if (subln_eps && (!(*subln_eps > 0) || !std::isfinite(*subln_eps))) {
+    throw InvalidArgument(where + ": subln_eps must be a positive number");
+  }
+  if (noise_share != 1) {
+    if (attention != nn::AttnKind::DiffV1) {
+      throw InvalidArgument(where + ": noise_share applies to diff_v1 only");
+    }
+    // the pairs sharing a noise head read one key/value group
+    if (noise_share < 1 || (n_heads / n_kv_heads) % noise_share != 0) {
+      throw InvalidArgument(where + ": noise_share = " + std::to_string(noise_share) +
+                            " must be >= 1 and divide the pairs per key/value group (" +
+                            std::to_string(n_heads / n_kv_heads) + ")");
+    }
+  }
   if (lambda_init && attention != nn::AttnKind::DiffV1) {
     throw InvalidArgument(where + ": lambda_init applies to diff_v1 only, attention is \"" +
                           nn::attn_kind_name(attention) + "\"");
@@ -166,6 +187,14 @@ std::string ModelConfig::to_json() const {
   }
   if (attn_bias) j["attention_bias"] = true;
   if (mlp_bias) j["mlp_bias"] = true;
+  if (mlp != MlpKind::SwiGLU) j["mlp"] = mlp_kind_name(mlp);
+  if (lambda_init_shift != 0) j["lambda_init_shift"] = lambda_init_shift;
+  if (subln_eps) {
+    char e[32];
+    const auto r2 = std::to_chars(e, e + sizeof e, *subln_eps);
+    j["subln_eps"] = std::strtod(std::string(e, r2.ptr).c_str(), nullptr);
+  }
+  if (noise_share != 1) j["noise_share"] = noise_share;
   return j.dump(2) + "\n";
 }
 
@@ -174,7 +203,8 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& w
   static const std::set<std::string> known = {
       "format",  "attention", "vocab_size", "d_model",    "n_layers",       "n_heads",
       "n_kv_heads", "head_dim", "ffn_dim",  "max_seq_len", "rope_theta",    "norm_eps",
-      "tie_embeddings", "lambda_init", "rope_scaling", "attention_bias", "mlp_bias"};
+      "tie_embeddings", "lambda_init", "rope_scaling", "attention_bias", "mlp_bias",
+      "mlp", "lambda_init_shift", "subln_eps", "noise_share"};
   for (const auto& [key, value] : j.items()) {
     if (!known.count(key)) throw InvalidArgument(where + ": unknown key \"" + printable(key.substr(0, 80)) + "\"");
   }
@@ -228,6 +258,19 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& w
     if (!j.at(key).is_boolean()) throw InvalidArgument(where + ": \"" + key + "\" must be true or false");
     (std::string(key) == "mlp_bias" ? c.mlp_bias : c.attn_bias) = j.at(key).get<bool>();
   }
+  if (j.contains("mlp")) {
+    const json& v = j.at("mlp");
+    if (v == "swiglu") {
+      c.mlp = MlpKind::SwiGLU;
+    } else if (v == "polynorm") {
+      c.mlp = MlpKind::PolyNorm;
+    } else {
+      throw InvalidArgument(where + ": \"mlp\" is " + json_brief(v) + ", expected \"swiglu\" or \"polynorm\"");
+    }
+  }
+  if (j.contains("lambda_init_shift")) c.lambda_init_shift = integer("lambda_init_shift");
+  if (j.contains("subln_eps")) c.subln_eps = static_cast<float>(number("subln_eps"));
+  if (j.contains("noise_share")) c.noise_share = integer("noise_share");
   c.validate(where);
   return c;
 }
@@ -314,6 +357,10 @@ std::vector<TensorInfo> tensor_table(const ModelConfig& c) {
     add(p + "ffn.gate_proj.weight", {c.ffn_dim, C}, true);
     add(p + "ffn.up_proj.weight", {c.ffn_dim, C}, true);
     add(p + "ffn.down_proj.weight", {C, c.ffn_dim}, true);
+    if (c.mlp == MlpKind::PolyNorm) {
+      add(p + "ffn.act_fn.weight", {3}, false);
+      add(p + "ffn.act_fn.bias", {1}, false);
+    }
     if (c.mlp_bias) {
       add(p + "ffn.gate_proj.bias", {c.ffn_dim}, false);
       add(p + "ffn.up_proj.bias", {c.ffn_dim}, false);

@@ -1,6 +1,6 @@
 // Hugging Face checkpoint directories (docs/FORMAT.md, "Hugging Face directories"):
-// LlamaForCausalLM ("llama") and DiffLlamaForCausalLM ("diffllama"), read as the project's
-// standard and diff_v1 models. Each layout is mapped onto the one operator at load time by
+// LlamaForCausalLM ("llama"), DiffLlamaForCausalLM ("diffllama") and Motif-2's MotifForCausalLM
+// ("Motif", docs/models/motif2.md), read as the project's standard and diff_v1 models. Each layout is mapped onto the one operator at load time by
 // permuting projection rows once:
 //  - RoPE: transformers rotates halves (feature j with j + d/2); the project rotates adjacent
 //    pairs (2j, 2j + 1). Query and key rows are reordered inside every head so HF feature j
@@ -8,12 +8,18 @@
 //  - DiffLlama heads: differential head i uses query heads i and i + H/2 and key/value heads
 //    g = i / n_rep and g + Hkv/2 ("halves"); the project's pair i reads query sub-heads 2i, 2i+1,
 //    key sub-heads 2g, 2g+1 and a 2d value [v_g | v_(g + Hkv/2)] ("adjacent pairs").
+//  - Motif heads: G groups of S query heads, S - 1 signal heads then one noise head; key/value
+//    heads in adjacent pairs (2j signal, 2j + 1 noise, value [v_2j | v_2j+1]). Signal head i (in
+//    query order) becomes the project's pair i with its group's noise head as second sub-head
+//    (a copy per pair when S > 2: config noise_share = S - 1); keys and values are already the
+//    project's adjacent pairs.
 // The matrices that need no permutation (embeddings, o_proj, the MLP, lm_head) are used where
 // they lie in the memory-mapped files, in their stored type; the permuted q|k|v block of each
 // layer is one copy in the stored type; the small vectors (norms, lambdas, biases) are float32.
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -48,7 +54,9 @@ bool file_exists(const std::string& p) {
 struct HfLayout {
   bool diff = false;
   bool native = false;
+  bool motif = false;  // Motif-2 (diff too): G noise heads, each closing a group of S query heads
   int64_t H = 0, Hkv = 0, d = 0;
+  int64_t G = 0, S = 0;
 };
 
 ModelConfig parse_hf_config(const json& j, const std::string& where, HfLayout* layout) {
@@ -89,12 +97,46 @@ ModelConfig parse_hf_config(const json& j, const std::string& where, HfLayout* l
   };
 
   const json& mt = need("model_type");
-  const std::string type = mt.is_string() ? mt.get<std::string>() : "";
-  if (type != "llama" && type != "diffllama") {
+  std::string type = mt.is_string() ? mt.get<std::string>() : "";
+  std::transform(type.begin(), type.end(), type.begin(),
+                 [](char ch) { return static_cast<char>(std::tolower(static_cast<unsigned char>(ch))); });
+  if (type == "motif") {
+    // Motif's own config spells it "Motif"; mlx ports lower-case it.
+  } else if (type != "llama" && type != "diffllama") {
     throw InvalidArgument(where + ": model_type " + json_brief(mt) +
-                          " is not supported (diffattn reads \"llama\" and \"diffllama\")");
+                          " is not supported (diffattn reads \"llama\", \"diffllama\" and \"Motif\")");
+  } else {
+    type = mt.get<std::string>();  // Llama and DiffLlama: the exact lower-case spelling only
+    if (type != "llama" && type != "diffllama") {
+      throw InvalidArgument(where + ": model_type " + json_brief(mt) +
+                            " is not supported (diffattn reads \"llama\", \"diffllama\" and \"Motif\")");
+    }
   }
-  if (has("hidden_act") && j.at("hidden_act") != "silu") {
+  const bool motif = type == "motif";
+  if (motif) {
+    if (has("hidden_act") && j.at("hidden_act") != "poly_norm") {
+      throw InvalidArgument(where + ": hidden_act " + json_brief(j.at("hidden_act")) +
+                            " is not supported (Motif-2's MLP is PolyNorm: \"poly_norm\")");
+    }
+    for (const char* key : {"use_bias", "attention_bias", "qkv_bias", "mlp_bias"}) {
+      if (boolean_or(key, false)) {
+        throw InvalidArgument(where + ": " + key + " is true, but no Motif-2 model has biases "
+                              "(diffattn reads Motif without them)");
+      }
+    }
+    if (has("rope_scaling")) {
+      throw InvalidArgument(where + ": rope_scaling " + json_brief(j.at("rope_scaling")) +
+                            " is not supported for Motif (no published Motif-2 config sets one)");
+    }
+    if (has("k_ratio") && !(j.at("k_ratio").is_number_integer() && j.at("k_ratio").get<int64_t>() == 1)) {
+      throw InvalidArgument(where + ": k_ratio " + json_brief(j.at("k_ratio")) +
+                            " is not supported (Motif-2 pairs key heads: k_ratio 1)");
+    }
+    if (number_or("logit_scale", 1.0) != 1.0) {
+      throw InvalidArgument(where + ": logit_scale " + json_brief(j.at("logit_scale")) +
+                            " is not supported (Motif-2 does not scale its logits)");
+    }
+  } else if (has("hidden_act") && j.at("hidden_act") != "silu") {
     throw InvalidArgument(where + ": hidden_act " + json_brief(j.at("hidden_act")) +
                           " is not supported (the MLP is SwiGLU: \"silu\")");
   }
@@ -107,7 +149,8 @@ ModelConfig parse_hf_config(const json& j, const std::string& where, HfLayout* l
     throw InvalidArgument(where + ": \"pretraining_tp\" must be an integer");
   }
   HfLayout L;
-  L.diff = type == "diffllama";
+  L.diff = type == "diffllama" || motif;
+  L.motif = motif;
   const int64_t C = integer("hidden_size");
   L.H = integer("num_attention_heads");
   L.Hkv = has("num_key_value_heads") ? integer("num_key_value_heads") : L.H;
@@ -121,11 +164,23 @@ ModelConfig parse_hf_config(const json& j, const std::string& where, HfLayout* l
     }
     L.d = C / L.H;
   }
-  if (L.H % L.Hkv != 0) {
+  if (!motif && L.H % L.Hkv != 0) {  // Motif: key/value pairs per group, checked below
     throw InvalidArgument(where + ": num_key_value_heads = " + std::to_string(L.Hkv) +
                           " does not divide num_attention_heads = " + std::to_string(L.H));
   }
-  if (L.diff && (L.H % 2 != 0 || L.Hkv % 2 != 0)) {
+  if (motif) {
+    // G noise heads, each closing a group of S = H / G query heads; P = Hkv / 2 key/value pairs,
+    // group g reading pair g / (G / P) (docs/models/motif2.md, "Attention", steps 3-5).
+    L.G = has("num_noise_heads") ? integer("num_noise_heads") : L.H / 2;
+    const int64_t P = L.Hkv / 2;
+    if (L.G < 1 || L.H % L.G != 0 || L.H / L.G < 2 || L.Hkv % 2 != 0 || P < 1 || L.G % P != 0) {
+      throw InvalidArgument(where + ": Motif's grouped heads need num_noise_heads (G = " +
+                            std::to_string(L.G) + ") to divide num_attention_heads (" +
+                            std::to_string(L.H) + ") at least twice, an even num_key_value_heads (" +
+                            std::to_string(L.Hkv) + ") and its pairs to divide G");
+    }
+    L.S = L.H / L.G;
+  } else if (L.diff && (L.H % 2 != 0 || L.Hkv % 2 != 0)) {
     throw InvalidArgument(where + ": DiffLlama splits the heads in two halves, so " +
                           std::string(L.H % 2 ? "num_attention_heads = " + std::to_string(L.H)
                                               : "num_key_value_heads = " + std::to_string(L.Hkv)) +
@@ -138,14 +193,22 @@ ModelConfig parse_hf_config(const json& j, const std::string& where, HfLayout* l
   c.d_model = C;
   c.n_layers = integer("num_hidden_layers");
   c.ffn_dim = integer("intermediate_size");
-  c.n_heads = L.diff ? L.H / 2 : L.H;
+  c.n_heads = motif ? L.H - L.G : L.diff ? L.H / 2 : L.H;
   c.n_kv_heads = L.diff ? L.Hkv / 2 : L.Hkv;
   c.head_dim = L.d;
-  c.max_seq_len = has("max_position_embeddings") ? integer("max_position_embeddings") : 2048;
+  c.max_seq_len = has("max_position_embeddings") ? integer("max_position_embeddings")
+                  : motif                         ? 8192
+                                                  : 2048;
   c.norm_eps = static_cast<float>(number_or("rms_norm_eps", 1e-6));
   c.tie_embeddings = boolean_or("tie_word_embeddings", false);
   c.attn_bias = boolean_or("attention_bias", false);
   c.mlp_bias = boolean_or("mlp_bias", false);
+  if (motif) {
+    c.mlp = MlpKind::PolyNorm;
+    c.lambda_init_shift = 1;
+    c.subln_eps = static_cast<float>(number_or("attn_rms_norm_eps", 1e-5));
+    c.noise_share = L.S - 1;
+  }
   if (L.diff && c.mlp_bias) {
     throw InvalidArgument(where + ": mlp_bias is true, but DiffLlama's MLP has no biases");
   }
@@ -179,20 +242,26 @@ struct Permutation {
   int64_t rope_row(int64_t p) const {  // inside one head: interleaved position <- half position
     return p % 2 == 0 ? p / 2 : p / 2 + L.d / 2;
   }
+  // Motif: the query head of the project's sub-head oh (pair oh / 2: signal head i = oh / 2 of
+  // group i / (S - 1), or that group's noise head).
+  int64_t motif_head(int64_t oh) const {
+    const int64_t i = oh / 2, g = i / (L.S - 1);
+    return g * L.S + (oh % 2 == 0 ? i % (L.S - 1) : L.S - 1);
+  }
   int64_t q_src(int64_t r) const {
     if (L.native) return r;
     const int64_t oh = r / L.d, p = r % L.d;
-    const int64_t hh = L.diff ? (oh / 2) + (oh % 2) * (L.H / 2) : oh;
+    const int64_t hh = L.motif ? motif_head(oh) : L.diff ? (oh / 2) + (oh % 2) * (L.H / 2) : oh;
     return hh * L.d + rope_row(p);
   }
   int64_t k_src(int64_t r) const {
     if (L.native) return r;
     const int64_t oh = r / L.d, p = r % L.d;
-    const int64_t hh = L.diff ? (oh / 2) + (oh % 2) * (L.Hkv / 2) : oh;
+    const int64_t hh = L.diff && !L.motif ? (oh / 2) + (oh % 2) * (L.Hkv / 2) : oh;
     return hh * L.d + rope_row(p);
   }
   int64_t v_src(int64_t r) const {
-    if (!L.diff || L.native) return r;
+    if (!L.diff || L.native || L.motif) return r;
     // group g of 2d rows: [v_g | v_(g + Hkv/2)]
     const int64_t g = r / (2 * L.d), p = r % (2 * L.d);
     const int64_t hh = g + (p / L.d) * (L.Hkv / 2);
@@ -414,10 +483,11 @@ class Loader {
       const Located q = get(hf + "self_attn.q_proj.weight", {L_.H * L_.d, C}, used);
       const Located k = get(hf + "self_attn.k_proj.weight", {L_.Hkv * L_.d, C}, used);
       const Located v = get(hf + "self_attn.v_proj.weight", {L_.Hkv * L_.d, C}, used);
-      const TypedPtr proj = permuted_qkv(q, k, v, C);
+      const nn::AttnLayerShape s = cfg_.attn_shape(l);
+      const int64_t nq = s.n_q(), nk = L_.Hkv * L_.d;  // nq: the project's q rows
+      const TypedPtr proj = permuted_qkv(q, k, v, C, nullptr, nq);
       const size_t es = dtype_size(proj.dtype);
       const auto* base = static_cast<const uint8_t*>(proj.data);
-      const int64_t nq = L_.H * L_.d, nk = L_.Hkv * L_.d;
       set(p + "attn.q_proj.weight", proj);
       set(p + "attn.k_proj.weight", {base + static_cast<size_t>(nq * C) * es, proj.dtype});
       set(p + "attn.v_proj.weight", {base + static_cast<size_t>((nq + nk) * C) * es, proj.dtype});
@@ -431,19 +501,27 @@ class Loader {
         set(p + "attn.v_proj.bias", typed(b + nq + nk));
         set(p + "attn.out_proj.bias", small(get(hf + "self_attn.o_proj.bias", {C}, used)));
       }
-      set(p + "attn.out_proj.weight", in_place(get(hf + "self_attn.o_proj.weight", {C, L_.H * L_.d}, used)));
+      set(p + "attn.out_proj.weight", in_place(get(hf + "self_attn.o_proj.weight", {C, s.n_out()}, used)));
       if (L_.diff) {
         for (const char* n : {"lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"}) {
           set(p + "attn." + n, small(get(hf + "self_attn." + n, {L_.d}, used)));
         }
-        // DiffLlama's per-head RMSNorm has no weight: ones.
-        store_->small.emplace_back(static_cast<size_t>(2 * L_.d), 1.0f);
-        set(p + "attn.subln.weight", typed(store_->small.back().data()));
+        if (L_.motif) {
+          set(p + "attn.subln.weight", small(get(hf + "self_attn.subln.weight", {2 * L_.d}, used)));
+        } else {
+          // DiffLlama's per-head RMSNorm has no weight: ones.
+          store_->small.emplace_back(static_cast<size_t>(2 * L_.d), 1.0f);
+          set(p + "attn.subln.weight", typed(store_->small.back().data()));
+        }
       }
       set(p + "ffn_norm.weight", small(get(hf + "post_attention_layernorm.weight", {C}, used)));
       set(p + "ffn.gate_proj.weight", in_place(get(hf + "mlp.gate_proj.weight", {F, C}, used)));
       set(p + "ffn.up_proj.weight", in_place(get(hf + "mlp.up_proj.weight", {F, C}, used)));
       set(p + "ffn.down_proj.weight", in_place(get(hf + "mlp.down_proj.weight", {C, F}, used)));
+      if (cfg_.mlp == MlpKind::PolyNorm) {
+        set(p + "ffn.act_fn.weight", small(get(hf + "mlp.act_fn.weight", {3}, used)));
+        set(p + "ffn.act_fn.bias", small(get(hf + "mlp.act_fn.bias", {1}, used)));
+      }
       if (cfg_.mlp_bias) {
         set(p + "ffn.gate_proj.bias", small(get(hf + "mlp.gate_proj.bias", {F}, used)));
         set(p + "ffn.up_proj.bias", small(get(hf + "mlp.up_proj.bias", {F}, used)));
@@ -462,16 +540,17 @@ class Loader {
                           name.compare(name.size() - kRotary.size(), kRotary.size(), kRotary) == 0;
       if (rotary || (cfg_.tie_embeddings && name == "lm_head.weight")) continue;
       throw IoError(dir_ + "/" + file + ": extra tensor " + quote_name(name) +
-                    " is not part of a " + (L_.diff ? "DiffLlama" : "Llama") +
-                    " model with this config.json");
+                    " is not part of a " + family() + " model with this config.json");
     }
-    store_->description = std::string("Hugging Face ") + (L_.diff ? "diffllama" : "llama") + ", " +
+    store_->description = std::string("Hugging Face ") +
+                          (L_.motif ? "motif" : L_.diff ? "diffllama" : "llama") + ", " +
                           stored_types() + ", " + std::to_string(store_->files.size()) +
                           (store_->files.size() == 1 ? " file" : " files") + " memory-mapped";
     return store_;
   }
 
  private:
+  std::string family() const { return L_.motif ? "Motif" : L_.diff ? "DiffLlama" : "Llama"; }
   Located get(const std::string& name, const Shape& shape, std::set<std::string>& used) {
     Located t = shards_.get(name, shape);
     check_finite(t);
@@ -532,13 +611,14 @@ class Loader {
 
   // q | k | v stacked and permuted, in their common stored type (float32 when they differ);
   // `extra` (V2's lambda_proj) is appended as it is, so the block is the layer's one product.
+  // nq_out: the q rows produced (0: q's own; Motif repeats shared noise rows).
   TypedPtr permuted_qkv(const Located& q, const Located& k, const Located& v, int64_t C,
-                        const Located* extra = nullptr) {
+                        const Located* extra = nullptr, int64_t nq_out = 0) {
     const bool same = q.entry->dtype == k.entry->dtype && q.entry->dtype == v.entry->dtype &&
                       (!extra || extra->entry->dtype == q.entry->dtype);
     const DType dt = same ? q.entry->dtype : DType::F32;
     const size_t es = dtype_size(dt);
-    const int64_t nq = q.entry->shape[0], nk = k.entry->shape[0];  // v has nk rows too
+    const int64_t nq = nq_out ? nq_out : q.entry->shape[0], nk = k.entry->shape[0];  // v has nk rows too
     const int64_t ne = extra ? extra->entry->shape[0] : 0;
     const int64_t rows = nq + 2 * nk + ne;
     const size_t row_bytes = static_cast<size_t>(C) * es;
@@ -657,9 +737,37 @@ Model load_hf_model(const std::string& dir) {
 
 namespace diffattn {
 
+namespace {
+
+using HfTensors = std::vector<std::pair<std::string, std::pair<Shape, std::vector<float>>>>;
+
+std::string write_hf_dir(const HfTensors& out, const json& j, const std::string& dir, DType dtype,
+                         int64_t shards, const ModelFiles& files);
+
+// Motif-2's published layout (docs/models/motif2.md, "Tensors"): the inverse of the loader's
+// head mapping; each group's noise query head is the (equal) copy its pairs hold.
+void motif_tensors(const Model& m, DType dtype, HfTensors& out, json& j);
+
+}  // namespace
+
 std::string save_hf_model(const Model& m, const std::string& dir, DType dtype, int64_t shards,
                           const ModelFiles& files) {
   const ModelConfig& c = m.config();
+  if (shards < 1 || shards > 9999) {
+    throw InvalidArgument("shards must be between 1 and 9999, got " + std::to_string(shards));
+  }
+  if (c.mlp == MlpKind::PolyNorm) {
+    HfTensors out;
+    json j;
+    motif_tensors(m, dtype, out, j);
+    return write_hf_dir(out, j, dir, dtype, shards, files);
+  }
+  if (c.lambda_init_shift != 0 || c.noise_share != 1 ||
+      (c.subln_eps && *c.subln_eps != c.norm_eps)) {
+    throw InvalidArgument("the model has Motif-2 attention settings (lambda_init_shift, "
+                          "noise_share or subln_eps) but a SwiGLU MLP; neither DiffLlama nor Motif-2 "
+                          "computes that");
+  }
   const bool diff = c.attention == nn::AttnKind::DiffV1;
   if (c.attention == nn::AttnKind::DiffV2) {
     throw InvalidArgument("transformers has no DIFF V2 model; only diff_v1 (DiffLlama) and "
@@ -675,9 +783,6 @@ std::string save_hf_model(const Model& m, const std::string& dir, DType dtype, i
       }
     }
   }
-  if (shards < 1 || shards > 9999) {
-    throw InvalidArgument("shards must be between 1 and 9999, got " + std::to_string(shards));
-  }
   HfLayout L;
   L.diff = diff;
   L.H = diff ? 2 * c.n_heads : c.n_heads;
@@ -687,7 +792,7 @@ std::string save_hf_model(const Model& m, const std::string& dir, DType dtype, i
   const int64_t C = c.d_model;
 
   // Every tensor as float32 under its transformers name, permuted back to halves / rotate-half.
-  std::vector<std::pair<std::string, std::pair<Shape, std::vector<float>>>> out;
+  HfTensors out;
   auto put = [&](const std::string& name, Shape shape, std::vector<float> data) {
     out.push_back({name, {std::move(shape), std::move(data)}});
   };
@@ -786,6 +891,13 @@ std::string save_hf_model(const Model& m, const std::string& dir, DType dtype, i
   j["use_cache"] = true;
   j["torch_dtype"] = dtype == DType::F32 ? "float32" : dtype == DType::BF16 ? "bfloat16" : "float16";
 
+  return write_hf_dir(out, j, dir, dtype, shards, files);
+}
+
+namespace {
+
+std::string write_hf_dir(const HfTensors& out, const json& j, const std::string& dir, DType dtype,
+                         int64_t shards, const ModelFiles& files) {
   // The whole directory is written beside DIR and swapped in (DirectoryUpdate): shards of about
   // equal bytes, in the order above, their index, the configs.
   DirectoryUpdate u(dir);
@@ -834,5 +946,102 @@ std::string save_hf_model(const Model& m, const std::string& dir, DType dtype, i
   u.write("config.json", j.dump(2) + "\n");
   return commit_model_dir(u, dir, files);
 }
+
+void motif_tensors(const Model& m, DType dtype, HfTensors& out, json& j) {
+  const ModelConfig& c = m.config();
+  if (c.attention != nn::AttnKind::DiffV1 || c.lambda_init || c.lambda_init_shift != 1 ||
+      c.attn_bias || c.mlp_bias || c.rope_scaling.type != nn::RopeScaling::Type::None) {
+    throw InvalidArgument("a PolyNorm model is written as Motif-2 (MotifForCausalLM), which "
+                          "needs diff_v1 attention with lambda_init_shift 1, no fixed lambda_init, no "
+                          "biases and no rope_scaling");
+  }
+  HfLayout L;
+  L.diff = L.motif = true;
+  L.S = c.noise_share + 1;
+  L.G = c.n_heads / c.noise_share;
+  L.H = c.n_heads + L.G;
+  L.Hkv = 2 * c.n_kv_heads;
+  L.d = c.head_dim;
+  const Permutation perm{L};
+  const int64_t C = c.d_model, d = L.d;
+  auto put = [&](const std::string& name, Shape shape, std::vector<float> data) {
+    out.push_back({name, {std::move(shape), std::move(data)}});
+  };
+  put("model.embed_tokens.weight", {c.vocab_size, C}, m.weight_f32("embed_tokens.weight"));
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    const std::string hf = "model.layers." + std::to_string(l) + ".";
+    const nn::AttnLayerShape s = c.attn_shape(l);
+    put(hf + "input_layernorm.weight", {C}, m.weight_f32(p + "attn_norm.weight"));
+    // q: every project row r lands at perm.q_src(r); the copies of a noise head must agree.
+    const std::vector<float> q = m.weight_f32(p + "attn.q_proj.weight");
+    std::vector<float> hq(static_cast<size_t>(L.H * d * C));
+    std::vector<char> seen(static_cast<size_t>(L.H * d), 0);
+    for (int64_t r = 0; r < s.n_q(); ++r) {
+      const int64_t dst = perm.q_src(r);
+      const float* src = &q[static_cast<size_t>(r * C)];
+      float* o = &hq[static_cast<size_t>(dst * C)];
+      if (seen[static_cast<size_t>(dst)] &&
+          std::memcmp(o, src, sizeof(float) * static_cast<size_t>(C)) != 0) {
+        throw InvalidArgument("layer " + std::to_string(l) + ": the pairs sharing noise head " +
+                              std::to_string(dst / d) + " hold different copies of it (noise_share = " +
+                              std::to_string(c.noise_share) + "); Motif-2 stores one");
+      }
+      std::memcpy(o, src, sizeof(float) * static_cast<size_t>(C));
+      seen[static_cast<size_t>(dst)] = 1;
+    }
+    put(hf + "self_attn.q_proj.weight", {L.H * d, C}, std::move(hq));
+    const std::vector<float> k = m.weight_f32(p + "attn.k_proj.weight");
+    std::vector<float> hk(k.size());
+    for (int64_t r = 0; r < L.Hkv * d; ++r) {
+      std::memcpy(&hk[static_cast<size_t>(perm.k_src(r) * C)], &k[static_cast<size_t>(r * C)],
+                  sizeof(float) * static_cast<size_t>(C));
+    }
+    put(hf + "self_attn.k_proj.weight", {L.Hkv * d, C}, std::move(hk));
+    put(hf + "self_attn.v_proj.weight", {L.Hkv * d, C}, m.weight_f32(p + "attn.v_proj.weight"));
+    put(hf + "self_attn.o_proj.weight", {C, s.n_out()}, m.weight_f32(p + "attn.out_proj.weight"));
+    for (const char* n : {"lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"}) {
+      put(hf + "self_attn." + n, {d}, m.weight_f32(p + "attn." + n));
+    }
+    put(hf + "self_attn.subln.weight", {2 * d}, m.weight_f32(p + "attn.subln.weight"));
+    put(hf + "post_attention_layernorm.weight", {C}, m.weight_f32(p + "ffn_norm.weight"));
+    put(hf + "mlp.gate_proj.weight", {c.ffn_dim, C}, m.weight_f32(p + "ffn.gate_proj.weight"));
+    put(hf + "mlp.up_proj.weight", {c.ffn_dim, C}, m.weight_f32(p + "ffn.up_proj.weight"));
+    put(hf + "mlp.down_proj.weight", {C, c.ffn_dim}, m.weight_f32(p + "ffn.down_proj.weight"));
+    put(hf + "mlp.act_fn.weight", {3}, m.weight_f32(p + "ffn.act_fn.weight"));
+    put(hf + "mlp.act_fn.bias", {1}, m.weight_f32(p + "ffn.act_fn.bias"));
+  }
+  put("model.norm.weight", {C}, m.weight_f32("norm.weight"));
+  if (!c.tie_embeddings) put("lm_head.weight", {c.vocab_size, C}, m.weight_f32("lm_head.weight"));
+
+  // config.json in the published spelling (docs/models/motif2.md, "config.json")
+  j["architectures"] = {"MotifForCausalLM"};
+  j["model_type"] = "Motif";
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = C;
+  j["intermediate_size"] = c.ffn_dim;
+  j["num_hidden_layers"] = c.n_layers;
+  j["num_attention_heads"] = L.H;
+  j["num_key_value_heads"] = L.Hkv;
+  j["head_dim"] = d;
+  if (L.S > 2) {
+    j["num_noise_heads"] = L.G;
+    j["k_ratio"] = 1;
+  }
+  j["hidden_act"] = "poly_norm";
+  j["max_position_embeddings"] = c.max_seq_len;
+  j["rms_norm_eps"] = c.norm_eps;
+  j["attn_rms_norm_eps"] = c.subln_eps ? *c.subln_eps : c.norm_eps;
+  j["rope_theta"] = c.rope_theta;
+  j["rope_scaling"] = nullptr;
+  j["tie_word_embeddings"] = c.tie_embeddings;
+  j["use_bias"] = false;
+  j["attention_dropout"] = 0.0;
+  j["initializer_range"] = 0.02;
+  j["use_cache"] = true;
+  j["torch_dtype"] = dtype == DType::F32 ? "float32" : dtype == DType::BF16 ? "bfloat16" : "float16";
+}
+
+}  // namespace
 
 }  // namespace diffattn

@@ -86,6 +86,8 @@ void Model::index_tensors() {
     o.up_bias = at(p + "ffn.up_proj.bias");
     o.down = at(p + "ffn.down_proj.weight");
     o.down_bias = at(p + "ffn.down_proj.bias");
+    o.act_w = at(p + "ffn.act_fn.weight");
+    o.act_b = at(p + "ffn.act_fn.bias");
     lt_.push_back(o);
   }
   acts_.resize(static_cast<size_t>(cfg_.n_layers));
@@ -140,8 +142,12 @@ void Model::init_weights(uint64_t seed) {
                       t.name.find("subln.weight") != std::string::npos;
     const bool lam = t.name.find("attn.lambda_") != std::string::npos &&
                      t.name.find("lambda_proj") == std::string::npos;
+    const bool poly_w = t.name.find("ffn.act_fn.weight") != std::string::npos;
+    const bool poly_b = t.name.find("ffn.act_fn.bias") != std::string::npos;
     for (int64_t i = 0; i < t.numel; ++i) {
-      if (gain) {
+      if (poly_w || poly_b) {
+        w[i] = poly_w ? 1.0f / 3.0f : 0.0f;  // PolyNorm's initialisation (arXiv:2411.03884)
+      } else if (gain) {
         w[i] = 1.0f;
       } else {
         w[i] = static_cast<float>((lam ? 0.1 : 0.02) * normal(s));
@@ -244,7 +250,12 @@ void Model::ffn_fwd(int64_t l, LayerActs& a, float* x_out, int64_t BT) {
     nn::bias_add(a.gu.data() + F, wf(o.up_bias), BT, F, 2 * F);
   }
   a.h.resize(static_cast<size_t>(BT * F));
-  nn::swiglu_fwd(a.h.data(), a.gu.data(), a.gu.data() + F, BT, F, 2 * F);
+  if (cfg_.mlp == MlpKind::PolyNorm) {
+    nn::polynorm_fwd(a.h.data(), a.gu.data(), a.gu.data() + F, BT, F, 2 * F, wf(o.act_w),
+                     wf(o.act_b), kPolyNormEps);
+  } else {
+    nn::swiglu_fwd(a.h.data(), a.gu.data(), a.gu.data() + F, BT, F, 2 * F);
+  }
   nn::linear_fwd(a.attn_out.data(), a.h.data(), wt(o.down), BT, F, C);
   if (o.down_bias >= 0) nn::bias_add(a.attn_out.data(), wf(o.down_bias), BT, C);
   add3(x_out, a.x_mid.data(), a.attn_out.data(), BT * C);
@@ -309,6 +320,11 @@ void Model::backward(float dloss_scale) {
   require_trainable("backward");
   if (cfg_.attn_bias || cfg_.mlp_bias) {
     throw InvalidArgument("backward: this model has projection biases (attention_bias / mlp_bias), which diffattn runs for inference only; training one is refused");
+  }
+  if (cfg_.mlp != MlpKind::SwiGLU || cfg_.noise_share != 1) {
+    throw InvalidArgument(std::string("backward: ") +
+                          (cfg_.mlp != MlpKind::SwiGLU ? "the PolyNorm MLP" : "shared noise heads (noise_share)") +
+                          " runs for inference only; training this model is refused");
   }
   if (targets_.empty()) throw InvalidArgument("backward: the last forward had no targets");
   const int64_t B = B_, T = T_, C = cfg_.d_model, F = cfg_.ffn_dim, V = cfg_.vocab_size;

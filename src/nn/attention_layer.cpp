@@ -108,6 +108,7 @@ AttnParams make_params(const AttnLayerShape& s, int64_t B, int64_t Tq, const flo
     const Shape lam_shape = s.kind == AttnKind::DiffV1 ? Shape{1} : Shape{B, Tq, s.H};
     p = diff_attn_params(qv, kv, vv, {lam, lam_shape}, opts);
   }
+  p.noise_share = s.noise_share;
   if (c16) {
     p.kv_dtype = cache->kv_dtype;
     p.k16 = cache->k16.data();
@@ -281,6 +282,7 @@ void attn_layer_decode_paged(float* out, AttnLayerActs& acts, const float* inp,
   p.B = B, p.H = s.H, p.G = s.G, p.D = s.D, p.Dv = s.Dv(), p.maps = s.maps();
   p.shared_keys = s.kind == AttnKind::DiffV2;
   p.lam_per_token = s.kind == AttnKind::DiffV2;
+  p.noise_share = s.noise_share;
   p.scale = 1.0f / std::sqrt(static_cast<float>(s.D));
   p.n_blocks = pool.n_blocks, p.block_size = pool.block_size, p.table_stride = seqs.table_stride;
   p.q = proj;

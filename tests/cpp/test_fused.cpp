@@ -738,6 +738,87 @@ TEST(FusedScalarLambda, EqualsTheBroadcastLambdaAndItsGradientIsOneSum) {
   EXPECT_NEAR(fused, ref, 1e-5 * (1 + std::abs(ref)));
 }
 
+// ---- grouped differential attention: one noise map for noise_share pairs ----
+
+// q's map-2 rows of every pair replaced by those of the first pair of its run of ns.
+void copy_noise_rows(Problem& pr, int64_t ns) {
+  const int64_t nh = 2 * pr.H;
+  for (int64_t bt = 0; bt < pr.B * pr.Tq; ++bt) {
+    for (int64_t h = 0; h < pr.H; ++h) {
+      const int64_t lead = h - h % ns;
+      std::copy_n(&pr.q[static_cast<size_t>((bt * nh + 2 * lead + 1) * pr.D)], pr.D,
+                  &pr.q[static_cast<size_t>((bt * nh + 2 * h + 1) * pr.D)]);
+    }
+  }
+}
+
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
+  return m;
+}
+
+TEST(FusedNoiseShare, OneNoiseMapPerRunEqualsThePerPairMapsAndReadsTheRunsFirstPair) {
+  // The tiled forward and the split-KV decode against the reference on equal copies, and, with
+  // other rows in the copies' place, still the same result (only each run's first pair is read)
+  // where the reference (each pair's own) moves.
+  // (Tq, Tk): a prompt, a chunk after a cached prefix, one row
+  for (auto [Tq, Tk] : {std::pair<int64_t, int64_t>{37, 37}, {9, 300}, {1, 70}}) {
+    for (int64_t ns : {2, 4}) {
+      SCOPED_TRACE("Tq " + std::to_string(Tq) + " Tk " + std::to_string(Tk) + " ns " + std::to_string(ns));
+      Problem pr;
+      pr.B = 2, pr.Tq = Tq, pr.Tk = Tk, pr.H = 8, pr.G = 2, pr.D = 8, pr.Dv = 16, pr.causal = true;
+      pr.randomize(71);
+      copy_noise_rows(pr, ns);
+      const testing::FwdResult ref = testing::run_fwd(pr, Backend::Reference);
+      Problem sh = pr;
+      sh.noise_share = ns;
+      const testing::FwdResult got = testing::run_fwd(sh, Backend::Fused);
+      const double tol = 1e-5 * (1 + max_abs(ref.out));
+      EXPECT_LE(max_diff(got.out, ref.out), tol);
+      EXPECT_LE(max_diff(got.o2, ref.o2), tol);
+      for (size_t i = 0; i < ref.lse.size(); ++i) ASSERT_NEAR(got.lse[i], ref.lse[i], 1e-5 * (1 + std::abs(ref.lse[i])));
+      // Other rows in the copies' place: the fused forward reads only each run's first pair
+      // (unchanged result), the reference each pair's own (a different one).
+      Problem odd = sh;
+      const std::vector<float> noise = bench::randn(static_cast<int64_t>(odd.q.size()), 72);
+      for (int64_t bt = 0; bt < odd.B * odd.Tq; ++bt) {
+        for (int64_t h = 0; h < odd.H; ++h) {
+          if (h % ns == 0) continue;
+          for (int64_t d = 0; d < odd.D; ++d) {
+            const size_t i = static_cast<size_t>((bt * 2 * odd.H + 2 * h + 1) * odd.D + d);
+            odd.q[i] = noise[i];
+          }
+        }
+      }
+      const testing::FwdResult moved = testing::run_fwd(odd, Backend::Fused);
+      EXPECT_LE(max_diff(moved.out, got.out), tol);
+      EXPECT_GT(max_diff(testing::run_fwd(odd, Backend::Reference).out, ref.out), 100 * tol);
+      // The split-KV decode (explicit entry, many splits) shares the map the same way.
+      if (Tq <= 9) {
+        for (const Problem* in : {&sh, &odd}) {
+          AttnDecodeParams dp(in->params());
+          dp.key_chunk = 64;
+          testing::FwdResult dec = ref;
+          std::fill(dec.out.begin(), dec.out.end(), NAN);
+          std::fill(dec.o2.begin(), dec.o2.end(), NAN);
+          std::fill(dec.lse.begin(), dec.lse.end(), NAN);
+          dp.out = dec.out.data(), dp.o2 = dec.o2.data(), dp.lse = dec.lse.data();
+          attention_decode(dp);
+          EXPECT_LE(max_diff(dec.out, ref.out), tol);
+          EXPECT_LE(max_diff(dec.o2, ref.o2), tol);
+          for (size_t i = 0; i < ref.lse.size(); ++i) ASSERT_NEAR(dec.lse[i], ref.lse[i], 1e-5 * (1 + std::abs(ref.lse[i])));
+        }
+      }
+    }
+  }
+  Problem bad;
+  bad.H = 8, bad.G = 2;
+  bad.randomize(3);
+  bad.noise_share = 3;  // does not divide the 4 pairs of a group
+  EXPECT_THROW(testing::run_fwd(bad, Backend::Fused), InvalidArgument);
+}
+
 // ---- numerical edge cases ----
 
 TEST(FusedEdgeCases, HugeLogits) {

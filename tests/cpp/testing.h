@@ -31,6 +31,7 @@ struct Problem {
   int maps = 2;
   bool shared_keys = false, lam_per_token = false, causal = false;
   bool lam_scalar = false;  // lam (1): one lambda for every pair
+  int64_t noise_share = 1;  // pairs sharing one noise map (AttnProblem::noise_share)
   float scale = 0.0f;
   DiffMode mode = DiffMode::Signed;
   std::vector<float> q, k, v, lam;
@@ -59,8 +60,10 @@ struct Problem {
     o.scale = scale;
     o.mode = mode;
     if (maps == 2) {
-      return diff_attn_params({q.data(), q_shape()}, {k.data(), k_shape()},
-                              {v.data(), v_shape()}, {lam.data(), lam_shape()}, o);
+      AttnParams p = diff_attn_params({q.data(), q_shape()}, {k.data(), k_shape()},
+                                      {v.data(), v_shape()}, {lam.data(), lam_shape()}, o);
+      p.noise_share = noise_share;
+      return p;
     }
     return attn_params({q.data(), q_shape()}, {k.data(), k_shape()}, {v.data(), v_shape()}, o);
   }

@@ -241,10 +241,11 @@ def causal_softmax(q, k):
     return torch.softmax(s, dim=-1)
 
 
-def attention(cfg, l, P, x, maps=None, layout=None, li=None):
+def attention(cfg, l, P, x, maps=None, layout=None, li=None, kv=None):
     """Grouped differential attention of layer l: x (B, T, C), already normalised -> (B, T, C).
     maps: a dict that receives {(g, "noise") or (h, "signal"): map} when given. layout and li
-    override head_layout(cfg) and lambda_init(l) (the tests' deliberate mistakes)."""
+    override head_layout(cfg) and lambda_init(l) (the tests' deliberate mistakes). kv: applied to
+    the keys (after RoPE) and the values, as a KV cache stores them (e.g. rounding to BF16)."""
     B, T, _ = x.shape
     _, H, Hkv, d, G, _, _ = dims(cfg)
     p = f"model.layers.{l}.self_attn."
@@ -253,6 +254,8 @@ def attention(cfg, l, P, x, maps=None, layout=None, li=None):
     v = (x @ P[p + "v_proj.weight"].T).view(B, T, Hkv, d).transpose(1, 2)
     theta = float(cfg.get("rope_theta", 10000.0))
     q, k = rope(q, theta), rope(k, theta)
+    if kv is not None:
+        k, v = kv(k), kv(v)
     li = lambda_init(l) if li is None else li
     lam = (torch.exp(torch.dot(P[p + "lambda_q1"], P[p + "lambda_k1"]))
            - torch.exp(torch.dot(P[p + "lambda_q2"], P[p + "lambda_k2"])) + li)

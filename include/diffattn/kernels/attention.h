@@ -61,6 +61,12 @@ struct AttnProblem {
   bool lam_per_token = false;  // lam is (B, Tq, H) rather than (H)
   bool lam_scalar = false;     // lam is (1): one lambda for every pair (a V1 layer's scalar of
                                //   Eq. 2); its gradient is then one sum, rounded once
+  // maps == 2: runs of noise_share consecutive pairs (dividing H / G) whose map-2 query rows
+  // are equal copies (grouped differential attention, Motif-2-12.7B: one noise head for 4
+  // signal heads). The fused forward (signed mode) and the fused decodes compute such a map
+  // once, from the run's first pair; the reference and the backward compute each pair's own,
+  // the same when the copies are equal.
+  int64_t noise_share = 1;
   bool causal = false;
   float scale = 0.0f;          // multiplies q.k before the softmax
   DiffMode mode = DiffMode::Signed;
@@ -159,6 +165,7 @@ struct PagedDecodeParams {
   int maps = 2;
   bool shared_keys = false;    // maps == 2: G key heads read by both maps (V2) instead of 2G
   bool lam_per_token = false;  // lam is (B, H) rather than (H)
+  int64_t noise_share = 1;     // as AttnProblem::noise_share (maps == 2)
   float scale = 0.0f;          // multiplies q.k; must be set (no default from D here)
   int64_t n_blocks = 0;        // blocks in the pool
   int64_t block_size = 0;      // positions per block

@@ -14,6 +14,13 @@
 
 namespace diffattn {
 
+// The feed-forward block: SwiGLU (down(silu(gate x) * up x)) or PolyNorm (Motif-2:
+// down(PolyNorm(gate x) * up x), PolyNorm(z) = w0 N(z^3) + w1 N(z^2) + w2 N(z) + b, N an RMS norm
+// over the row with eps kPolyNormEps; tensors ffn.act_fn.weight (3) and ffn.act_fn.bias (1)).
+enum class MlpKind { SwiGLU, PolyNorm };
+const char* mlp_kind_name(MlpKind k);  // "swiglu", "polynorm"
+constexpr float kPolyNormEps = 1e-6f;
+
 struct ModelConfig {
   nn::AttnKind attention = nn::AttnKind::DiffV1;
   int64_t vocab_size = 256;
@@ -31,9 +38,19 @@ struct ModelConfig {
   nn::RopeScaling rope_scaling;       // none by default
   bool attn_bias = false;  // q, k, v and out projections have biases (diff_v1, standard)
   bool mlp_bias = false;   // gate, up and down projections have biases
+  MlpKind mlp = MlpKind::SwiGLU;
+  // diff_v1 lambda_init schedule 0.8 - 0.6 exp(-0.3 (l - shift)), l 0-based: 0 the paper's (and
+  // DiffLlama's), 1 Motif-2's (the paper's 1-based formula applied to the 0-based index).
+  int64_t lambda_init_shift = 0;
+  std::optional<float> subln_eps;  // diff_v1's per-head RMSNorm eps; absent: norm_eps
+  // diff_v1: consecutive pairs that share one noise query head (grouped differential attention,
+  // Motif-2-12.7B: 4). Their noise query rows are stored once per pair (equal copies), so every
+  // path runs them as ordinary pairs; 1: every pair has its own.
+  int64_t noise_share = 1;
 
   // lambda_init of layer l (0-based): the fixed value or the paper's schedule
-  // (arXiv:2410.05258 section 2.1, with its 1-based l - 1 written as the 0-based l).
+  // (arXiv:2410.05258 section 2.1, with its 1-based l - 1 written as the 0-based l), shifted by
+  // lambda_init_shift layers.
   float layer_lambda_init(int64_t l) const;
   nn::AttnLayerShape attn_shape(int64_t l) const;
   // Throws InvalidArgument naming the key when a size is out of range or inconsistent.

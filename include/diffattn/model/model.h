@@ -22,7 +22,7 @@ struct LayerTensors {
   int64_t attn_norm = -1, proj = -1, proj_bias = -1, out_proj = -1, out_bias = -1;
   int64_t lambda_q1 = -1, lambda_k1 = -1, lambda_q2 = -1, lambda_k2 = -1, subln = -1;
   int64_t ffn_norm = -1, gate = -1, up = -1, gate_bias = -1, up_bias = -1, down = -1,
-          down_bias = -1;
+          down_bias = -1, act_w = -1, act_b = -1;
 };
 
 // Weights kept as loaded instead of in Model::params: one typed view per tensor_table entry

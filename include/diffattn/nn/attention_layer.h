@@ -29,6 +29,7 @@ struct AttnLayerShape {
   int64_t D = 0;          // query/key head size
   float eps = 1e-5f;      // V1's per-head RMSNorm
   float lambda_init = 0;  // V1
+  int64_t noise_share = 1;  // V1: pairs sharing one noise map (equal map-2 query rows)
   int maps() const { return kind == AttnKind::Standard ? 1 : 2; }
   int64_t q_heads() const { return maps() * H; }
   int64_t k_heads() const { return kind == AttnKind::DiffV1 ? 2 * G : G; }

@@ -109,6 +109,11 @@ void rope_apply(float* x, const float* cos_t, const float* sin_t, int64_t B, int
 void swiglu_fwd(float* out, const float* gate, const float* up, int64_t N, int64_t F,
                 int64_t ldg = 0);
 // dgate, dup (N, F) += ... (same strides as gate/up).
+// Motif-2's PolyNorm gate (arXiv:2411.03884): out (N, F) = (w0 n(z^3) + w1 n(z^2) + w2 n(z) + b)
+// * up, z = gate, n(u) = u / sqrt(mean(u^2) + eps) over each row (the means in double);
+// gate and up rows ldg apart (0: F). w (3), b (1). Inference only (no backward).
+void polynorm_fwd(float* out, const float* gate, const float* up, int64_t N, int64_t F,
+                  int64_t ldg, const float* w, const float* b, float eps);
 void swiglu_bwd(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
                 int64_t N, int64_t F, int64_t ldg = 0);
 

@@ -1,15 +1,16 @@
 """Whole models in PyTorch: a diffattn/1 model directory (docs/FORMAT.md) or a Hugging Face
-Llama / DiffLlama directory as an nn.Module whose every attention layer runs the diffattn
+Llama / DiffLlama / Motif-2 directory as an nn.Module whose every attention layer runs the diffattn
 operator (DiffTransformerLM, load), and save() back to a model directory."""
 
 import json
+import math
 import os
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .modules import RMSNorm, lambda_init_fn
+from .modules import RMSNorm
 from .ops import attention, diff_attention
 from .rotary import apply_rotary_interleaved, rotary_cos_sin
 
@@ -35,10 +36,12 @@ class _ModelAttention(nn.Module):
         self.out_proj = nn.Linear(H * self.Dv, C, bias=bias)
         if self.kind == "diff_v1":
             li = cfg.get("lambda_init")
-            self.lambda_init = lambda_init_fn(layer) if li is None else li
+            # lambda_init_shift 1: Motif-2's schedule, exp(-0.3 (l - 1)) on the 0-based l
+            shift = int(cfg.get("lambda_init_shift", 0))
+            self.lambda_init = (0.8 - 0.6 * math.exp(-0.3 * (layer - shift)) if li is None else li)
             for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
                 setattr(self, n, nn.Parameter(torch.zeros(D)))
-            self.subln = RMSNorm(2 * D, eps=cfg["norm_eps"])
+            self.subln = RMSNorm(2 * D, eps=cfg.get("subln_eps", cfg["norm_eps"]))
         elif self.kind == "diff_v2":
             self.lambda_proj = nn.Linear(C, H, bias=False)
 
@@ -72,6 +75,29 @@ class _FFN(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class _PolyNormFFN(nn.Module):
+    """Motif-2's MLP: down(PolyNorm(gate x) * up x), PolyNorm(z) = w0 N(z^3) + w1 N(z^2) +
+    w2 N(z) + b with N(u) = u / sqrt(mean(u^2) + 1e-6) over the row (act_fn.weight (3), .bias (1))."""
+
+    def __init__(self, C, F_):
+        super().__init__()
+        self.gate_proj = nn.Linear(C, F_, bias=False)
+        self.up_proj = nn.Linear(C, F_, bias=False)
+        self.down_proj = nn.Linear(F_, C, bias=False)
+        self.act_fn = nn.Module()
+        self.act_fn.weight = nn.Parameter(torch.full((3,), 1.0 / 3))
+        self.act_fn.bias = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        z = self.gate_proj(x)
+
+        def n(u):
+            return u * torch.rsqrt(u.pow(2).mean(-1, keepdim=True) + 1e-6)
+        w, b = self.act_fn.weight, self.act_fn.bias
+        a = w[0] * n(z ** 3) + w[1] * n(z ** 2) + w[2] * n(z) + b
+        return self.down_proj(a * self.up_proj(x))
+
+
 class _Layer(nn.Module):
     def __init__(self, cfg, layer):
         super().__init__()
@@ -79,7 +105,10 @@ class _Layer(nn.Module):
         self.attn_norm = RMSNorm(C, eps)
         self.attn = _ModelAttention(cfg, layer)
         self.ffn_norm = RMSNorm(C, eps)
-        self.ffn = _FFN(C, cfg["ffn_dim"], bool(cfg.get("mlp_bias", False)))
+        if cfg.get("mlp", "swiglu") == "polynorm":
+            self.ffn = _PolyNormFFN(C, cfg["ffn_dim"])
+        else:
+            self.ffn = _FFN(C, cfg["ffn_dim"], bool(cfg.get("mlp_bias", False)))
 
     def forward(self, x):
         x = x + self.attn(self.attn_norm(x))
@@ -135,7 +164,7 @@ class DiffTransformerLM(nn.Module):
 
 def load(path):
     """A model directory (config.json + model.safetensors, docs/FORMAT.md; or a Hugging Face
-    Llama / DiffLlama directory, read as the standard / diff_v1 model it maps onto) as a
+    Llama / DiffLlama / Motif-2 directory, read as the standard / diff_v1 model it maps onto) as a
     DiffTransformerLM (float32). The C++ loader reads and checks it (errors name the file and tensor:
     OSError, ValueError); the weights are copied into the module's parameters."""
     from .. import _core
