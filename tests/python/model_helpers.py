@@ -99,3 +99,14 @@ def tensor_shapes(c):
     if not c["tie_embeddings"]:
         out["lm_head.weight"] = (V, C)
     return out
+
+
+def tiny_run(tmp_path, name="run", steps=2, extra=()):
+    """A tiny model trained by the CLI (2 steps on a made-up corpus) in tmp_path / name."""
+    corpus = tmp_path / "corpus.txt"
+    if not corpus.exists():
+        corpus.write_text(corpus_text(240))
+    out = tmp_path / name
+    run_cli("--threads", 1, "train", "--out", out, "--corpus", corpus, "--steps", steps,
+            "--batch", 2, "--seq-len", 32, "--no-progress", *extra)
+    return out

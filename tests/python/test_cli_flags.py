@@ -10,16 +10,6 @@ import pytest
 import model_helpers as mh
 
 
-def tiny_run(tmp_path, name="run", steps=2, extra=()):
-    corpus = tmp_path / "corpus.txt"
-    if not corpus.exists():
-        corpus.write_text(mh.corpus_text(240))
-    out = tmp_path / name
-    mh.run_cli("--threads", 1, "train", "--out", out, "--corpus", corpus, "--steps", steps,
-               "--batch", 2, "--seq-len", 32, "--no-progress", *extra)
-    return out
-
-
 def refused(p, *words, status=2):
     """Exited with an error (not a signal), with `status` (docs/cli.md, "Exit status": 2 for
     the command line, 1 for anything else), and said every word."""
@@ -80,13 +70,13 @@ def test_huge_batch_is_refused_by_its_memory(tmp_path):
     (["--bench", "-1"], ["--bench"]),
 ])
 def test_generate_flags_are_range_checked(tmp_path, args, words):
-    model = tiny_run(tmp_path)
+    model = mh.tiny_run(tmp_path)
     p = mh.run_cli("generate", "--model", model, "--prompt", "And", *args, check=False, timeout=60)
     refused(p, *words)
 
 
 def test_generate_prompt_length(tmp_path):
-    model = tiny_run(tmp_path)
+    model = mh.tiny_run(tmp_path)
     cap = json.loads((model / "config.json").read_text())["max_seq_len"]
     p = mh.run_cli("generate", "--model", model, "--prompt", "a" * cap, check=False, timeout=60)
     refused(p, "--prompt", str(cap), "max_seq_len")
@@ -106,7 +96,7 @@ def test_generate_prompt_length(tmp_path):
 def test_sentencepiece_empty_prompt_is_an_error(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(mh.corpus_text(600))
-    out = tiny_run(tmp_path, "sp", extra=("--tokenizer", "sentencepiece", "--vocab-size", 320))
+    out = mh.tiny_run(tmp_path, "sp", extra=("--tokenizer", "sentencepiece", "--vocab-size", 320))
     for prompt in ("", "   ", "\n"):
         p = mh.run_cli("generate", "--model", out, "--prompt", prompt, check=False, timeout=60)
         refused(p, "--prompt", "no tokens", "sentencepiece")
@@ -116,7 +106,7 @@ def test_sentencepiece_empty_prompt_is_an_error(tmp_path):
 
 
 def test_resume_honours_steps_and_refuses_other_changes(tmp_path):
-    out = tiny_run(tmp_path, steps=2, extra=("--lr", "0.002", "--save-every", "1"))
+    out = mh.tiny_run(tmp_path, steps=2, extra=("--lr", "0.002", "--save-every", "1"))
     # A flag that would change the steps already taken is refused, naming the run's value.
     for flag, value, was in [("--lr", "0.01", "0.002"), ("--batch", "4", "2"),
                              ("--seq-len", "16", "32"), ("--seed", "7", "1"), ("--clip", "0.5", "1")]:

@@ -15,16 +15,6 @@ import pytest
 import model_helpers as mh
 
 
-def tiny_run(tmp_path, name="run", steps=2, extra=()):
-    corpus = tmp_path / "corpus.txt"
-    if not corpus.exists():
-        corpus.write_text(mh.corpus_text(240))
-    out = tmp_path / name
-    mh.run_cli("--threads", 1, "train", "--out", out, "--corpus", corpus, "--steps", steps,
-               "--batch", 2, "--seq-len", 32, "--no-progress", *extra)
-    return out
-
-
 # Every flag error exits 2, whichever parser found it (the tool's own or the library's) and
 # before any file is read: the model directories here do not exist.
 @pytest.mark.parametrize("args,words", [
@@ -106,7 +96,7 @@ def test_a_missing_config_is_worded_once(tmp_path):
 
 
 def test_generate_notes_only_what_the_user_asked(tmp_path):
-    model = tiny_run(tmp_path)
+    model = mh.tiny_run(tmp_path)
     # The default --max-new (200) on a 128-token model: no note, it just stops at max_seq_len.
     p = mh.run_cli("--threads", 1, "generate", "--model", model, "--prompt", "And",
                    "--temperature", 0, timeout=60)
@@ -123,7 +113,7 @@ def test_generate_notes_only_what_the_user_asked(tmp_path):
 def test_generate_streams_valid_utf8(tmp_path):
     # A barely trained byte-level model at a high temperature draws bytes at random: most are
     # not whole UTF-8 characters. What is printed is UTF-8, with U+FFFD for the broken ones.
-    model = tiny_run(tmp_path)
+    model = mh.tiny_run(tmp_path)
     p = subprocess.run([mh.CLI, "--threads", "1", "generate", "--model", str(model), "--prompt",
                         "caf\u00e9", "--temperature", "100", "--max-new", "120", "--seed", "3"],
                        capture_output=True, timeout=60)
@@ -133,7 +123,7 @@ def test_generate_streams_valid_utf8(tmp_path):
 
 
 def test_convert_error_names_the_command_once(tmp_path):
-    model = tiny_run(tmp_path, "v2", extra=("--attention", "diff_v2"))
+    model = mh.tiny_run(tmp_path, "v2", extra=("--attention", "diff_v2"))
     p = mh.run_cli("convert", "--model", model, "--to", "hf", "--out", tmp_path / "hf",
                    check=False, timeout=60)
     assert p.returncode == 1
@@ -141,7 +131,7 @@ def test_convert_error_names_the_command_once(tmp_path):
 
 
 def test_params_of_a_model_at_its_own_context(tmp_path):
-    model = tiny_run(tmp_path)
+    model = mh.tiny_run(tmp_path)
     out = mh.run_cli("params", "--model", model).stdout
     assert "attention at context T = 128 " in out, out
     # Counted FLOPs: no decimals on a bare count, kilo-FLOPs with their unit.
