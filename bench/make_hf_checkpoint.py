@@ -28,6 +28,11 @@ PolyNorm act_fn.weight (3) and act_fn.bias (1)), one file or `--shards N` with
 model.safetensors.index.json, and generation_config.json. `--shape full` is the published size
 (2.6B: 2.60 B parameters; 12.7B: 12.70 B, 25.4 GB in BF16; tensors are generated in row chunks so
 memory stays bounded), `--shape tiny` the scaled-down test shapes of tests/python/motif_reference.py.
+`--layers N` (Motif only) writes the same shape with N decoder layers instead of the published
+count (num_hidden_layers = N in config.json, every other value and every tensor shape as
+published): the per-layer shapes of the 12.7B at a size that fits in memory, for speed
+measurements (docs/PERFORMANCE.md, "Motif-2 at the published shapes"); such a directory is not
+the published model and says so only through its num_hidden_layers.
 Weights: linears N(0, 1/fan_in), embeddings N(0, 0.25), norms 1, lambda vectors N(0, 0.1),
 PolyNorm weight 1/3 and bias 0 (its published initialisation). No tokenizer files: Motif's
 tokenizer is not in the sources this was written from.
@@ -36,6 +41,7 @@ tokenizer is not in the sources this was written from.
     bench/make_hf_checkpoint.py --out /tmp/v2-1b --type diff_v2 --shape 1b --dtype bf16
     bench/make_hf_checkpoint.py --out /tmp/phi4-flash --type phi4flash --shape full --dtype bf16
     bench/make_hf_checkpoint.py --out /tmp/motif-12.7b --type motif2-12.7b --dtype bf16 --shards 6
+    bench/make_hf_checkpoint.py --out /tmp/motif-12.7b-8l --type motif2-12.7b --dtype bf16 --layers 8
 """
 
 import argparse
@@ -450,10 +456,13 @@ def motif_arrays(cfg, seed):
             for n, s, k in motif_tensors_of(cfg)}
 
 
-def write_motif(out, kind, shape, dtype, shards, seed):
+def write_motif(out, kind, shape, dtype, shards, seed, layers=None):
     """Streams a MotifForCausalLM checkpoint to `out`: shards contiguous runs of tensors of about
-    equal bytes, each written tensor by tensor, row block by row block."""
+    equal bytes, each written tensor by tensor, row block by row block. `layers`: the decoder
+    layer count instead of the shape's (None: the shape's)."""
     cfg = motif_config(kind, shape, dtype)
+    if layers is not None:
+        cfg["num_hidden_layers"] = layers
     tensors = motif_tensors_of(cfg)
     es = 4 if dtype == "F32" else 2
     sizes = [int(np.prod(s)) * es for _, s, _ in tensors]
@@ -521,7 +530,12 @@ def main():
                     "phi4flash: 2 (default, split as published) or 1")
     ap.add_argument("--dtype", choices=["bf16", "f16", "f32"], default="bf16")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, default=None,
+                    help="Motif: decoder layers instead of the shape's (every per-layer shape as "
+                    "published; for speed measurements of the 12.7B's layers in less memory)")
     a = ap.parse_args()
+    if a.layers is not None and (not a.type.startswith("motif2") or a.layers < 1):
+        ap.error("--layers takes a count >= 1 and only --type motif2-2.6b / motif2-12.7b")
     if a.type == "phi4flash":
         shape = a.shape or "full"
         shards = 2 if a.shards is None else a.shards
@@ -537,7 +551,7 @@ def main():
         shape = a.shape or "full"
         if shape not in ("full", "tiny") or a.shards < 1:
             ap.error(f"--type {a.type} takes --shape full or tiny and --shards >= 1")
-        write_motif(a.out, a.type, shape, dtype, a.shards, a.seed)
+        write_motif(a.out, a.type, shape, dtype, a.shards, a.seed, a.layers)
         return
     a.shape = a.shape or "1b"
     if a.shape not in SHAPES or a.shards != 1:
