@@ -152,9 +152,40 @@ std::vector<nn::KVPool> make_pools(const Model& m, int64_t n_blocks, int64_t blo
 
 KvStore::KvStore(const Model& m, int64_t n_blocks, int64_t block_size, DType kv_dtype)
     : kv_dtype_(kv_dtype), pools_(make_pools(m, n_blocks, block_size, kv_dtype)),
-      alloc_(n_blocks, block_size) {}
+      alloc_(std::in_place, n_blocks, block_size) {}
+
+KvStore::KvStore(const Model& m, Contiguous c, DType kv_dtype) : kv_dtype_(kv_dtype) {
+  const ModelConfig& cfg = m.config();
+  if (c.capacity < 1) {
+    throw InvalidArgument("KV store: a contiguous cache needs a capacity >= 1, got " +
+                          std::to_string(c.capacity));
+  }
+  const int64_t capacity = std::min(c.capacity, cfg.max_seq_len);
+  caches_.resize(static_cast<size_t>(cfg.n_layers));
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    caches_[static_cast<size_t>(l)].reset(cfg.attn_shape(l), 1, capacity, kv_dtype);
+  }
+  open_.assign(1, 1);
+  seqs_.emplace_back();
+}
+
+BlockAllocator& KvStore::blocks() {
+  if (!alloc_) throw InvalidArgument("KV store: a contiguous cache has no blocks");
+  return *alloc_;
+}
+
+const BlockAllocator& KvStore::blocks() const { return const_cast<KvStore*>(this)->blocks(); }
+
+int64_t KvStore::capacity(int32_t id) const {
+  if (contiguous()) {
+    seq(id);  // throws for an id that is not the one sequence
+    return caches_[0].capacity;
+  }
+  return static_cast<int64_t>(seq(id).table.size()) * alloc_->block_size();
+}
 
 int32_t KvStore::open() {
+  if (contiguous()) throw InvalidArgument("KV store: a contiguous cache holds one sequence (id 0)");
   const auto it = std::find(open_.begin(), open_.end(), uint8_t{0});
   const size_t id = static_cast<size_t>(it - open_.begin());
   if (id == open_.size()) {
@@ -183,7 +214,11 @@ const KvStore::Seq& KvStore::seq(int32_t id) const {
 
 void KvStore::close(int32_t id) {
   Seq& s = seq(id);
-  alloc_.release(s.table);
+  if (contiguous()) {
+    s.len = 0;
+    return;
+  }
+  alloc_->release(s.table);
   s.len = 0;
   open_[static_cast<size_t>(id)] = 0;
 }

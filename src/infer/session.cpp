@@ -13,8 +13,8 @@
 namespace diffattn::infer {
 
 Session::Session(const Model& m, KvStore& kv) : m_(m), kv_(kv) {
-  if (static_cast<int64_t>(kv.pools().size()) != m.config().n_layers) {
-    throw InvalidArgument("Session: a KV store of " + std::to_string(kv.pools().size()) +
+  if (kv.n_layers() != m.config().n_layers) {
+    throw InvalidArgument("Session: a KV store of " + std::to_string(kv.n_layers()) +
                           " layers for a model of " + std::to_string(m.config().n_layers));
   }
 }
@@ -61,7 +61,7 @@ void Session::decode(const Batch& b, float* logits) {
       }
     }
     const int64_t end = s.len + static_cast<int64_t>(rows.size());
-    const int64_t used = (end + kv_.block_size() - 1) / kv_.block_size();
+    const int64_t used = kv_.contiguous() ? 0 : (end + kv_.block_size() - 1) / kv_.block_size();
     for (int64_t j = 0; j < std::min<int64_t>(used, static_cast<int64_t>(s.table.size())); ++j) {
       const int32_t blk = s.table[static_cast<size_t>(j)];
       if (blk < 0 || blk >= kv_.blocks().total()) {
@@ -75,11 +75,18 @@ void Session::decode(const Batch& b, float* logits) {
                             std::to_string(end) + " positions, beyond the model's context of " +
                             std::to_string(cap));
     }
-    if (end > static_cast<int64_t>(s.table.size()) * kv_.block_size()) {
+    if (end > kv_.capacity(order[k])) {
       throw InvalidArgument("Session::decode: sequence " + std::to_string(order[k]) + " would hold " +
-                            std::to_string(end) + " positions in " + std::to_string(s.table.size()) +
-                            " blocks of " + std::to_string(kv_.block_size()));
+                            std::to_string(end) + " positions, more than its " +
+                            std::to_string(kv_.capacity(order[k])) + " (" +
+                            (kv_.contiguous() ? std::string("the contiguous cache's capacity")
+                                              : std::to_string(s.table.size()) + " blocks of " +
+                                                    std::to_string(kv_.block_size())) + ")");
     }
+  }
+  if (kv_.contiguous()) {
+    decode_contiguous(b, rows_of[0], out_row, logits);  // the one sequence
+    return;
   }
   std::vector<int64_t> singles;
   for (size_t k = 0; k < order.size(); ++k) {
@@ -158,6 +165,34 @@ void Session::decode_chunk(const Batch& b, const std::vector<int64_t>& rows,
       nn::attn_layer_fwd_paged(out, layer_.attn, an, m_.attn_weights(l), cfg.attn_shape(l), T,
                                cos_.data(), sin_.data(), pools[static_cast<size_t>(l)],
                                s.table.data(), table_len, pos0, gathered_);
+    });
+  }
+  s.len = pos0 + T;
+  logits_of(x_.data(), T, rows, out_row, logits);
+}
+
+void Session::decode_contiguous(const Batch& b, const std::vector<int64_t>& rows,
+                                const std::vector<int64_t>& out_row, float* logits) {
+  const ModelConfig& cfg = m_.config();
+  const int64_t T = static_cast<int64_t>(rows.size()), C = cfg.d_model;
+  const int64_t pos0 = b.pos[static_cast<size_t>(rows[0])];
+  KvStore::Seq& s = kv_.seq(0);
+  const size_t half = static_cast<size_t>(cfg.head_dim / 2);
+  cos_.resize(static_cast<size_t>(T) * half);
+  sin_.resize(cos_.size());
+  nn::rope_table(cos_.data(), sin_.data(), pos0, T, cfg.head_dim, m_.rope_inv_freq());
+  toks_.resize(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) toks_[static_cast<size_t>(t)] = b.tokens[static_cast<size_t>(rows[static_cast<size_t>(t)])];
+  x_.resize(static_cast<size_t>(T * C));
+  m_.embed(x_.data(), toks_.data(), T);
+  std::vector<nn::KVCache>& caches = kv_.caches();
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    // The rows' K/V appended at the cache's end, attention against the whole cache.
+    nn::KVCache& cache = caches[static_cast<size_t>(l)];
+    cache.len = pos0;
+    m_.layer_infer(l, layer_, x_.data(), T, [&](float* out, const float* an) {
+      nn::attn_layer_fwd(out, layer_.attn, an, m_.attn_weights(l), cfg.attn_shape(l), 1, T,
+                         cos_.data(), sin_.data(), &cache, false);
     });
   }
   s.len = pos0 + T;

@@ -357,6 +357,43 @@ TEST_P(EngineKinds, BatchedSequencesMatchGenerateAlone) {
   }
 }
 
+// A contiguous store (one sequence, one KVCache per layer) through Session::decode is
+// Model::infer's arithmetic: a prompt in one batch and decode rows one at a time give the same
+// logits bit for bit, F32 and F16 caches; it holds no second sequence, has no blocks and
+// refuses rows past its capacity.
+TEST_P(EngineKinds, ContiguousSessionIsInferBitForBit) {
+  Model m = tiny_model(GetParam(), 13);
+  const int64_t V = m.config().vocab_size;
+  for (const DType dt : {DType::F32, DType::F16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const std::vector<int32_t> p = prompt_of(9, 3, V);
+    const int64_t P = static_cast<int64_t>(p.size()), n = 6;
+    std::vector<float> want(static_cast<size_t>(V)), got(static_cast<size_t>(V));
+    infer::KvStore kv(m, infer::KvStore::Contiguous{P + n}, dt);
+    infer::Session session(m, kv);
+    m.cache_reset(1, P + n, dt);
+    m.infer(p.data(), 1, P, want.data());
+    infer::Batch batch;
+    batch.add_chunk(p.data(), P, 0, 0);
+    session.decode(batch, got.data());
+    ASSERT_EQ(got, want);
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t next = static_cast<int32_t>((i * 11 + 5) % V);
+      m.infer(&next, 1, 1, want.data());
+      batch.clear();
+      batch.add(next, P + i, 0, true);
+      session.decode(batch, got.data());
+      ASSERT_EQ(got, want) << "decode step " << i;
+    }
+    EXPECT_EQ(kv.seq(0).len, P + n);
+    batch.clear();
+    batch.add(1, P + n, 0, true);
+    EXPECT_THROW(session.decode(batch, got.data()), InvalidArgument);  // past the capacity
+    EXPECT_THROW(kv.open(), InvalidArgument);
+    EXPECT_THROW(kv.blocks(), InvalidArgument);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Kinds, EngineKinds,
                          ::testing::Values(nn::AttnKind::DiffV1, nn::AttnKind::DiffV2,
                                            nn::AttnKind::Standard));

@@ -1,10 +1,12 @@
-// The paged KV store of inference: one pool of fixed-size blocks per layer (nn::KVPool), the
-// block allocator with its prefix cache, and each open sequence's block table and length.
-// Position j of a sequence is row j % block_size of block table[j / block_size] in every pool.
+// The KV store of inference: one pool of fixed-size blocks per layer (nn::KVPool), the block
+// allocator with its prefix cache, and each open sequence's block table and length. Position j
+// of a sequence is row j % block_size of block table[j / block_size] in every pool. A contiguous
+// cache is a store of one sequence (one nn::KVCache per layer, no blocks).
 #pragma once
 
 #include <cstdint>
 #include <list>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -76,6 +78,14 @@ class KvStore {
   // InvalidArgument for sizes out of BlockAllocator's range or a store that would not fit in
   // the machine's memory, before anything is allocated.
   KvStore(const Model& m, int64_t n_blocks, int64_t block_size, DType kv_dtype = DType::F32);
+  // A contiguous store: one sequence (id 0, open from the start) of up to `capacity` positions
+  // (at most the model's max_seq_len) in one nn::KVCache per layer: one generation's cache,
+  // run by the tiled forward against the whole cache for any number of rows (Model::infer's
+  // arithmetic). It has no blocks (blocks() throws) and holds no other sequence.
+  struct Contiguous {
+    int64_t capacity = 0;
+  };
+  KvStore(const Model& m, Contiguous c, DType kv_dtype = DType::F32);
   KvStore(const KvStore&) = delete;
   KvStore& operator=(const KvStore&) = delete;
 
@@ -83,26 +93,35 @@ class KvStore {
     std::vector<int32_t> table;  // block ids, the same in every pool
     int64_t len = 0;             // positions holding K/V (rows [0, len) of the table's blocks)
   };
-  // A new sequence with no blocks and no positions: the lowest free id.
+  // A new sequence with no blocks and no positions: the lowest free id (a contiguous store:
+  // InvalidArgument, its one sequence is always open).
   int32_t open();
-  // Releases the sequence's blocks to the allocator and frees its id.
+  // Releases the sequence's blocks to the allocator and frees its id (a contiguous store's
+  // sequence is emptied instead).
   void close(int32_t id);
   bool is_open(int32_t id) const;
   // An open sequence (throws InvalidArgument naming the id otherwise).
   Seq& seq(int32_t id);
   const Seq& seq(int32_t id) const;
 
-  BlockAllocator& blocks() { return alloc_; }
-  const BlockAllocator& blocks() const { return alloc_; }
-  std::vector<nn::KVPool>& pools() { return pools_; }
-  int64_t block_size() const { return alloc_.block_size(); }
+  // Positions the sequence can hold: its table's blocks, or the contiguous capacity.
+  int64_t capacity(int32_t id) const;
+
+  bool contiguous() const { return !caches_.empty(); }
+  BlockAllocator& blocks();
+  const BlockAllocator& blocks() const;
+  std::vector<nn::KVPool>& pools() { return pools_; }        // paged: one per layer
+  std::vector<nn::KVCache>& caches() { return caches_; }     // contiguous: one per layer
+  int64_t block_size() const { return alloc_ ? alloc_->block_size() : 0; }
+  int64_t n_layers() const { return static_cast<int64_t>(contiguous() ? caches_.size() : pools_.size()); }
   DType kv_dtype() const { return kv_dtype_; }
 
  private:
   DType kv_dtype_;
   // The pools first: a pool that cannot fit is refused (with its size) before anything else.
   std::vector<nn::KVPool> pools_;  // one per layer, (n_blocks, block_size, ...) each
-  BlockAllocator alloc_;
+  std::optional<BlockAllocator> alloc_;  // paged stores only
+  std::vector<nn::KVCache> caches_;       // contiguous stores only: (1, capacity, ...) each
   std::vector<Seq> seqs_;
   std::vector<uint8_t> open_;  // (seqs_.size()) 1: id in use
 };

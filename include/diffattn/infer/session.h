@@ -33,6 +33,8 @@ class Session {
   //   - A sequence with several rows is a prompt chunk, run after the decode steps, one
   //     sequence at a time: its attention gathers the sequence's cached positions into a
   //     contiguous copy and runs the tiled forward (nn::attn_layer_fwd_paged).
+  //   - A contiguous store's one sequence: its rows, one or many, against the whole cache
+  //     (nn::attn_layer_fwd), as Model::infer on a cache of one sequence.
   // Each row's logits equal a contiguous-cache forward of that sequence alone up to the order
   // of the sums. Throws InvalidArgument (nothing run) for a malformed batch.
   void decode(const Batch& batch, float* logits);
@@ -44,6 +46,9 @@ class Session {
   // One sequence's prompt chunk: rows (T, consecutive positions from the sequence's length).
   void decode_chunk(const Batch& batch, const std::vector<int64_t>& rows,
                     const std::vector<int64_t>& out_row, float* logits);
+  // The rows of a contiguous store's one sequence.
+  void decode_contiguous(const Batch& batch, const std::vector<int64_t>& rows,
+                         const std::vector<int64_t>& out_row, float* logits);
   // The logits of the rows of x (N, C) that want them: x's row k is batch row rows[k], whose
   // logits go to row out_row[rows[k]] of logits (-1: not wanted).
   void logits_of(const float* x, int64_t N, const std::vector<int64_t>& rows,
