@@ -18,7 +18,7 @@ import sys
 # What each layer may include besides itself: the stack, bottom to top (each layer uses the
 # ones below it), with viz, http, grammar and tokenize (chat templates) beside it (they know no
 # model; only the tools above them use them).
-STACK = ['base', 'kernels', 'nn', 'model', 'data', 'train', 'eval']
+STACK = ['base', 'kernels', 'nn', 'model', 'infer', 'data', 'train', 'eval']
 BESIDE = {'viz', 'http', 'grammar', 'tokenize'}
 USES = {layer: set(STACK[:i]) for i, layer in enumerate(STACK)}
 for side in BESIDE:

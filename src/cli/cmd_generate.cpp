@@ -11,6 +11,7 @@
 #include "bench/cases/bench_cases.h"
 #include "cli/args.h"
 #include "diffattn/base/text.h"
+#include "diffattn/infer/session.h"
 #include "diffattn/kernels/runtime.h"
 #include "diffattn/model/checkpoint.h"
 #include "diffattn/train/train.h"
@@ -48,7 +49,7 @@ double prefill_flops(const Model& m, int64_t P) {
   return 2.0 * linear * Pd + 2.0 * static_cast<double>(c.d_model * c.vocab_size) + attn;
 }
 
-int bench_decode(Model& m, int64_t prompt_len, int64_t n, double load_s, DType kv_dtype) {
+int bench_decode(const Model& m, int64_t prompt_len, int64_t n, double load_s, DType kv_dtype) {
   const int64_t V = m.config().vocab_size;
   if (prompt_len + n > m.config().max_seq_len) {
     n = m.config().max_seq_len - prompt_len;
@@ -56,14 +57,20 @@ int bench_decode(Model& m, int64_t prompt_len, int64_t n, double load_s, DType k
   std::vector<int32_t> prompt(static_cast<size_t>(prompt_len));
   for (int64_t i = 0; i < prompt_len; ++i) prompt[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % V);
   std::vector<float> logits(static_cast<size_t>(V));
-  m.cache_reset(1, prompt_len + n, kv_dtype);
+  // One sequence in a contiguous store, as generate runs it.
+  infer::KvStore store(m, infer::KvStore::Contiguous{prompt_len + n}, kv_dtype);
+  infer::Session session(m, store);
+  infer::Batch batch;
+  batch.add_chunk(prompt.data(), prompt_len, 0, 0);
   const auto t0 = std::chrono::steady_clock::now();
-  m.infer(prompt.data(), 1, prompt_len, logits.data());
+  session.decode(batch, logits.data());
   const auto t1 = std::chrono::steady_clock::now();
   Sampler greedy({0.0, 0, 1.0, 0});
   for (int64_t i = 0; i < n; ++i) {
     const int32_t next = greedy.sample(logits.data(), V);
-    m.infer(&next, 1, 1, logits.data());
+    batch.clear();
+    batch.add(next, prompt_len + i, 0, true);
+    session.decode(batch, logits.data());
   }
   const auto t2 = std::chrono::steady_clock::now();
   const double pre = std::chrono::duration<double>(t1 - t0).count();

@@ -201,7 +201,7 @@ void Model::zero_grads() { std::fill(grads.begin(), grads.end(), 0.0f); }
 
 template <class Attn>
 void Model::layer_body(int64_t l, LayerActs& a, const float* x_in, float* x_out, int64_t N,
-                       Attn&& attn) {
+                       Attn&& attn) const {
   const int64_t C = cfg_.d_model;
   const size_t nx = static_cast<size_t>(N * C);
   // x_mid = x_in + attn(rmsnorm(x_in, attn_norm))
@@ -225,7 +225,7 @@ void Model::layer_fwd(int64_t l, LayerActs& a, const float* x_in, float* x_out, 
   });
 }
 
-void Model::ffn_fwd(int64_t l, LayerActs& a, float* x_out, int64_t BT) {
+void Model::ffn_fwd(int64_t l, LayerActs& a, float* x_out, int64_t BT) const {
   const int64_t C = cfg_.d_model, F = cfg_.ffn_dim;
   const size_t nx = static_cast<size_t>(BT * C);
   const LayerTensors& o = lt_[static_cast<size_t>(l)];
@@ -450,99 +450,21 @@ void Model::infer(const int32_t* tokens, int64_t B, int64_t Tn, float* logits_la
   nn::linear_fwd(logits_last, s.normed.data(), wt(head_), B, C, V);
 }
 
-std::vector<nn::KVPool> Model::kv_pools(int64_t n_blocks, int64_t block_size, DType kv_dtype) const {
-  double bytes = 0;
-  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
-    const nn::AttnLayerShape s = cfg_.attn_shape(l);
-    bytes += static_cast<double>(n_blocks) * static_cast<double>(block_size) *
-             static_cast<double>(s.n_k() + s.n_v()) * static_cast<double>(dtype_size(kv_dtype));
-  }
-  check_fits_in_memory(bytes, "the KV pool (" + std::to_string(n_blocks) + " blocks of " +
-                                  std::to_string(block_size) + " positions, " +
-                                  std::to_string(cfg_.n_layers) + " layers)");
-  std::vector<nn::KVPool> pools(static_cast<size_t>(cfg_.n_layers));
-  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
-    pools[static_cast<size_t>(l)].reset(cfg_.attn_shape(l), n_blocks, block_size, kv_dtype);
-  }
-  return pools;
+void Model::embed(float* x, const int32_t* tokens, int64_t N) const {
+  nn::embedding_fwd(x, tokens, wt(embed_), N, cfg_.d_model, cfg_.vocab_size);
 }
 
-void Model::prefill_paged(const int32_t* tokens, int64_t Tn, std::vector<nn::KVPool>& pools,
-                          const int32_t* table, int64_t table_len, int64_t pos0,
-                          float* logits_last) {
-  const int64_t C = cfg_.d_model, V = cfg_.vocab_size, L = cfg_.n_layers;
-  if (Tn < 1 || pos0 < 0 || pos0 + Tn > cfg_.max_seq_len) {
-    throw InvalidArgument("prefill_paged: " + std::to_string(Tn) + " tokens at position " +
-                          std::to_string(pos0) + " do not fit the model's context of " +
-                          std::to_string(cfg_.max_seq_len));
-  }
-  if (static_cast<int64_t>(pools.size()) != L) {
-    throw InvalidArgument("prefill_paged: " + std::to_string(pools.size()) + " KV pools for " +
-                          std::to_string(L) + " layers (make them with kv_pools)");
-  }
-  InferScratch& s = infer_;
-  const size_t half = static_cast<size_t>(cfg_.head_dim / 2);
-  s.cos.resize(static_cast<size_t>(Tn) * half);
-  s.sin.resize(s.cos.size());
-  nn::rope_table(s.cos.data(), s.sin.data(), pos0, Tn, cfg_.head_dim, inv_freq_);
-  const size_t nx = static_cast<size_t>(Tn * C);
-  s.x.resize(nx);
-  nn::embedding_fwd(s.x.data(), tokens, wt(embed_), Tn, C, V);
-  LayerActs& a = s.layer;
-  for (int64_t l = 0; l < L; ++l) {
-    // The chunk's K/V go into the blocks; its attention reads the earlier ones gathered.
-    layer_body(l, a, s.x.data(), s.x.data(), Tn, [&](float* out, const float* an) {
-      nn::attn_layer_fwd_paged(out, a.attn, an, attn_weights(l), cfg_.attn_shape(l), Tn,
-                               s.cos.data(), s.sin.data(), pools[static_cast<size_t>(l)], table,
-                               table_len, pos0, s.gathered);
-    });
-  }
-  s.normed.resize(static_cast<size_t>(C));
-  s.rstd.resize(1);
-  nn::rmsnorm_fwd(s.normed.data(), s.rstd.data(), &s.x[static_cast<size_t>((Tn - 1) * C)],
-                  wf(norm_), 1, C, cfg_.norm_eps);
-  nn::linear_fwd(logits_last, s.normed.data(), wt(head_), 1, C, V);
+void Model::layer_infer(int64_t l, LayerActs& a, float* x, int64_t N, const AttnFn& attn) const {
+  layer_body(l, a, x, x, N, attn);
 }
 
-void Model::decode_paged(const int32_t* tokens, std::vector<nn::KVPool>& pools,
-                         const nn::PagedSeqs& seqs, float* logits) {
-  const int64_t B = seqs.B, C = cfg_.d_model, V = cfg_.vocab_size, L = cfg_.n_layers;
-  if (B < 1) throw InvalidArgument("decode_paged: B must be >= 1, got " + std::to_string(B));
-  if (static_cast<int64_t>(pools.size()) != L) {
-    throw InvalidArgument("decode_paged: " + std::to_string(pools.size()) + " KV pools for " +
-                          std::to_string(L) + " layers (make them with kv_pools)");
-  }
-  const size_t half = static_cast<size_t>(cfg_.head_dim / 2);
-  InferScratch& s = infer_;
-  // Each sequence's RoPE angles at its own new position: cos/sin (B, D/2).
-  s.cos.resize(static_cast<size_t>(B) * half);
-  s.sin.resize(s.cos.size());
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t pos = seqs.lens[b] - 1;
-    if (pos < 0 || pos >= cfg_.max_seq_len) {
-      throw InvalidArgument("decode_paged: sequence " + std::to_string(b) + "'s new position " +
-                            std::to_string(pos) + " is outside the model's context of " +
-                            std::to_string(cfg_.max_seq_len));
-    }
-    nn::rope_table(&s.cos[static_cast<size_t>(b) * half], &s.sin[static_cast<size_t>(b) * half],
-                   pos, 1, cfg_.head_dim, inv_freq_);
-  }
-  const size_t nx = static_cast<size_t>(B * C);
-  s.x.resize(nx);
-  nn::embedding_fwd(s.x.data(), tokens, wt(embed_), B, C, V);
-  LayerActs& a = s.layer;
-  for (int64_t l = 0; l < L; ++l) {
-    // The norm, projections and FFN over the B rows; RoPE and the K/V append per sequence,
-    // one paged decode call over all of them.
-    layer_body(l, a, s.x.data(), s.x.data(), B, [&](float* out, const float* an) {
-      nn::attn_layer_decode_paged(out, a.attn, an, attn_weights(l), cfg_.attn_shape(l),
-                                  s.cos.data(), s.sin.data(), pools[static_cast<size_t>(l)], seqs);
-    });
-  }
-  s.normed.resize(nx);
-  s.rstd.resize(static_cast<size_t>(B));
-  nn::rmsnorm_fwd(s.normed.data(), s.rstd.data(), s.x.data(), wf(norm_), B, C, cfg_.norm_eps);
-  nn::linear_fwd(logits, s.normed.data(), wt(head_), B, C, V);
+void Model::head(float* logits, const float* x, int64_t N, std::vector<float>& normed,
+                 std::vector<float>& rstd) const {
+  const int64_t C = cfg_.d_model;
+  normed.resize(static_cast<size_t>(N * C));
+  rstd.resize(static_cast<size_t>(N));
+  nn::rmsnorm_fwd(normed.data(), rstd.data(), x, wf(norm_), N, C, cfg_.norm_eps);
+  nn::linear_fwd(logits, normed.data(), wt(head_), N, C, cfg_.vocab_size);
 }
 
 }  // namespace diffattn

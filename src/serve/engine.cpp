@@ -1,4 +1,4 @@
-// The serving engine (engine.h): block allocator, sequences and the continuous-batching loop.
+// The serving engine (engine.h): sequences and the continuous-batching loop over a session.
 #include "serve/engine.h"
 
 #include <algorithm>
@@ -8,119 +8,6 @@
 namespace diffattn::serve {
 
 using Clock = std::chrono::steady_clock;
-
-// ---- BlockAllocator ----
-
-BlockAllocator::BlockAllocator(int64_t n_blocks, int64_t block_size) : block_size_(block_size) {
-  check_sizes(n_blocks, block_size);
-  ref_.assign(static_cast<size_t>(n_blocks), 0);
-  free_.reserve(static_cast<size_t>(n_blocks));
-  for (int64_t i = n_blocks - 1; i >= 0; --i) free_.push_back(static_cast<int32_t>(i));
-}
-
-void BlockAllocator::check_sizes(int64_t n_blocks, int64_t block_size) {
-  if (n_blocks < 1 || n_blocks > (int64_t{1} << 30)) {
-    throw InvalidArgument("KV pool: the number of blocks must be in 1..2^30, got " +
-                          std::to_string(n_blocks));
-  }
-  if (block_size < 1 || block_size > 4096) {
-    throw InvalidArgument("KV pool: the block size must be in 1..4096 positions, got " +
-                          std::to_string(block_size));
-  }
-}
-
-int64_t BlockAllocator::blocks_for(int64_t positions) const {
-  return positions <= 0 ? 0 : (positions + block_size_ - 1) / block_size_;
-}
-
-void BlockAllocator::forget(int32_t b) {
-  const auto it = cached_.find(b);
-  if (it == cached_.end()) return;
-  by_key_.erase(it->second.key);
-  cached_.erase(it);
-}
-
-bool BlockAllocator::allocate(int64_t n, std::vector<int32_t>& table) {
-  if (n < 0) throw InvalidArgument("KV pool: cannot allocate " + std::to_string(n) + " blocks");
-  if (n > free_blocks()) return false;
-  for (int64_t i = 0; i < n; ++i) {
-    int32_t b;
-    if (!free_.empty()) {
-      b = free_.back();
-      free_.pop_back();
-    } else {
-      b = lru_.front();  // the least recently used cached block: its K/V is overwritten
-      lru_.pop_front();
-      forget(b);
-    }
-    ref_[static_cast<size_t>(b)] = 1;
-    table.push_back(b);
-  }
-  return true;
-}
-
-void BlockAllocator::release(std::vector<int32_t>& table) {
-  std::vector<int32_t> sorted = table;
-  std::sort(sorted.begin(), sorted.end());
-  for (size_t i = 0; i < sorted.size(); ++i) {
-    const int32_t b = sorted[i];
-    if (b < 0 || b >= total() || ref_[static_cast<size_t>(b)] == 0 ||
-        (i > 0 && sorted[i - 1] == b)) {
-      throw InvalidArgument("KV pool: block " + std::to_string(b) +
-                            " is not allocated (or is in the table twice)");
-    }
-  }
-  for (const int32_t b : table) {
-    if (--ref_[static_cast<size_t>(b)] > 0) continue;
-    const auto it = cached_.find(b);
-    if (it != cached_.end()) {
-      it->second.lru = lru_.insert(lru_.end(), b);  // kept, most recently used last
-    } else {
-      free_.push_back(b);
-    }
-  }
-  table.clear();
-}
-
-uint64_t BlockAllocator::key_of(uint64_t parent, const int32_t* tokens) const {
-  // FNV-1a over the parent's key and the tokens, then a final mix (splitmix64's).
-  uint64_t h = 0xcbf29ce484222325ull;
-  const auto eat = [&h](uint64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (v >> (8 * i)) & 0xff;
-      h *= 0x100000001b3ull;
-    }
-  };
-  eat(parent);
-  for (int64_t i = 0; i < block_size_; ++i) eat(static_cast<uint32_t>(tokens[i]));
-  h ^= h >> 30;
-  h *= 0xbf58476d1ce4e5b9ull;
-  h ^= h >> 27;
-  h *= 0x94d049bb133111ebull;
-  return h ^ (h >> 31);
-}
-
-int32_t BlockAllocator::lookup(uint64_t key, const int32_t* tokens) {
-  const auto it = by_key_.find(key);
-  if (it == by_key_.end()) return -1;
-  const int32_t b = it->second;
-  Cached& c = cached_.at(b);
-  if (!std::equal(c.tokens.begin(), c.tokens.end(), tokens)) return -1;  // a collision of keys
-  if (ref_[static_cast<size_t>(b)]++ == 0) lru_.erase(c.lru);
-  return b;
-}
-
-bool BlockAllocator::register_block(int32_t b, uint64_t key, const int32_t* tokens) {
-  if (b < 0 || b >= total() || ref_[static_cast<size_t>(b)] == 0) {
-    throw InvalidArgument("KV pool: cannot register block " + std::to_string(b) + ": not allocated");
-  }
-  if (cached_.count(b) != 0 || by_key_.count(key) != 0) return false;
-  Cached& c = cached_[b];
-  c.key = key;
-  c.tokens.assign(tokens, tokens + block_size_);
-  by_key_.emplace(key, b);
-  return true;
-}
 
 // ---- Sequence ----
 
@@ -208,11 +95,9 @@ double Sequence::ttft() const {
 
 // ---- Engine ----
 
-Engine::Engine(Model& model, const EngineOptions& o)
-    : m_(model), o_(o),
-      pools_((BlockAllocator::check_sizes(o.n_blocks, o.block_size),
-              model.kv_pools(o.n_blocks, o.block_size, o.kv_dtype))),
-      alloc_(o.n_blocks, o.block_size) {
+Engine::Engine(const Model& model, const EngineOptions& o)
+    : m_(model), o_(o), kv_(model, o.n_blocks, o.block_size, o.kv_dtype), alloc_(kv_.blocks()),
+      session_(model, kv_) {
   if (o.max_batch < 1 || o.max_waiting < 0 || o.prefill_chunk < 1) {
     throw InvalidArgument("engine: max_batch and prefill_chunk must be >= 1, max_waiting >= 0");
   }
@@ -281,7 +166,8 @@ std::shared_ptr<Sequence> Engine::submit(SeqRequest r) {
 }
 
 void Engine::finish(Running& r, Finish f, const std::string& error) {
-  alloc_.release(r.blocks);
+  kv_.close(r.id);
+  r.ended = true;
   ended_.push_back({r.seq, f, error});
 }
 
@@ -372,7 +258,7 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
     }
   }
   running.erase(std::remove_if(running.begin(), running.end(),
-                               [](const auto& r) { return r->blocks.empty(); }),
+                               [](const auto& r) { return r->ended; }),
                 running.end());
   // 2. Join: first come first served while the batch and the pool have room.
   {
@@ -395,6 +281,8 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
       }
       const int64_t P = static_cast<int64_t>(req.prompt.size()), span = P + req.max_tokens;
       auto r = std::make_unique<Running>();
+      r->id = kv_.open();
+      infer::KvStore::Seq& kv = kv_.seq(r->id);
       // The prefix cache: whole blocks of the prompt, but its last token (whose logits the
       // first draw needs), while earlier prompts had them. A request for the prompt's log
       // probabilities computes every position.
@@ -405,17 +293,17 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
           const uint64_t key = alloc_.key_of(r->key, t);
           const int32_t id = alloc_.lookup(key, t);
           if (id < 0) break;
-          r->blocks.push_back(id);
+          kv.table.push_back(id);
           r->key = key;
         }
-        r->registered = static_cast<int64_t>(r->blocks.size());
+        r->registered = static_cast<int64_t>(kv.table.size());
       }
-      const int64_t have = static_cast<int64_t>(r->blocks.size());
-      if (!alloc_.allocate(alloc_.blocks_for(span) - have, r->blocks)) {
-        alloc_.release(r->blocks);  // back to the cache
+      const int64_t have = static_cast<int64_t>(kv.table.size());
+      if (!alloc_.allocate(alloc_.blocks_for(span) - have, kv.table)) {
+        kv_.close(r->id);  // its cached blocks back to the cache
         break;  // wait for blocks
       }
-      r->prefilled = r->pos = have * alloc_.block_size();
+      r->prefilled = kv.len = have * alloc_.block_size();
       stats_.cached_prompt_tokens += r->prefilled;
       {
         std::lock_guard<std::mutex> sl(seq->mu_);
@@ -431,42 +319,30 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
     stats_.waiting = static_cast<int64_t>(waiting_.size());
   }
   // 3. Advance each running sequence by a decode step or a prompt chunk: the decode steps of
-  // all sequences past their prompt together (one decode_paged: the products over the batch,
-  // one paged attention call per layer), the prompt chunks one sequence at a time.
+  // all sequences past their prompt together (one Session::decode of one row each: the
+  // products over the batch, one paged attention call per layer), the prompt chunks one
+  // sequence at a time.
   int64_t budget = o_.prefill_chunk, advanced = 0, prompt_done = 0;
+  const int64_t V = m_.config().vocab_size;
   std::vector<Running*> decoding;
   for (auto& r : running) {
-    if (r->prefilled == static_cast<int64_t>(r->req.prompt.size()) && !r->blocks.empty()) {
+    if (r->prefilled == static_cast<int64_t>(r->req.prompt.size()) && !r->ended) {
       decoding.push_back(r.get());
     }
   }
   if (!decoding.empty()) {
-    const int64_t n = static_cast<int64_t>(decoding.size()), V = m_.config().vocab_size;
-    std::vector<int32_t> toks(static_cast<size_t>(n));
-    int64_t stride = 1;
-    for (const Running* r : decoding) {
-      stride = std::max<int64_t>(stride, static_cast<int64_t>(r->blocks.size()));
-    }
-    tables_.assign(static_cast<size_t>(n * stride), -1);  // entries past a table: never read
-    lens_.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) {
-      const Running& r = *decoding[static_cast<size_t>(i)];
-      toks[static_cast<size_t>(i)] = r.last;
-      std::copy(r.blocks.begin(), r.blocks.end(), tables_.begin() + i * stride);
-      lens_[static_cast<size_t>(i)] = r.pos + 1;  // the new token's position + 1
-    }
-    const nn::PagedSeqs seqs{n, tables_.data(), stride, lens_.data()};
+    const int64_t n = static_cast<int64_t>(decoding.size());
+    batch_.clear();
+    for (const Running* r : decoding) batch_.add(r->last, kv_.seq(r->id).len, r->id, true);
     batch_logits_.resize(static_cast<size_t>(n * V));
     try {
-      m_.decode_paged(toks.data(), pools_, seqs, batch_logits_.data());
+      session_.decode(batch_, batch_logits_.data());
       for (int64_t i = 0; i < n; ++i) {
-        Running& r = *decoding[static_cast<size_t>(i)];
-        ++r.pos;
-        take(r, &batch_logits_[static_cast<size_t>(i * V)]);
+        take(*decoding[static_cast<size_t>(i)], &batch_logits_[static_cast<size_t>(i * V)]);
       }
     } catch (const std::exception& e) {
       for (Running* r : decoding) {
-        if (!r->blocks.empty()) finish(*r, Finish::kError, e.what());
+        if (!r->ended) finish(*r, Finish::kError, e.what());
       }
     }
     advanced += n;
@@ -474,51 +350,48 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
   for (auto& r : running) {
     const int64_t P = static_cast<int64_t>(r->req.prompt.size());
     try {
-      if (r->prefilled < P && !r->blocks.empty()) {
+      if (r->prefilled < P && !r->ended) {
         if (budget <= 0) continue;
         const int64_t n = std::min(budget, P - r->prefilled);
-        if (r->req.prompt_logprobs && r->req.logprobs >= 0) {
-          // One position at a time: each position's logits give the next prompt token's.
-          const int64_t V = m_.config().vocab_size;
-          for (int64_t i = 0; i < n; ++i) {
-            m_.prefill_paged(r->req.prompt.data() + r->prefilled, 1, pools_, r->blocks.data(),
-                             static_cast<int64_t>(r->blocks.size()), r->pos, logits.data());
-            ++r->prefilled;
-            ++r->pos;
-            if (r->prefilled < P) {
-              TokenLogprob lp = logprob_of(logits.data(), V, 1.0, r->req.prompt[static_cast<size_t>(r->prefilled)],
-                                           r->req.logprobs);
-              std::lock_guard<std::mutex> lock(r->seq->mu_);
-              r->seq->prompt_logprobs_.push_back(std::move(lp));
-            }
+        // A request for the prompt's log probabilities asks for every row's logits: each
+        // position's give the next prompt token's.
+        const bool every = r->req.prompt_logprobs && r->req.logprobs >= 0;
+        batch_.clear();
+        batch_.add_chunk(r->req.prompt.data() + r->prefilled, n, kv_.seq(r->id).len, r->id, every);
+        logits.resize(static_cast<size_t>((every ? n : 1) * V));
+        session_.decode(batch_, logits.data());
+        if (every) {
+          for (int64_t i = 0; i < n && r->prefilled + i + 1 < P; ++i) {
+            TokenLogprob lp = logprob_of(&logits[static_cast<size_t>(i * V)], V, 1.0,
+                                         r->req.prompt[static_cast<size_t>(r->prefilled + i + 1)],
+                                         r->req.logprobs);
+            std::lock_guard<std::mutex> lock(r->seq->mu_);
+            r->seq->prompt_logprobs_.push_back(std::move(lp));
           }
-        } else {
-          m_.prefill_paged(r->req.prompt.data() + r->prefilled, n, pools_, r->blocks.data(),
-                           static_cast<int64_t>(r->blocks.size()), r->pos, logits.data());
-          r->prefilled += n;
-          r->pos += n;
         }
+        r->prefilled += n;
         // The prompt's blocks now whole go into the prefix cache.
         if (o_.prefix_cache) {
           const int64_t bs = alloc_.block_size();
+          const std::vector<int32_t>& table = kv_.seq(r->id).table;
           while ((r->registered + 1) * bs <= r->prefilled) {
             const int32_t* t = r->req.prompt.data() + r->registered * bs;
             r->key = alloc_.key_of(r->key, t);
-            alloc_.register_block(r->blocks[static_cast<size_t>(r->registered)], r->key, t);
+            alloc_.register_block(table[static_cast<size_t>(r->registered)], r->key, t);
             ++r->registered;
           }
         }
         budget -= n;
         prompt_done += n;
         ++advanced;
-        if (r->prefilled == P) take(*r, logits.data());
+        if (r->prefilled == P) take(*r, &logits[static_cast<size_t>((every ? n - 1 : 0) * V)]);
       }
     } catch (const std::exception& e) {
       finish(*r, Finish::kError, e.what());
     }
   }
   running.erase(std::remove_if(running.begin(), running.end(),
-                               [](const auto& r) { return r->blocks.empty(); }),
+                               [](const auto& r) { return r->ended; }),
                 running.end());
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -1,8 +1,9 @@
 // The generation engine behind `diffattn serve`: a scheduler with continuous batching over one
-// model, and a paged KV cache: one pool of fixed-size blocks per layer (Model::kv_pools), each
-// running sequence holding a table of block ids that the BlockAllocator hands out.
+// model, through one inference session (infer::Session) over a paged KV store (infer::KvStore:
+// one pool of fixed-size blocks per layer, each running sequence a sequence of the store, its
+// table of block ids handed out by the store's BlockAllocator).
 //
-// One thread (the engine's) owns the model and the pools. Each step it
+// One thread (the engine's) owns the session and the store. Each step it
 //   1. drops sequences that finished, were cancelled (client gone) or ran out of time, returning
 //      their blocks to the pool;
 //   2. admits waiting sequences, first come first served, while the batch has room and the pool
@@ -14,13 +15,14 @@
 // Requests join and leave between steps. Submitting beyond max_waiting waiting sequences throws
 // QueueFull (the server answers 503).
 //
-// The decode steps of a step run as one Model::decode_paged call: every matrix product
-// (attention projections, FFN, output head) is over the batch, so each weight is read once per
-// step, and each layer's attention is one attention_decode_paged call over all the decoding
-// sequences, of different lengths, reading K/V in place from their blocks (no gather copy).
-// A prompt chunk (Model::prefill_paged) writes its K/V into the sequence's blocks; its
-// attention gathers the sequence's earlier positions into a contiguous copy and runs the tiled
-// forward (prompt chunks are few and compute bound; decode steps are many and memory bound).
+// The decode steps of a step run as one Session::decode call, a batch of one row per decoding
+// sequence: every matrix product (attention projections, FFN, output head) is over the batch,
+// so each weight is read once per step, and each layer's attention is one
+// attention_decode_paged call over all the decoding sequences, of different lengths, reading
+// K/V in place from their blocks (no gather copy). A prompt chunk (a Session::decode call of
+// the sequence's rows) writes its K/V into the sequence's blocks; its attention gathers the
+// sequence's earlier positions into a contiguous copy and runs the tiled forward (prompt chunks
+// are few and compute bound; decode steps are many and memory bound).
 #pragma once
 
 #include <chrono>
@@ -28,74 +30,23 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "diffattn/base/error.h"
 #include "diffattn/grammar/json_schema.h"
 #include "diffattn/grammar/token_mask.h"
+#include "diffattn/infer/batch.h"
+#include "diffattn/infer/kv_store.h"
+#include "diffattn/infer/session.h"
 #include "diffattn/model/model.h"
 #include "diffattn/model/sampler.h"
 
 namespace diffattn::serve {
-
-// Fixed-size blocks of KV positions from one pool of n_blocks, with automatic prefix caching:
-// a block that holds a whole block of a prompt can be registered under a key (a hash of its
-// tokens chained to its prefix's key), and a later sequence whose prompt starts with the same
-// tokens takes it (a reference) instead of computing it again. A block is free when nothing
-// refers to it; a free registered block keeps its K/V and its key until it is needed for
-// something else, the least recently used first. Not thread-safe (the engine's thread owns it).
-class BlockAllocator {
- public:
-  BlockAllocator(int64_t n_blocks, int64_t block_size);
-  // Throws InvalidArgument unless n_blocks is in 1..2^30 and block_size in 1..4096.
-  static void check_sizes(int64_t n_blocks, int64_t block_size);
-  int64_t block_size() const { return block_size_; }
-  int64_t total() const { return static_cast<int64_t>(ref_.size()); }
-  // Blocks that allocate() can hand out: never used or released, and cached ones nothing refers to.
-  int64_t free_blocks() const { return static_cast<int64_t>(free_.size() + lru_.size()); }
-  // Registered blocks (whether referred to or not).
-  int64_t cached_blocks() const { return static_cast<int64_t>(by_key_.size()); }
-  // Blocks needed for `positions` KV positions.
-  int64_t blocks_for(int64_t positions) const;
-  // Appends n block ids to table, or returns false (and takes nothing) if fewer than n are free.
-  // Blocks never registered go first, then registered ones nothing refers to, least recently
-  // used first (their keys are forgotten).
-  bool allocate(int64_t n, std::vector<int32_t>& table);
-  // Drops a reference to every block of table and clears it; a block not allocated, or given
-  // twice, is an InvalidArgument (and nothing is released).
-  void release(std::vector<int32_t>& table);
-
-  // The key of a block of tokens (block_size of them) after a prefix whose key is `parent`
-  // (kRootKey for the first block).
-  static constexpr uint64_t kRootKey = 0x6a09e667f3bcc908ull;
-  uint64_t key_of(uint64_t parent, const int32_t* tokens) const;
-  // The block registered under key with exactly these tokens, a reference taken; -1 if none.
-  int32_t lookup(uint64_t key, const int32_t* tokens);
-  // Registers allocated block b as holding `tokens` under key; false (nothing changes) when the
-  // key already has a block.
-  bool register_block(int32_t b, uint64_t key, const int32_t* tokens);
-
- private:
-  void forget(int32_t b);
-  int64_t block_size_;
-  std::vector<int32_t> free_;  // a stack: the most recently freed block is reused first
-  std::vector<int32_t> ref_;   // references to each block (0: free or cached-and-free)
-  struct Cached {
-    uint64_t key = 0;
-    std::vector<int32_t> tokens;
-    std::list<int32_t>::iterator lru;  // valid while free (ref 0)
-  };
-  std::unordered_map<int32_t, Cached> cached_;  // the registered blocks
-  std::unordered_map<uint64_t, int32_t> by_key_;
-  std::list<int32_t> lru_;  // registered blocks nothing refers to, least recently used first
-};
 
 class QueueFull : public Error {
  public:
@@ -129,8 +80,8 @@ struct SeqRequest {
   // temperature (1 when greedy), before top-k and top-p.
   int64_t logprobs = -1;
   // With logprobs >= 0: also the prompt's tokens' (from the second on), under the model's own
-  // distribution (the raw logits at temperature 1); the prompt is then prefilled one token at a
-  // time, so that every position's logits exist.
+  // distribution (the raw logits at temperature 1); the prompt's chunks then ask for every
+  // row's logits.
   bool prompt_logprobs = false;
   // Constrained output: only tokens that keep the text a prefix of a document of the grammar
   // (masker: built for the model's vocabulary, its end-of-sequence ids the stop ids). A
@@ -182,7 +133,7 @@ struct EngineOptions {
   int64_t prefill_chunk = 512;    // prompt tokens per step, over all sequences
   DType kv_dtype = DType::F32;    // the pools' storage (BF16/F16: half the memory and traffic)
   // Automatic prefix caching: the whole blocks of a prompt (but its last token) are taken from
-  // earlier sequences' blocks when the same tokens began their prompts (BlockAllocator).
+  // earlier sequences' blocks when the same tokens began their prompts (infer::BlockAllocator).
   bool prefix_cache = true;
   // Called by the engine's thread before each step (0, 1, ...); tests hold the engine here to
   // make an interleaving (a cancel between two steps) certain instead of likely.
@@ -199,8 +150,8 @@ struct EngineStats {
 
 class Engine {
  public:
-  // The model must outlive the engine; only the engine's thread touches it.
-  Engine(Model& model, const EngineOptions& o);
+  // The model must outlive the engine; the engine's thread only reads it.
+  Engine(const Model& model, const EngineOptions& o);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -218,11 +169,11 @@ class Engine {
   struct Running {
     std::shared_ptr<Sequence> seq;
     SeqRequest req;
-    std::vector<int32_t> blocks;  // its block table (every pool: the same ids)
+    int32_t id = -1;        // its sequence in the KV store (block table, positions held)
+    bool ended = false;     // finished: its sequence closed, its blocks released
     int64_t prefilled = 0;  // prompt tokens in the cache
     int64_t registered = 0;  // its first blocks registered in (or taken from) the prefix cache
-    uint64_t key = BlockAllocator::kRootKey;  // the key of its last registered block
-    int64_t pos = 0;        // positions in its blocks
+    uint64_t key = infer::BlockAllocator::kRootKey;  // the key of its last registered block
     int64_t generated = 0;
     int32_t last = -1;      // the token to feed next (after the prefill)
     std::unique_ptr<Sampler> sampler;
@@ -239,14 +190,13 @@ class Engine {
   // Samples from logits, records the token; returns false when the sequence ended.
   bool take(Running& r, const float* logits);
 
-  Model& m_;
+  const Model& m_;
   EngineOptions o_;
-  // The pools first: a pool that cannot fit is refused (with its size) before anything else.
-  std::vector<nn::KVPool> pools_;  // one per layer, (n_blocks, block_size, ...) each
-  BlockAllocator alloc_;
-  // decode_paged's inputs, reused each step: (batch, table_stride) block ids and lengths
-  std::vector<int32_t> tables_;
-  std::vector<int64_t> lens_;
+  // The store first: a pool that cannot fit is refused (with its size) before anything else.
+  infer::KvStore kv_;
+  infer::BlockAllocator& alloc_;  // kv_'s
+  infer::Session session_;
+  infer::Batch batch_;  // a step's rows, reused
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::pair<std::shared_ptr<Sequence>, SeqRequest>> waiting_;

@@ -1,5 +1,6 @@
-// Text generation: the prompt goes through the KV cache in one prefill, then each new token
-// through a decode step (Tq = 1 against the cache). Text is streamed as it becomes known.
+// Text generation: one inference session over a contiguous KV store of one sequence; the
+// prompt goes through it in one batch (a prefill), then each new token in a batch of one row
+// (Tq = 1 against the cache). Text is streamed as it becomes known.
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -11,11 +12,12 @@
 
 #include "diffattn/base/files.h"
 #include "diffattn/base/text.h"
+#include "diffattn/infer/session.h"
 #include "diffattn/train/train.h"
 
 namespace diffattn::data {
 
-std::vector<int32_t> generate_ids(Model& m, const std::vector<int32_t>& ids,
+std::vector<int32_t> generate_ids(const Model& m, const std::vector<int32_t>& ids,
                                   const GenerateOptions& o,
                                   const std::function<bool(int32_t)>& on_token) {
   if (o.max_new < 0) {
@@ -31,16 +33,24 @@ std::vector<int32_t> generate_ids(Model& m, const std::vector<int32_t>& ids,
   const int64_t n_new = std::min<int64_t>(o.max_new, cap - static_cast<int64_t>(ids.size()));
   std::vector<int32_t> out;
   if (n_new == 0) return out;
-  m.cache_reset(1, static_cast<int64_t>(ids.size()) + n_new, o.kv_dtype);
+  const int64_t P = static_cast<int64_t>(ids.size());
+  infer::KvStore kv(m, infer::KvStore::Contiguous{P + n_new}, o.kv_dtype);
+  infer::Session session(m, kv);
   Sampler sampler(o.sampler);
   std::vector<float> logits(static_cast<size_t>(V));
-  m.infer(ids.data(), 1, static_cast<int64_t>(ids.size()), logits.data());
+  infer::Batch batch;
+  batch.add_chunk(ids.data(), P, 0, 0);
+  session.decode(batch, logits.data());
   for (int64_t i = 0; i < n_new; ++i) {
     const int32_t next = sampler.sample(logits.data(), V);
     if (std::find(o.stop_ids.begin(), o.stop_ids.end(), next) != o.stop_ids.end()) break;
     out.push_back(next);
     if (on_token && !on_token(next)) break;
-    if (i + 1 < n_new) m.infer(&next, 1, 1, logits.data());
+    if (i + 1 < n_new) {
+      batch.clear();
+      batch.add(next, P + i, 0, true);
+      session.decode(batch, logits.data());
+    }
   }
   return out;
 }
@@ -90,7 +100,7 @@ std::vector<int32_t> stop_ids_for(const std::string& model_dir, const Tokenizer&
   return ids;
 }
 
-std::string generate(Model& m, const Tokenizer& tok, const std::string& prompt,
+std::string generate(const Model& m, const Tokenizer& tok, const std::string& prompt,
                      const GenerateOptions& o,
                      const std::function<void(const std::string&)>& on_text) {
   if (o.max_new < 0) {

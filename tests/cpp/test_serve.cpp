@@ -1,4 +1,5 @@
-// The serving engine and the OpenAI request layer (src/serve/): the KV block allocator, the
+// The serving engine and the OpenAI request layer (src/serve/) and the inference room under it
+// (src/infer/): the KV block allocator, Session::decode against infer(), the
 // continuous-batching scheduler against data::generate_ids (the oracle: one sequence alone in a
 // cache of its own), chunked prefill, waiting for blocks, the bounded queue, cancellation, request
 // parsing and chat templates (the engine of src/tokenize, here through the server's wrapper)
@@ -17,6 +18,7 @@
 #include <thread>
 #include <tuple>
 
+#include "diffattn/infer/session.h"
 #include "diffattn/train/train.h"
 #include "http/request_head.h"
 #include "serve/engine.h"
@@ -24,6 +26,7 @@
 
 using namespace diffattn;
 using namespace diffattn::serve;
+using diffattn::infer::BlockAllocator;
 
 namespace {
 
@@ -174,24 +177,26 @@ TEST(KvStorage, RowsOnCacheLinesValuesHalfAPageOffTheKeys) {
   }
 }
 
-// One decode step of sequences of different lengths through decode_paged (the products over
-// the batch, one paged attention call per layer), their prompts prefilled in two chunks into
-// shuffled blocks of the pools (the second chunk gathers the first), against infer() on each
-// sequence alone with a contiguous cache: the same logits up to the order of the sums (the
-// batched products; the split-KV decode's, where infer's short cache takes the tiled forward),
-// bounded by a few float32 roundings of the longest dot product.
-TEST_P(EngineKinds, DecodePagedEqualsInferAlone) {
+// One decode step of sequences of different lengths through Session::decode (a batch of one
+// row per sequence: the products over the batch, one paged attention call per layer), their
+// prompts prefilled in two chunks (a batch each: the second chunk gathers the first) into
+// shuffled blocks of the store, against infer() on each sequence alone with a contiguous
+// cache: the same logits up to the order of the sums (the batched products; the split-KV
+// decode's, where infer's short cache takes the tiled forward), bounded by a few float32
+// roundings of the longest dot product. Then a batch mixing both kinds of rows and asking for
+// every row's logits, against the same rows run apart.
+TEST_P(EngineKinds, SessionDecodeEqualsInferAlone) {
   Model m = tiny_model(GetParam(), 11);
   const int64_t V = m.config().vocab_size, C = m.config().d_model, F = m.config().ffn_dim;
   const int B = 5;
   const int64_t bs = 4, per_seq = 6, n_blocks = B * per_seq + 3;
-  std::vector<nn::KVPool> pools = m.kv_pools(n_blocks, bs);
-  std::vector<int32_t> ids(static_cast<size_t>(n_blocks));
-  for (int64_t i = 0; i < n_blocks; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  infer::KvStore kv(m, n_blocks, bs);
+  infer::Session session(m, kv);
+  std::vector<int32_t> ids;
+  ASSERT_TRUE(kv.blocks().allocate(n_blocks, ids));
   std::mt19937 rng(5);
   std::shuffle(ids.begin(), ids.end(), rng);
-  std::vector<int32_t> tables(static_cast<size_t>(B * per_seq), -1), next(B);
-  std::vector<int64_t> lens(B);
+  std::vector<int32_t> next(B), seq(B);
   std::vector<float> logits(static_cast<size_t>(V)), alone(static_cast<size_t>(B * V)),
       prefill(static_cast<size_t>(V)), alone_prefill(static_cast<size_t>(V));
   auto tol_of = [&](const float* x) {
@@ -200,6 +205,7 @@ TEST_P(EngineKinds, DecodePagedEqualsInferAlone) {
     return 8.0f * std::numeric_limits<float>::epsilon() *
            std::sqrt(static_cast<float>(std::max(C, F))) * scale;
   };
+  infer::Batch batch;
   for (int b = 0; b < B; ++b) {
     const std::vector<int32_t> p = prompt_of(1 + 4 * b, b, V);
     const int64_t P = static_cast<int64_t>(p.size()), n1 = std::max<int64_t>(1, P / 2);
@@ -209,43 +215,96 @@ TEST_P(EngineKinds, DecodePagedEqualsInferAlone) {
     m.infer(p.data(), 1, P, alone_prefill.data());
     m.infer(&next[static_cast<size_t>(b)], 1, 1, &alone[static_cast<size_t>(b * V)]);
     // paged: this sequence's blocks, its prompt in two chunks
-    int32_t* table = &tables[static_cast<size_t>(b * per_seq)];
-    std::copy_n(ids.begin() + b * per_seq, per_seq, table);
-    m.prefill_paged(p.data(), n1, pools, table, per_seq, 0, prefill.data());
-    if (n1 < P) m.prefill_paged(p.data() + n1, P - n1, pools, table, per_seq, n1, prefill.data());
+    seq[static_cast<size_t>(b)] = kv.open();
+    EXPECT_EQ(seq[static_cast<size_t>(b)], b);
+    infer::KvStore::Seq& s = kv.seq(seq[static_cast<size_t>(b)]);
+    s.table.assign(ids.begin() + b * per_seq, ids.begin() + (b + 1) * per_seq);
+    batch.clear();
+    batch.add_chunk(p.data(), n1, 0, seq[static_cast<size_t>(b)]);
+    session.decode(batch, prefill.data());
+    if (n1 < P) {
+      batch.clear();
+      batch.add_chunk(p.data() + n1, P - n1, n1, seq[static_cast<size_t>(b)]);
+      session.decode(batch, prefill.data());
+    }
+    EXPECT_EQ(s.len, P);
     const float tol = tol_of(alone_prefill.data());
     for (int64_t v = 0; v < V; ++v) {
       ASSERT_NEAR(prefill[static_cast<size_t>(v)], alone_prefill[static_cast<size_t>(v)], tol)
           << "prefill of sequence " << b << " logit " << v;
     }
-    lens[static_cast<size_t>(b)] = P + 1;
   }
-  std::vector<float> rows(static_cast<size_t>(B * V));
-  const nn::PagedSeqs seqs{B, tables.data(), per_seq, lens.data()};
-  m.decode_paged(next.data(), pools, seqs, rows.data());
+  batch.clear();
   for (int b = 0; b < B; ++b) {
+    batch.add(next[static_cast<size_t>(b)], kv.seq(b).len, b, true);
+  }
+  // A block id outside the pool, or more positions than the table holds, is refused before
+  // anything is written, naming the sequence.
+  const int32_t kept = kv.seq(2).table[0];
+  kv.seq(2).table[0] = static_cast<int32_t>(n_blocks);
+  std::vector<float> rows(static_cast<size_t>(B * V));
+  try {
+    session.decode(batch, rows.data());
+    ADD_FAILURE() << "a block outside the pool was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("sequence 2"), std::string::npos) << e.what();
+  }
+  kv.seq(2).table[0] = kept;
+  infer::Batch too_long = batch;
+  too_long.pos[3] = per_seq * bs;
+  kv.seq(3).len = per_seq * bs;
+  EXPECT_THROW(session.decode(too_long, rows.data()), InvalidArgument);
+  kv.seq(3).len = batch.pos[3];
+  infer::Batch gap = batch;
+  gap.pos[1] += 1;  // a row must continue its sequence
+  EXPECT_THROW(session.decode(gap, rows.data()), InvalidArgument);
+  session.decode(batch, rows.data());
+  for (int b = 0; b < B; ++b) {
+    EXPECT_EQ(kv.seq(b).len, batch.pos[static_cast<size_t>(b)] + 1);
     const float tol = tol_of(&alone[static_cast<size_t>(b * V)]);
     for (int64_t v = 0; v < V; ++v) {
       ASSERT_NEAR(rows[static_cast<size_t>(b * V + v)], alone[static_cast<size_t>(b * V + v)], tol)
           << "sequence " << b << " logit " << v;
     }
   }
-  // A block id outside the pool, or more positions than the table holds, is refused before
-  // anything is written, naming the sequence.
-  std::vector<int32_t> bad = tables;
-  bad[static_cast<size_t>(2 * per_seq)] = static_cast<int32_t>(n_blocks);
-  const nn::PagedSeqs bad_block{B, bad.data(), per_seq, lens.data()};
-  try {
-    m.decode_paged(next.data(), pools, bad_block, rows.data());
-    ADD_FAILURE() << "a block outside the pool was accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("sequence 2"), std::string::npos) << e.what();
+  EXPECT_THROW(infer::KvStore(m, 0, bs), InvalidArgument);
+
+  // One batch of a chunk of three rows of sequence 0 between single rows of sequences 1 and 4,
+  // every row's logits asked for, equals the same rows run as two batches (after the lengths
+  // are set back: the same positions written again with the same K/V), by a second session on
+  // the same store.
+  infer::Session s2(m, kv);
+  std::vector<int64_t> before(B);
+  for (int b = 0; b < B; ++b) before[static_cast<size_t>(b)] = kv.seq(b).len;
+  const std::vector<int32_t> chunk = {3, 9, 27};
+  infer::Batch mixed;
+  mixed.add(5, before[1], 1, true);
+  mixed.add_chunk(chunk.data(), 3, before[0], 0, true);
+  mixed.add(7, before[4], 4, true);
+  ASSERT_EQ(mixed.n_logits(), 5);
+  std::vector<float> got(static_cast<size_t>(5 * V));
+  s2.decode(mixed, got.data());
+  EXPECT_EQ(kv.seq(0).len, before[0] + 3);
+  EXPECT_EQ(kv.seq(4).len, before[4] + 1);
+  for (int b = 0; b < B; ++b) kv.seq(b).len = before[static_cast<size_t>(b)];
+  infer::Batch singles, alone_chunk;
+  singles.add(5, before[1], 1, true);
+  singles.add(7, before[4], 4, true);
+  alone_chunk.add_chunk(chunk.data(), 3, before[0], 0, true);
+  std::vector<float> want_singles(static_cast<size_t>(2 * V)), want_chunk(static_cast<size_t>(3 * V));
+  session.decode(singles, want_singles.data());
+  session.decode(alone_chunk, want_chunk.data());
+  const std::vector<std::pair<const float*, const float*>> pairs = {
+      {&got[0], &want_singles[0]},
+      {&got[static_cast<size_t>(V)], &want_chunk[0]},
+      {&got[static_cast<size_t>(2 * V)], &want_chunk[static_cast<size_t>(V)]},
+      {&got[static_cast<size_t>(3 * V)], &want_chunk[static_cast<size_t>(2 * V)]},
+      {&got[static_cast<size_t>(4 * V)], &want_singles[static_cast<size_t>(V)]}};
+  for (size_t k = 0; k < pairs.size(); ++k) {
+    for (int64_t v = 0; v < V; ++v) {
+      ASSERT_EQ(pairs[k].first[v], pairs[k].second[v]) << "row " << k << " logit " << v;
+    }
   }
-  std::vector<int64_t> long_lens = lens;
-  long_lens[3] = per_seq * bs + 1;
-  const nn::PagedSeqs too_long{B, tables.data(), per_seq, long_lens.data()};
-  EXPECT_THROW(m.decode_paged(next.data(), pools, too_long, rows.data()), InvalidArgument);
-  EXPECT_THROW(m.kv_pools(0, bs), InvalidArgument);
 }
 
 // Sequences of different prompt lengths, joining while others run, each give the ids that
@@ -295,6 +354,43 @@ TEST_P(EngineKinds, BatchedSequencesMatchGenerateAlone) {
     const EngineStats s = e.stats();
     EXPECT_EQ(s.free_blocks, s.total_blocks);
     EXPECT_EQ(s.running, 0);
+  }
+}
+
+// A contiguous store (one sequence, one KVCache per layer) through Session::decode is
+// Model::infer's arithmetic: a prompt in one batch and decode rows one at a time give the same
+// logits bit for bit, F32 and F16 caches; it holds no second sequence, has no blocks and
+// refuses rows past its capacity.
+TEST_P(EngineKinds, ContiguousSessionIsInferBitForBit) {
+  Model m = tiny_model(GetParam(), 13);
+  const int64_t V = m.config().vocab_size;
+  for (const DType dt : {DType::F32, DType::F16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const std::vector<int32_t> p = prompt_of(9, 3, V);
+    const int64_t P = static_cast<int64_t>(p.size()), n = 6;
+    std::vector<float> want(static_cast<size_t>(V)), got(static_cast<size_t>(V));
+    infer::KvStore kv(m, infer::KvStore::Contiguous{P + n}, dt);
+    infer::Session session(m, kv);
+    m.cache_reset(1, P + n, dt);
+    m.infer(p.data(), 1, P, want.data());
+    infer::Batch batch;
+    batch.add_chunk(p.data(), P, 0, 0);
+    session.decode(batch, got.data());
+    ASSERT_EQ(got, want);
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t next = static_cast<int32_t>((i * 11 + 5) % V);
+      m.infer(&next, 1, 1, want.data());
+      batch.clear();
+      batch.add(next, P + i, 0, true);
+      session.decode(batch, got.data());
+      ASSERT_EQ(got, want) << "decode step " << i;
+    }
+    EXPECT_EQ(kv.seq(0).len, P + n);
+    batch.clear();
+    batch.add(1, P + n, 0, true);
+    EXPECT_THROW(session.decode(batch, got.data()), InvalidArgument);  // past the capacity
+    EXPECT_THROW(kv.open(), InvalidArgument);
+    EXPECT_THROW(kv.blocks(), InvalidArgument);
   }
 }
 

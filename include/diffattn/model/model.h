@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -93,30 +94,12 @@ class Model {
   // position into logits_last (B, V). Tn > 1 is a prefill, Tn == 1 a decode step.
   void infer(const int32_t* tokens, int64_t B, int64_t Tn, float* logits_last);
 
-  // ---- inference over a paged KV pool (serving: src/serve/engine.cpp) ----
-  // One KV pool per layer of n_blocks blocks of block_size positions, stored as kv_dtype;
-  // throws InvalidArgument when they would not fit in the machine's memory.
-  std::vector<nn::KVPool> kv_pools(int64_t n_blocks, int64_t block_size,
-                                   DType kv_dtype = DType::F32) const;
-  // A prompt chunk of one sequence: tokens (Tn) at positions pos0 .. pos0 + Tn - 1, their K/V
-  // written into the sequence's blocks (table: table_len ids of each pool), and the logits of
-  // the last one (V). The attention gathers the pos0 cached positions into a contiguous copy
-  // (nn::attn_layer_fwd_paged); the same arithmetic as infer() on a contiguous cache.
-  void prefill_paged(const int32_t* tokens, int64_t Tn, std::vector<nn::KVPool>& pools,
-                     const int32_t* table, int64_t table_len, int64_t pos0, float* logits_last);
-  // One decode step for the B sequences of seqs (seqs.lens[b]: positions after this step, so
-  // token b goes to position lens[b] - 1): logits (B, V). Every matrix product (attention
-  // projections, FFN, output head) runs once over the B rows, and each layer's attention is
-  // one attention_decode_paged call over all B sequences reading the blocks in place.
-  // Each row's logits equal infer() on that sequence alone up to the order of the sums.
-  void decode_paged(const int32_t* tokens, std::vector<nn::KVPool>& pools,
-                    const nn::PagedSeqs& seqs, float* logits);
+  // ---- what an inference session composes (infer::Session, include/diffattn/infer/) ----
+  // Const: one model serves any number of sessions, each bringing its own scratch; the paged
+  // KV store, the batch and the serving paths live in the infer room.
 
-  std::vector<float> params;  // flat, laid out by tensors()
-  std::vector<float> grads;   // same layout
-
- private:
-  // What one layer's forward keeps for the backward (N = B*T rows).
+  // What one layer's forward keeps for the backward (N = B*T rows); an inference session's
+  // scratch for the layer body (its buffers are resized, no allocation once large enough).
   struct LayerActs {
     std::vector<float> x_in;      // (N, C) the residual stream entering the layer
     std::vector<float> an;        // (N, C) rmsnorm(x_in, attn_norm)
@@ -129,6 +112,25 @@ class Model {
     std::vector<float> attn_out;  // (N, C) scratch: the attention, then the FFN branch output
     nn::AttnLayerActs attn;
   };
+  // The attention half of a layer: out (N, C) from an (N, C), the rows already normalised.
+  using AttnFn = std::function<void(float* out, const float* an)>;
+  // x (N, C) = the embeddings of tokens (N).
+  void embed(float* x, const int32_t* tokens, int64_t N) const;
+  // Layer l over N rows in place: x = x_mid + ffn(x_mid), x_mid = x + attn(rmsnorm(x)), the
+  // body training runs (layer_body), with the caller's attention and scratch a.
+  void layer_infer(int64_t l, LayerActs& a, float* x, int64_t N, const AttnFn& attn) const;
+  // logits (N, V) of rows x (N, C): the final norm, then the output head; normed and rstd are
+  // the caller's scratch.
+  void head(float* logits, const float* x, int64_t N, std::vector<float>& normed,
+            std::vector<float>& rstd) const;
+  nn::AttnLayerWeights attn_weights(int64_t l) const;
+  // RoPE's frequencies (D/2), scaled per config().rope_scaling (nn::rope_table's inv_freq).
+  const std::vector<double>& rope_inv_freq() const { return inv_freq_; }
+
+  std::vector<float> params;  // flat, laid out by tensors()
+  std::vector<float> grads;   // same layout
+
+ private:
   // One decoder layer over N rows, the body training, KV-cache inference and the paged
   // serving paths share: x_out = x_mid + down(silu(gate f) * up f), f = rmsnorm(x_mid),
   // x_mid = x_in + attn(rmsnorm(x_in)), where attn(out, an) is the caller's attention layer
@@ -137,14 +139,13 @@ class Model {
   // stream in place). Defined in model.cpp, its only user.
   template <class Attn>
   void layer_body(int64_t l, LayerActs& a, const float* x_in, float* x_out, int64_t N,
-                  Attn&& attn);
+                  Attn&& attn) const;
   // layer_body with nn::attn_layer_fwd over (B, T) rows; with save, a keeps what backward()
   // reads.
   void layer_fwd(int64_t l, LayerActs& a, const float* x_in, float* x_out, int64_t B, int64_t T,
                  const float* cos_t, const float* sin_t, nn::KVCache* cache, bool save);
   // The FFN half of layer_body over BT rows: from a.x_mid to x_out.
-  void ffn_fwd(int64_t l, LayerActs& a, float* x_out, int64_t BT);
-  nn::AttnLayerWeights attn_weights(int64_t l) const;
+  void ffn_fwd(int64_t l, LayerActs& a, float* x_out, int64_t BT) const;
   nn::AttnLayerGrads attn_grads(int64_t l);
   void rope_for(int64_t pos0, int64_t T);
   void require_trainable(const char* what) const;
@@ -184,7 +185,6 @@ class Model {
   struct InferScratch {
     LayerActs layer;
     std::vector<float> x, cos, sin, last, normed, rstd;
-    nn::KVCache gathered;  // prefill_paged: a sequence's cached positions, contiguous
   } infer_;
 };
 

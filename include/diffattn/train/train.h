@@ -27,7 +27,7 @@ struct GenerateOptions {
 
 // Prefills prompt ids through the KV cache, then decodes one token at a time; on_token (if
 // given) sees each new id and may return false to stop. Returns the new ids (without a stop id).
-std::vector<int32_t> generate_ids(Model& m, const std::vector<int32_t>& prompt,
+std::vector<int32_t> generate_ids(const Model& m, const std::vector<int32_t>& prompt,
                                   const GenerateOptions& o,
                                   const std::function<bool(int32_t)>& on_token = {});
 // The ids a model directory's generation ends at: generation_config.json's eos_token_id (a
@@ -45,7 +45,7 @@ void restrict_to_tokens(SamplerOptions& o, const Tokenizer& tok, int64_t model_v
 // piece of text to on_text as soon as it is known (streamed output): whole UTF-8 characters, an
 // invalid or unfinished byte sequence as U+FFFD (base/text.h, Utf8Stream). Returns the new
 // text, valid UTF-8 the same way. Only ids the tokenizer has are drawn (restrict_to_tokens).
-std::string generate(Model& m, const Tokenizer& tok, const std::string& prompt,
+std::string generate(const Model& m, const Tokenizer& tok, const std::string& prompt,
                      const GenerateOptions& o,
                      const std::function<void(const std::string&)>& on_text = {});
 

@@ -1,0 +1,129 @@
+// The KV store of inference: one pool of fixed-size blocks per layer (nn::KVPool), the block
+// allocator with its prefix cache, and each open sequence's block table and length. Position j
+// of a sequence is row j % block_size of block table[j / block_size] in every pool. A contiguous
+// cache is a store of one sequence (one nn::KVCache per layer, no blocks).
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "diffattn/base/dtype.h"
+#include "diffattn/model/model.h"
+#include "diffattn/nn/attention_layer.h"
+
+namespace diffattn::infer {
+
+// Fixed-size blocks of KV positions from one pool of n_blocks, with automatic prefix caching:
+// a block that holds a whole block of a prompt can be registered under a key (a hash of its
+// tokens chained to its prefix's key), and a later sequence whose prompt starts with the same
+// tokens takes it (a reference) instead of computing it again. A block is free when nothing
+// refers to it; a free registered block keeps its K/V and its key until it is needed for
+// something else, the least recently used first. Not thread-safe (one thread owns a store).
+class BlockAllocator {
+ public:
+  BlockAllocator(int64_t n_blocks, int64_t block_size);
+  // Throws InvalidArgument unless n_blocks is in 1..2^30 and block_size in 1..4096.
+  static void check_sizes(int64_t n_blocks, int64_t block_size);
+  int64_t block_size() const { return block_size_; }
+  int64_t total() const { return static_cast<int64_t>(ref_.size()); }
+  // Blocks that allocate() can hand out: never used or released, and cached ones nothing refers to.
+  int64_t free_blocks() const { return static_cast<int64_t>(free_.size() + lru_.size()); }
+  // Registered blocks (whether referred to or not).
+  int64_t cached_blocks() const { return static_cast<int64_t>(by_key_.size()); }
+  // Blocks needed for `positions` KV positions.
+  int64_t blocks_for(int64_t positions) const;
+  // Appends n block ids to table, or returns false (and takes nothing) if fewer than n are free.
+  // Blocks never registered go first, then registered ones nothing refers to, least recently
+  // used first (their keys are forgotten).
+  bool allocate(int64_t n, std::vector<int32_t>& table);
+  // Drops a reference to every block of table and clears it; a block not allocated, or given
+  // twice, is an InvalidArgument (and nothing is released).
+  void release(std::vector<int32_t>& table);
+
+  // The key of a block of tokens (block_size of them) after a prefix whose key is `parent`
+  // (kRootKey for the first block).
+  static constexpr uint64_t kRootKey = 0x6a09e667f3bcc908ull;
+  uint64_t key_of(uint64_t parent, const int32_t* tokens) const;
+  // The block registered under key with exactly these tokens, a reference taken; -1 if none.
+  int32_t lookup(uint64_t key, const int32_t* tokens);
+  // Registers allocated block b as holding `tokens` under key; false (nothing changes) when the
+  // key already has a block.
+  bool register_block(int32_t b, uint64_t key, const int32_t* tokens);
+
+ private:
+  void forget(int32_t b);
+  int64_t block_size_;
+  std::vector<int32_t> free_;  // a stack: the most recently freed block is reused first
+  std::vector<int32_t> ref_;   // references to each block (0: free or cached-and-free)
+  struct Cached {
+    uint64_t key = 0;
+    std::vector<int32_t> tokens;
+    std::list<int32_t>::iterator lru;  // valid while free (ref 0)
+  };
+  std::unordered_map<int32_t, Cached> cached_;  // the registered blocks
+  std::unordered_map<uint64_t, int32_t> by_key_;
+  std::list<int32_t> lru_;  // registered blocks nothing refers to, least recently used first
+};
+
+// The pools of every layer of a model, their allocator and the open sequences. A sequence is
+// opened (an id), given blocks (its table, through blocks()), filled by Session::decode (which
+// advances its length) and closed (its blocks released). Not thread-safe.
+class KvStore {
+ public:
+  // n_blocks blocks of block_size positions per layer, stored as kv_dtype (F32, or BF16/F16:
+  // half the bytes, rounded once when written, read with float32 arithmetic). Throws
+  // InvalidArgument for sizes out of BlockAllocator's range or a store that would not fit in
+  // the machine's memory, before anything is allocated.
+  KvStore(const Model& m, int64_t n_blocks, int64_t block_size, DType kv_dtype = DType::F32);
+  // A contiguous store: one sequence (id 0, open from the start) of up to `capacity` positions
+  // (at most the model's max_seq_len) in one nn::KVCache per layer: one generation's cache,
+  // run by the tiled forward against the whole cache for any number of rows (Model::infer's
+  // arithmetic). It has no blocks (blocks() throws) and holds no other sequence.
+  struct Contiguous {
+    int64_t capacity = 0;
+  };
+  KvStore(const Model& m, Contiguous c, DType kv_dtype = DType::F32);
+  KvStore(const KvStore&) = delete;
+  KvStore& operator=(const KvStore&) = delete;
+
+  struct Seq {
+    std::vector<int32_t> table;  // block ids, the same in every pool
+    int64_t len = 0;             // positions holding K/V (rows [0, len) of the table's blocks)
+  };
+  // A new sequence with no blocks and no positions: the lowest free id (a contiguous store:
+  // InvalidArgument, its one sequence is always open).
+  int32_t open();
+  // Releases the sequence's blocks to the allocator and frees its id (a contiguous store's
+  // sequence is emptied instead).
+  void close(int32_t id);
+  bool is_open(int32_t id) const;
+  // An open sequence (throws InvalidArgument naming the id otherwise).
+  Seq& seq(int32_t id);
+  const Seq& seq(int32_t id) const;
+
+  // Positions the sequence can hold: its table's blocks, or the contiguous capacity.
+  int64_t capacity(int32_t id) const;
+
+  bool contiguous() const { return !caches_.empty(); }
+  BlockAllocator& blocks();
+  const BlockAllocator& blocks() const;
+  std::vector<nn::KVPool>& pools() { return pools_; }        // paged: one per layer
+  std::vector<nn::KVCache>& caches() { return caches_; }     // contiguous: one per layer
+  int64_t block_size() const { return alloc_ ? alloc_->block_size() : 0; }
+  int64_t n_layers() const { return static_cast<int64_t>(contiguous() ? caches_.size() : pools_.size()); }
+  DType kv_dtype() const { return kv_dtype_; }
+
+ private:
+  DType kv_dtype_;
+  // The pools first: a pool that cannot fit is refused (with its size) before anything else.
+  std::vector<nn::KVPool> pools_;  // one per layer, (n_blocks, block_size, ...) each
+  std::optional<BlockAllocator> alloc_;  // paged stores only
+  std::vector<nn::KVCache> caches_;       // contiguous stores only: (1, capacity, ...) each
+  std::vector<Seq> seqs_;
+  std::vector<uint8_t> open_;  // (seqs_.size()) 1: id in use
+};
+
+}  // namespace diffattn::infer

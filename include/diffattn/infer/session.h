@@ -1,0 +1,67 @@
+// An inference session: a model shared read-only (const&), a KV store, and the scratch one
+// forward needs. decode(batch) is the one way tokens go through the model for inference: the
+// session, not the model, changes (llama.cpp's llama_context and llama_decode).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "diffattn/infer/batch.h"
+#include "diffattn/infer/kv_store.h"
+#include "diffattn/model/model.h"
+
+namespace diffattn::infer {
+
+class Session {
+ public:
+  // The model and the store must outlive the session; one thread at a time uses it (a model
+  // may serve several sessions on several threads: it is only read).
+  Session(const Model& m, KvStore& kv);
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  const Model& model() const { return m_; }
+  KvStore& kv() { return kv_; }
+
+  // Runs the batch's rows: each row's K/V go into its sequence's blocks, and the rows whose
+  // logits are wanted get them, in row order, in logits (batch.n_logits(), V).
+  //   - A sequence's rows continue it: at positions len, len + 1, ... (its KvStore length,
+  //     advanced here), within the blocks of its table and the model's max_seq_len.
+  //   - Sequences with one row are decode steps, batched: every matrix product (attention
+  //     projections, FFN, output head) runs once over those rows, and each layer's attention
+  //     is one attention_decode_paged call over all of them, reading the blocks in place.
+  //   - A sequence with several rows is a prompt chunk, run after the decode steps, one
+  //     sequence at a time: its attention gathers the sequence's cached positions into a
+  //     contiguous copy and runs the tiled forward (nn::attn_layer_fwd_paged).
+  //   - A contiguous store's one sequence: its rows, one or many, against the whole cache
+  //     (nn::attn_layer_fwd), as Model::infer on a cache of one sequence.
+  // Each row's logits equal a contiguous-cache forward of that sequence alone up to the order
+  // of the sums. Throws InvalidArgument (nothing run) for a malformed batch.
+  void decode(const Batch& batch, float* logits);
+
+ private:
+  // The decode steps: rows (B) of one-row sequences, their logits into out rows.
+  void decode_rows(const Batch& batch, const std::vector<int64_t>& rows,
+                   const std::vector<int64_t>& out_row, float* logits);
+  // One sequence's prompt chunk: rows (T, consecutive positions from the sequence's length).
+  void decode_chunk(const Batch& batch, const std::vector<int64_t>& rows,
+                    const std::vector<int64_t>& out_row, float* logits);
+  // The rows of a contiguous store's one sequence.
+  void decode_contiguous(const Batch& batch, const std::vector<int64_t>& rows,
+                         const std::vector<int64_t>& out_row, float* logits);
+  // The logits of the rows of x (N, C) that want them: x's row k is batch row rows[k], whose
+  // logits go to row out_row[rows[k]] of logits (-1: not wanted).
+  void logits_of(const float* x, int64_t N, const std::vector<int64_t>& rows,
+                 const std::vector<int64_t>& out_row, float* logits);
+
+  const Model& m_;
+  KvStore& kv_;
+  // Reused by every layer and every call: after the first calls, a step allocates nothing.
+  Model::LayerActs layer_;
+  std::vector<float> x_, cos_, sin_, picked_, normed_, rstd_, head_out_;
+  std::vector<int32_t> toks_, tables_;
+  std::vector<int64_t> lens_;
+  nn::KVCache gathered_;  // a prompt chunk's cached positions, contiguous
+};
+
+}  // namespace diffattn::infer

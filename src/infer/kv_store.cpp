@@ -1,0 +1,226 @@
+// The paged KV store (kv_store.h): the block allocator with its prefix cache, the pools of
+// every layer and the open sequences' tables.
+#include "diffattn/infer/kv_store.h"
+
+#include <algorithm>
+#include <string>
+
+#include "diffattn/base/error.h"
+#include "diffattn/base/memory.h"
+
+namespace diffattn::infer {
+
+// ---- BlockAllocator ----
+
+BlockAllocator::BlockAllocator(int64_t n_blocks, int64_t block_size) : block_size_(block_size) {
+  check_sizes(n_blocks, block_size);
+  ref_.assign(static_cast<size_t>(n_blocks), 0);
+  free_.reserve(static_cast<size_t>(n_blocks));
+  for (int64_t i = n_blocks - 1; i >= 0; --i) free_.push_back(static_cast<int32_t>(i));
+}
+
+void BlockAllocator::check_sizes(int64_t n_blocks, int64_t block_size) {
+  if (n_blocks < 1 || n_blocks > (int64_t{1} << 30)) {
+    throw InvalidArgument("KV pool: the number of blocks must be in 1..2^30, got " +
+                          std::to_string(n_blocks));
+  }
+  if (block_size < 1 || block_size > 4096) {
+    throw InvalidArgument("KV pool: the block size must be in 1..4096 positions, got " +
+                          std::to_string(block_size));
+  }
+}
+
+int64_t BlockAllocator::blocks_for(int64_t positions) const {
+  return positions <= 0 ? 0 : (positions + block_size_ - 1) / block_size_;
+}
+
+void BlockAllocator::forget(int32_t b) {
+  const auto it = cached_.find(b);
+  if (it == cached_.end()) return;
+  by_key_.erase(it->second.key);
+  cached_.erase(it);
+}
+
+bool BlockAllocator::allocate(int64_t n, std::vector<int32_t>& table) {
+  if (n < 0) throw InvalidArgument("KV pool: cannot allocate " + std::to_string(n) + " blocks");
+  if (n > free_blocks()) return false;
+  for (int64_t i = 0; i < n; ++i) {
+    int32_t b;
+    if (!free_.empty()) {
+      b = free_.back();
+      free_.pop_back();
+    } else {
+      b = lru_.front();  // the least recently used cached block: its K/V is overwritten
+      lru_.pop_front();
+      forget(b);
+    }
+    ref_[static_cast<size_t>(b)] = 1;
+    table.push_back(b);
+  }
+  return true;
+}
+
+void BlockAllocator::release(std::vector<int32_t>& table) {
+  std::vector<int32_t> sorted = table;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const int32_t b = sorted[i];
+    if (b < 0 || b >= total() || ref_[static_cast<size_t>(b)] == 0 ||
+        (i > 0 && sorted[i - 1] == b)) {
+      throw InvalidArgument("KV pool: block " + std::to_string(b) +
+                            " is not allocated (or is in the table twice)");
+    }
+  }
+  for (const int32_t b : table) {
+    if (--ref_[static_cast<size_t>(b)] > 0) continue;
+    const auto it = cached_.find(b);
+    if (it != cached_.end()) {
+      it->second.lru = lru_.insert(lru_.end(), b);  // kept, most recently used last
+    } else {
+      free_.push_back(b);
+    }
+  }
+  table.clear();
+}
+
+uint64_t BlockAllocator::key_of(uint64_t parent, const int32_t* tokens) const {
+  // FNV-1a over the parent's key and the tokens, then a final mix (splitmix64's).
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto eat = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 0x100000001b3ull;
+    }
+  };
+  eat(parent);
+  for (int64_t i = 0; i < block_size_; ++i) eat(static_cast<uint32_t>(tokens[i]));
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebull;
+  return h ^ (h >> 31);
+}
+
+int32_t BlockAllocator::lookup(uint64_t key, const int32_t* tokens) {
+  const auto it = by_key_.find(key);
+  if (it == by_key_.end()) return -1;
+  const int32_t b = it->second;
+  Cached& c = cached_.at(b);
+  if (!std::equal(c.tokens.begin(), c.tokens.end(), tokens)) return -1;  // a collision of keys
+  if (ref_[static_cast<size_t>(b)]++ == 0) lru_.erase(c.lru);
+  return b;
+}
+
+bool BlockAllocator::register_block(int32_t b, uint64_t key, const int32_t* tokens) {
+  if (b < 0 || b >= total() || ref_[static_cast<size_t>(b)] == 0) {
+    throw InvalidArgument("KV pool: cannot register block " + std::to_string(b) + ": not allocated");
+  }
+  if (cached_.count(b) != 0 || by_key_.count(key) != 0) return false;
+  Cached& c = cached_[b];
+  c.key = key;
+  c.tokens.assign(tokens, tokens + block_size_);
+  by_key_.emplace(key, b);
+  return true;
+}
+
+// ---- KvStore ----
+
+namespace {
+
+// The pools of every layer, after the sizes are checked and the whole store is known to fit.
+std::vector<nn::KVPool> make_pools(const Model& m, int64_t n_blocks, int64_t block_size,
+                                   DType kv_dtype) {
+  BlockAllocator::check_sizes(n_blocks, block_size);
+  const ModelConfig& cfg = m.config();
+  double bytes = 0;
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    const nn::AttnLayerShape s = cfg.attn_shape(l);
+    bytes += static_cast<double>(n_blocks) * static_cast<double>(block_size) *
+             static_cast<double>(s.n_k() + s.n_v()) * static_cast<double>(dtype_size(kv_dtype));
+  }
+  check_fits_in_memory(bytes, "the KV pool (" + std::to_string(n_blocks) + " blocks of " +
+                                  std::to_string(block_size) + " positions, " +
+                                  std::to_string(cfg.n_layers) + " layers)");
+  std::vector<nn::KVPool> pools(static_cast<size_t>(cfg.n_layers));
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    pools[static_cast<size_t>(l)].reset(cfg.attn_shape(l), n_blocks, block_size, kv_dtype);
+  }
+  return pools;
+}
+
+}  // namespace
+
+KvStore::KvStore(const Model& m, int64_t n_blocks, int64_t block_size, DType kv_dtype)
+    : kv_dtype_(kv_dtype), pools_(make_pools(m, n_blocks, block_size, kv_dtype)),
+      alloc_(std::in_place, n_blocks, block_size) {}
+
+KvStore::KvStore(const Model& m, Contiguous c, DType kv_dtype) : kv_dtype_(kv_dtype) {
+  const ModelConfig& cfg = m.config();
+  if (c.capacity < 1) {
+    throw InvalidArgument("KV store: a contiguous cache needs a capacity >= 1, got " +
+                          std::to_string(c.capacity));
+  }
+  const int64_t capacity = std::min(c.capacity, cfg.max_seq_len);
+  caches_.resize(static_cast<size_t>(cfg.n_layers));
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    caches_[static_cast<size_t>(l)].reset(cfg.attn_shape(l), 1, capacity, kv_dtype);
+  }
+  open_.assign(1, 1);
+  seqs_.emplace_back();
+}
+
+BlockAllocator& KvStore::blocks() {
+  if (!alloc_) throw InvalidArgument("KV store: a contiguous cache has no blocks");
+  return *alloc_;
+}
+
+const BlockAllocator& KvStore::blocks() const { return const_cast<KvStore*>(this)->blocks(); }
+
+int64_t KvStore::capacity(int32_t id) const {
+  if (contiguous()) {
+    seq(id);  // throws for an id that is not the one sequence
+    return caches_[0].capacity;
+  }
+  return static_cast<int64_t>(seq(id).table.size()) * alloc_->block_size();
+}
+
+int32_t KvStore::open() {
+  if (contiguous()) throw InvalidArgument("KV store: a contiguous cache holds one sequence (id 0)");
+  const auto it = std::find(open_.begin(), open_.end(), uint8_t{0});
+  const size_t id = static_cast<size_t>(it - open_.begin());
+  if (id == open_.size()) {
+    open_.push_back(0);
+    seqs_.emplace_back();
+  }
+  open_[id] = 1;
+  seqs_[id] = Seq{};
+  return static_cast<int32_t>(id);
+}
+
+bool KvStore::is_open(int32_t id) const {
+  return id >= 0 && static_cast<size_t>(id) < open_.size() && open_[static_cast<size_t>(id)] != 0;
+}
+
+KvStore::Seq& KvStore::seq(int32_t id) {
+  if (!is_open(id)) {
+    throw InvalidArgument("KV store: sequence " + std::to_string(id) + " is not open");
+  }
+  return seqs_[static_cast<size_t>(id)];
+}
+
+const KvStore::Seq& KvStore::seq(int32_t id) const {
+  return const_cast<KvStore*>(this)->seq(id);
+}
+
+void KvStore::close(int32_t id) {
+  Seq& s = seq(id);
+  if (contiguous()) {
+    s.len = 0;
+    return;
+  }
+  alloc_->release(s.table);
+  s.len = 0;
+  open_[static_cast<size_t>(id)] = 0;
+}
+
+}  // namespace diffattn::infer
