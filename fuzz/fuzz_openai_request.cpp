@@ -1,6 +1,6 @@
 // Fuzzes the OpenAI request layer of `diffattn serve` (src/serve/openai.cpp) without sockets:
 // parse_request on a body as /v1/completions and as /v1/chat/completions (with its penalties,
-// logit_bias, logprobs, echo and response_format schemas compiled by the grammar engine), then a
+// logit_bias, logprobs, echo, tools, tool calls and response_format schemas compiled by the grammar engine), then a
 // chat template (Llama 3's, through the engine of src/tokenize) over what it accepted, the bodies
 // of POST /tokenize and POST /detokenize, the --api-key check of an Authorization header, and
 // ChatTemplate::from_config on the same bytes as a tokenizer_config.json. Every input either
@@ -36,7 +36,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     try {
       const ApiRequest r = parse_request(body, chat, lim);
       if (r.n < 1 || r.n > lim.max_n) std::abort();
-      if (r.max_tokens && (*r.max_tokens < 1 || *r.max_tokens > lim.max_tokens)) std::abort();
+      if (r.max_tokens && (*r.max_tokens < (chat ? 1 : 0) || *r.max_tokens > lim.max_tokens)) std::abort();
+      if (!r.tools.is_null() && (!chat || !r.tools.is_array() || r.tools.size() > lim.max_tools)) std::abort();
+      for (const ChatMessage& m : r.messages) {
+        if (m.message.at("role") == "developer" || !m.message.is_object()) std::abort();
+      }
       if (r.top_logprobs < 0 || r.top_logprobs > lim.max_logprobs) std::abort();
       if (!(r.presence_penalty >= -2 && r.presence_penalty <= 2)) std::abort();
       if (!(r.frequency_penalty >= -2 && r.frequency_penalty <= 2)) std::abort();
@@ -49,7 +53,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         diffattn::grammar::Matcher m(*r.grammar);
         (void)m.allowed_bytes();
       }
-      if (chat) (void)tmpl.render(r.messages, true);
+      if (chat) (void)tmpl.render(r.messages, true, r.tools);
     } catch (const ApiError& e) {
       if (e.status < 400 || e.status > 499) std::abort();
       (void)nlohmann::json::parse(error_json(e.what(), e.type, e.param, e.code));

@@ -131,7 +131,7 @@ std::shared_ptr<Sequence> Engine::submit(SeqRequest r) {
                             std::to_string(V - 1) + ")");
     }
   }
-  if (r.max_tokens < 1) throw InvalidArgument("max_tokens must be >= 1");
+  if (r.max_tokens < 0) throw InvalidArgument("max_tokens must be >= 0");
   if (P + r.max_tokens > cap) {
     throw InvalidArgument("the prompt (" + std::to_string(P) + " tokens) plus max_tokens (" +
                           std::to_string(r.max_tokens) + ") exceed the model's context of " +
@@ -384,7 +384,13 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
         budget -= n;
         prompt_done += n;
         ++advanced;
-        if (r->prefilled == P) take(*r, &logits[static_cast<size_t>((every ? n - 1 : 0) * V)]);
+        if (r->prefilled == P) {
+          if (r->req.max_tokens == 0) {
+            finish(*r, Finish::kLength);  // the prompt alone (its log probabilities, say)
+          } else {
+            take(*r, &logits[static_cast<size_t>((every ? n - 1 : 0) * V)]);
+          }
+        }
       }
     } catch (const std::exception& e) {
       finish(*r, Finish::kError, e.what());

@@ -122,7 +122,73 @@ json parse_body(const std::string& body) {
   return j;
 }
 
-std::vector<ChatMessage> parse_messages(const json& v, const ApiLimits& lim, std::vector<std::string>& ignored) {
+// tools: [{"type": "function", "function": {"name", "description", "parameters"}}]; the
+// ordered copy (o) is what the template sees. Counts its JSON text into `bytes`.
+ordered_json parse_tools(const json& v, const ordered_json& o, const ApiLimits& lim, size_t& bytes) {
+  const std::string k = "tools";
+  if (!v.is_array()) wrong_type(k, "an array of tools", v);
+  if (v.size() > lim.max_tools) out_of_range(k, "at most " + std::to_string(lim.max_tools) + " tools", v);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string f = k + "[" + std::to_string(i) + "]";
+    const json& t = v[i];
+    if (!t.is_object()) wrong_type(f, "an object {\"type\": \"function\", \"function\": {...}}", t);
+    if (!t.contains("type") || string(t["type"], f + ".type") != "function") {
+      throw ApiError("'" + f + ".type' must be \"function\"", f + ".type");
+    }
+    if (!t.contains("function")) throw ApiError("'" + f + ".function' is missing", f + ".function");
+    const json& fn = t["function"];
+    if (!fn.is_object()) wrong_type(f + ".function", "an object {\"name\", \"description\", \"parameters\"}", fn);
+    if (!fn.contains("name")) throw ApiError("'" + f + ".function.name' is missing", f + ".function.name");
+    string(fn["name"], f + ".function.name");
+    if (fn.contains("description") && !fn["description"].is_null()) string(fn["description"], f + ".function.description");
+    if (fn.contains("parameters") && !fn["parameters"].is_null() && !fn["parameters"].is_object()) {
+      wrong_type(f + ".function.parameters", "a JSON schema object", fn["parameters"]);
+    }
+  }
+  bytes += o.dump().size();
+  return o;
+}
+
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name",
+// "arguments"}}]. arguments is a string of JSON in OpenAI's API; where it holds an object, the
+// template gets the object (transformers' tool-use templates write `arguments | tojson`).
+ordered_json parse_tool_calls(const json& v, const ordered_json& o, const std::string& field,
+                              const ApiLimits& lim, size_t& bytes) {
+  if (!v.is_array()) wrong_type(field, "an array of tool calls", v);
+  if (v.size() > lim.max_tools) out_of_range(field, "at most " + std::to_string(lim.max_tools) + " calls", v);
+  ordered_json out = o;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string f = field + "[" + std::to_string(i) + "]";
+    const json& c = v[i];
+    if (!c.is_object()) wrong_type(f, "an object {\"id\", \"type\": \"function\", \"function\": {...}}", c);
+    if (c.contains("id") && !c["id"].is_null()) string(c["id"], f + ".id");
+    if (c.contains("type") && !c["type"].is_null() && string(c["type"], f + ".type") != "function") {
+      throw ApiError("'" + f + ".type' must be \"function\"", f + ".type");
+    }
+    if (!c.contains("function")) throw ApiError("'" + f + ".function' is missing", f + ".function");
+    const json& fn = c["function"];
+    if (!fn.is_object()) wrong_type(f + ".function", "an object {\"name\", \"arguments\"}", fn);
+    if (!fn.contains("name")) throw ApiError("'" + f + ".function.name' is missing", f + ".function.name");
+    string(fn["name"], f + ".function.name");
+    if (!fn.contains("arguments") || fn["arguments"].is_null()) continue;
+    const json& a = fn["arguments"];
+    if (a.is_object()) continue;
+    const std::string& text = string(a, f + ".function.arguments");
+    json parsed;
+    try {
+      parsed = parse_json_bounded(text, f + ".function.arguments");
+    } catch (const InvalidArgument&) {
+      continue;  // not JSON: the template gets the string as given
+    }
+    if (parsed.is_object()) out[i]["function"]["arguments"] = ordered_json::parse(text);
+  }
+  bytes += out.dump().size();
+  return out;
+}
+
+// messages; `o` is the same array in its key order when a message has tool_calls (else null).
+std::vector<ChatMessage> parse_messages(const json& v, const ordered_json& o, const ApiLimits& lim,
+                                        size_t& bytes, std::vector<std::string>& ignored) {
   const std::string k = "messages";
   if (!v.is_array()) wrong_type(k, "an array of messages", v);
   if (v.empty()) throw ApiError("'messages' must not be empty", k);
@@ -130,30 +196,54 @@ std::vector<ChatMessage> parse_messages(const json& v, const ApiLimits& lim, std
     out_of_range(k, "at most " + std::to_string(lim.max_messages) + " messages", v);
   }
   std::vector<ChatMessage> out;
-  size_t bytes = 0;
   for (size_t i = 0; i < v.size(); ++i) {
     const std::string f = "messages[" + std::to_string(i) + "]";
     const json& m = v[i];
     if (!m.is_object()) wrong_type(f, "an object {\"role\", \"content\"}", m);
     ChatMessage cm;
+    bool content_null = false;
+    std::optional<std::string> name, tool_call_id;
+    ordered_json tool_calls = nullptr;
     for (const auto& [mk, mv] : m.items()) {
       if (mk == "role") {
         cm.role = string(mv, f + ".role");
       } else if (mk == "content") {
-        cm.content = content_text(mv, f + ".content");
+        if (mv.is_null()) {
+          content_null = true;
+        } else {
+          cm.content = content_text(mv, f + ".content");
+        }
       } else if (mk == "name") {
-        if (!mv.is_null()) string(mv, f + ".name");
+        if (!mv.is_null()) name = string(mv, f + ".name");
+      } else if (mk == "tool_call_id") {
+        if (!mv.is_null()) tool_call_id = string(mv, f + ".tool_call_id");
+      } else if (mk == "tool_calls") {
+        if (!mv.is_null()) tool_calls = parse_tool_calls(mv, o.at(i).at("tool_calls"), f + ".tool_calls", lim, bytes);
       } else {
         ignored.push_back("messages[]." + mk);
       }
     }
     if (!m.contains("role")) throw ApiError("'" + f + ".role' is missing", f + ".role");
-    if (!m.contains("content")) throw ApiError("'" + f + ".content' is missing", f + ".content");
-    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant") {
-      throw ApiError("'" + f + ".role' must be \"system\", \"user\" or \"assistant\", got " +
+    static const std::set<std::string> roles = {"system", "developer", "user", "assistant", "tool"};
+    if (!roles.count(cm.role)) {
+      throw ApiError("'" + f + ".role' must be \"system\", \"developer\", \"user\", \"assistant\" or \"tool\", got " +
                          quote_name(cm.role, 40),
                      f + ".role", 400, "invalid_request_error", "invalid_value");
     }
+    if (!tool_calls.is_null() && cm.role != "assistant") {
+      throw ApiError("'" + f + ".tool_calls' belongs to assistant messages, this one is \"" + cm.role + "\"",
+                     f + ".tool_calls");
+    }
+    // Only an assistant message that calls tools may go without content.
+    if ((!m.contains("content") || content_null) && tool_calls.is_null()) {
+      throw ApiError("'" + f + ".content' is missing", f + ".content");
+    }
+    // A tool-calling assistant message without content gets "": templates use the content as a
+    // string (Qwen3's tests `'</think>' in message.content`, which fails on None).
+    cm.message = {{"role", cm.role == "developer" ? std::string("system") : cm.role}, {"content", cm.content}};
+    if (name) cm.message["name"] = *name;
+    if (!tool_calls.is_null()) cm.message["tool_calls"] = std::move(tool_calls);
+    if (tool_call_id) cm.message["tool_call_id"] = *tool_call_id;
     bytes += cm.content.size();
     if (bytes > lim.max_prompt_bytes) {
       throw ApiError("the messages' contents are longer than " +
@@ -163,6 +253,32 @@ std::vector<ChatMessage> parse_messages(const json& v, const ApiLimits& lim, std
     out.push_back(std::move(cm));
   }
   return out;
+}
+
+// The body in its key order, where a template will see objects the client wrote (tools, tool
+// calls); null otherwise. The body already passed parse_body's checks.
+ordered_json ordered_if_needed(const std::string& body, const json& j) {
+  bool need = j.contains("tools") && !j["tools"].is_null();
+  if (j.contains("messages") && j["messages"].is_array()) {
+    for (const json& m : j["messages"]) need = need || (m.is_object() && m.contains("tool_calls"));
+  }
+  return need ? ordered_json::parse(body) : ordered_json();
+}
+
+// messages and tools of a chat request or a /tokenize request.
+void parse_chat_fields(const json& j, const ordered_json& o, const ApiLimits& lim,
+                       std::vector<ChatMessage>& messages, ordered_json& tools,
+                       std::vector<std::string>& ignored) {
+  size_t bytes = 0;
+  if (j.contains("tools") && !j["tools"].is_null()) tools = parse_tools(j["tools"], o.at("tools"), lim, bytes);
+  if (j.contains("messages") && !j["messages"].is_null()) {
+    messages = parse_messages(j["messages"], o.is_null() ? o : o.at("messages"), lim, bytes, ignored);
+  }
+  if (bytes > lim.max_prompt_bytes) {
+    throw ApiError("the messages' contents and the tools are longer than " +
+                       std::to_string(lim.max_prompt_bytes) + " bytes together",
+                   "messages", 400, "invalid_request_error", "prompt_too_long");
+  }
 }
 
 std::string prompt_string(const json& v, const std::string& k, const ApiLimits& lim) {
@@ -267,7 +383,10 @@ ApiRequest parse_request(const std::string& body, bool chat, const ApiLimits& li
       r.model = string(v, k);
     } else if (k == "max_tokens" || (chat && k == "max_completion_tokens")) {
       const int64_t m = integer(v, k);
-      if (m < 1 || m > lim.max_tokens) out_of_range(k, "in 1.." + std::to_string(lim.max_tokens), v);
+      const int64_t least = chat ? 1 : 0;  // completions: 0 scores the prompt (with echo)
+      if (m < least || m > lim.max_tokens) {
+        out_of_range(k, "in " + std::to_string(least) + ".." + std::to_string(lim.max_tokens), v);
+      }
       (k == "max_tokens" ? max_tokens : max_completion_tokens) = m;
     } else if (k == "temperature") {
       r.temperature = number(v, k);
@@ -376,14 +495,15 @@ ApiRequest parse_request(const std::string& body, bool chat, const ApiLimits& li
       } else {
         wrong_type(k, "a string or an array of token ids", v);
       }
-    } else if (chat && k == "messages") {
-      r.messages = parse_messages(v, lim, r.ignored);
+    } else if (chat && (k == "messages" || k == "tools")) {
+      // below, together
     } else {
-      // "user", "store", "metadata", "tools", "suffix", "best_of", ... and names this server
+      // "user", "store", "metadata", "tool_choice", "suffix", "best_of", ... and names this server
       // does not know: ignored, as vLLM and llama.cpp do (the server logs each once).
       r.ignored.push_back(k);
     }
   }
+  if (chat) parse_chat_fields(j, ordered_if_needed(body, j), lim, r.messages, r.tools, r.ignored);
   if (chat && r.messages.empty()) throw ApiError("'messages' is required", "messages");
   if (!chat && !j.contains("prompt")) throw ApiError("'prompt' is required", "prompt");
   if (!chat && r.prompt_is_ids && r.prompt_ids.empty()) {
@@ -409,8 +529,8 @@ TokenizeRequest parse_tokenize(const std::string& body, const ApiLimits& lim) {
       r.model = string(v, k);
     } else if (k == "prompt") {
       r.prompt = prompt_string(json(string(v, k)), k, lim);
-    } else if (k == "messages") {
-      r.messages = parse_messages(v, lim, r.ignored);
+    } else if (k == "messages" || k == "tools") {
+      // below, together
     } else if (k == "add_generation_prompt") {
       r.add_generation_prompt = boolean(v, k);
     } else if (k == "add_special_tokens") {
@@ -419,10 +539,12 @@ TokenizeRequest parse_tokenize(const std::string& body, const ApiLimits& lim) {
       r.ignored.push_back(k);
     }
   }
+  parse_chat_fields(j, ordered_if_needed(body, j), lim, r.messages, r.tools, r.ignored);
   const bool has_prompt = j.contains("prompt") && !j["prompt"].is_null();
   if (has_prompt == !r.messages.empty()) {
     throw ApiError("give exactly one of 'prompt' (a string) and 'messages'", "prompt");
   }
+  if (!r.tools.is_null() && r.messages.empty()) throw ApiError("'tools' needs 'messages'", "tools");
   return r;
 }
 
@@ -499,11 +621,13 @@ ChatTemplate ChatTemplate::from_config(const std::string& text, const std::strin
 ChatTemplate::ChatTemplate(tokenize::ModelChatTemplates t)
     : t_(std::make_shared<const tokenize::ModelChatTemplates>(std::move(t))) {}
 
-std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                 const nlohmann::ordered_json& tools) const {
   nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
-  for (const ChatMessage& m : messages) msgs.push_back({{"role", m.role}, {"content", m.content}});
+  for (const ChatMessage& m : messages) msgs.push_back(m.message);
   tokenize::RenderOptions o;
   o.add_generation_prompt = add_generation_prompt;
+  o.tools = tools;
   try {
     return t_->render(msgs, o);
   } catch (const tokenize::TemplateError& e) {

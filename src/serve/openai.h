@@ -30,20 +30,27 @@ std::string error_json(const std::string& message, const std::string& type = "in
                        const std::string& param = "", const std::string& code = "");
 
 struct ApiLimits {
-  size_t max_prompt_bytes = 256 * 1024;  // a prompt, or all messages' contents together
+  size_t max_prompt_bytes = 256 * 1024;  // a prompt, or all messages' contents and tools together
   int64_t max_prompt_ids = 65536;        // a prompt given as token ids
   int64_t max_tokens = 4096;             // the largest max_tokens accepted
   int64_t max_n = 16;
   size_t max_stop = 4;                   // stop strings
   size_t max_stop_bytes = 256;           // each
   size_t max_messages = 1024;
+  size_t max_tools = 128;                // tools, and tool calls in one message
   int64_t max_logprobs = 20;             // top_logprobs (chat), logprobs (completions)
   size_t max_logit_bias = 1024;          // entries of logit_bias
   size_t max_schema_bytes = 64 * 1024;   // response_format's json_schema.schema, as JSON text
 };
 
+// One chat message. Roles: system, developer (OpenAI's newer name of system: the template sees
+// "system", as templates written before it know no other), user, assistant, tool. `message` is
+// what the chat template sees, in this order: role, content (text; "" for a tool-calling
+// assistant message without content), name, tool_calls (each call's function.arguments as a JSON object when the string given is
+// one, as transformers' tool-use templates expect and vLLM converts), tool_call_id.
 struct ChatMessage {
   std::string role, content;
+  nlohmann::ordered_json message;
 };
 
 struct ApiRequest {
@@ -53,7 +60,14 @@ struct ApiRequest {
   std::vector<int32_t> prompt_ids;   // ... or token ids (then prompt_is_ids)
   bool prompt_is_ids = false;
   std::vector<ChatMessage> messages;  // chat
-  std::optional<int64_t> max_tokens;  // absent: the endpoint's default
+  // chat: the function tools ([{"type": "function", "function": {"name", "description",
+  // "parameters"}}], in the order and key order given) the template renders (with the model's
+  // tool_use template where it has one); null: none. The model's answer is returned as text:
+  // tool calls are not parsed out of it ("tool_choice" is accepted and ignored).
+  nlohmann::ordered_json tools = nullptr;
+  // absent: the endpoint's default. Completions take 0 (with echo: the prompt and, with logprobs,
+  // its log probabilities, nothing generated), chat at least 1.
+  std::optional<int64_t> max_tokens;
   double temperature = 1.0, top_p = 1.0;
   int64_t top_k = 0;
   std::optional<int64_t> seed;
@@ -71,7 +85,7 @@ struct ApiRequest {
   std::string response_format = "text";
   std::optional<grammar::Grammar> grammar;
   // Fields this server takes and does not use, or does not know (as vLLM and llama.cpp, it
-  // ignores them; the server logs each name once): "tools", "messages[].tool_calls", ...
+  // ignores them; the server logs each name once): "tool_choice", "user", ...
   std::vector<std::string> ignored;
 };
 
@@ -89,6 +103,7 @@ struct TokenizeRequest {
   std::string model;
   std::string prompt;
   std::vector<ChatMessage> messages;  // non-empty: a chat
+  nlohmann::ordered_json tools = nullptr;  // as ApiRequest::tools
   bool add_generation_prompt = true;
   bool add_special_tokens = true;
   std::vector<std::string> ignored;
@@ -118,7 +133,8 @@ class ChatTemplate {
   static ChatTemplate from_config(const std::string& text, const std::string& where);
   // Renders a conversation; a template that refuses it (raise_exception) or fails on it throws
   // ApiError (400, param "messages", code chat_template_error) with the template's message.
-  std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
+  std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                     const nlohmann::ordered_json& tools = nullptr) const;
 
   explicit ChatTemplate(tokenize::ModelChatTemplates t);
 

@@ -272,7 +272,7 @@ class Server {
       if (!bad.empty()) return error(res, 404, bad, "invalid_request_error", "model_not_found", "model");
       if (!r.messages.empty()) {
         if (!chat_) throw *chat_error_;
-        const std::string text = chat_->render(r.messages, r.add_generation_prompt);
+        const std::string text = chat_->render(r.messages, r.add_generation_prompt, r.tools);
         ids = hf_ ? hf_->encode(text, false) : tok_->encode(text);
       } else {
         ids = r.add_special_tokens || !hf_ ? tok_->encode(r.prompt) : hf_->encode(r.prompt, false);
@@ -521,7 +521,7 @@ class Server {
       }
       if (chat) {
         if (!chat_) throw *chat_error_;
-        const std::string text = chat_->render(r.messages, true);
+        const std::string text = chat_->render(r.messages, true, r.tools);
         ids = hf_ ? hf_->encode(text, false) : tok_->encode(text);
       } else if (r.prompt_is_ids) {
         ids = r.prompt_ids;

@@ -424,6 +424,99 @@ def test_chat_with_the_real_qwen3_and_mistral_templates(tmp_path):
     assert p.returncode != 0 and "chat_template.jinja, line 2" in p.stderr, p.stderr
 
 
+def test_tools_tool_calls_and_developer_messages_reach_the_template(tmp_path):
+    """A chat with tools, an assistant message calling one (content null, arguments as OpenAI's
+    JSON string), the tool's answer and a developer message renders as jinja2 renders it in
+    transformers' environment with the arguments as an object (vLLM's reading), the developer
+    message as a system message (OpenAI's) and the call's null content as "", for Qwen3's and Mistral-Nemo's real templates:
+    the tools' key order survives (Mistral writes each tool's keys in their order). The same
+    through /tokenize and /v1/chat/completions; malformed tools and calls are 400s naming them."""
+    tdir = os.path.join(CHAT_TEMPLATE_DATA, "templates")
+    if not os.path.isdir(tdir):
+        pytest.skip(f"no chat templates at {tdir} (set DIFFATTN_CHAT_TEMPLATE_DATA)")
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "required": ["city"],
+                       "properties": {"unit": {"enum": ["C", "F"]}, "city": {"type": "string"}}}}},
+             {"type": "function", "function": {"parameters": {"type": "object", "properties": {}},
+                                               "name": "now"}}]
+    args = '{"unit": "C", "city": "Paris"}'
+    sent = [{"role": "developer", "content": "Answer with tools."},
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None,
+             "tool_calls": [{"id": "abc123XYZ", "type": "function",
+                             "function": {"name": "get_weather", "arguments": args}}]},
+            {"role": "tool", "tool_call_id": "abc123XYZ", "content": "{\"celsius\": 21}"},
+            {"role": "assistant", "content": "21 C."},
+            {"role": "user", "content": "Thanks"}]
+    seen = json.loads(json.dumps(sent))
+    seen[0]["role"] = "system"
+    seen[2]["content"] = ""  # a tool-calling message without content: Qwen3's template needs a string
+    seen[2]["tool_calls"][0]["function"]["arguments"] = json.loads(args)
+    for name, tokens in (("Qwen-Qwen3-0.6B.jinja", {"eos_token": "<|im_end|>"}),
+                         ("mistralai-Mistral-Nemo-Instruct-2407.jinja", {"bos_token": "<s>", "eos_token": "</s>"})):
+        with open(os.path.join(tdir, name), encoding="utf-8", newline="") as f:
+            source = f.read()
+        want = _compile_jinja_template(source).render(messages=seen, tools=tools, documents=None,
+                                                       add_generation_prompt=True, **tokens)
+        assert "get_weather" in want and "Paris" in want and "21" in want
+        d = tmp_path / name.split("-")[0]
+        sh.write_ascii_model(d, max_seq_len=2048)
+        with open(d / "tokenizer_config.json", "w") as f:
+            json.dump({"chat_template": source, "bos_token": tokens.get("bos_token"), **tokens}, f)
+        s = sh.Server(d)
+        try:
+            got, body = post(s.port, "/tokenize", {"messages": sent, "tools": tools})
+            assert got == 200, body
+            assert bytes(json.loads(body)["tokens"]).decode() == want
+            got, body = post(s.port, "/v1/chat/completions",
+                             {"messages": sent, "tools": tools, "tool_choice": "auto", "max_tokens": 2})
+            assert got == 200, body
+            assert json.loads(body)["usage"]["prompt_tokens"] == len(want.encode())
+            bad = [({"tools": {"type": "function"}}, "tools"),
+                   ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+                   ({"tools": [{"type": "function", "function": {"description": "x"}}]}, "tools[0].function.name"),
+                   ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "{}"}}]},
+                    "tools[0].function.parameters"),
+                   ({"messages": [{"role": "user", "content": "a", "tool_calls": []}]}, "messages[0].tool_calls"),
+                   ({"messages": [{"role": "assistant", "content": None}]}, "messages[0].content"),
+                   ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}]},
+                    "messages[0].tool_calls[0].function.name"),
+                   ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 3}}]}]},
+                    "messages[0].tool_calls[0].function.arguments"),
+                   ({"messages": [{"role": "narrator", "content": "a"}]}, "messages[0].role")]
+            for extra, param in bad:
+                got, body = post(s.port, "/v1/chat/completions", {"messages": sent, "max_tokens": 1, **extra})
+                assert got == 400 and json.loads(body)["error"]["param"] == param, (extra, body)
+        finally:
+            s.stop()
+
+
+def test_max_tokens_0_scores_the_prompt(model, server):
+    """Completions with max_tokens 0 and echo return the prompt and, with logprobs, its tokens'
+    log probabilities (the ones a longer request's echo gives), nothing generated; chat needs at
+    least one token."""
+    full = completion(server.port, prompt="Hello", max_tokens=4, temperature=0, echo=True, logprobs=2)
+    r = completion(server.port, prompt="Hello", max_tokens=0, echo=True, logprobs=2)
+    ch = r["choices"][0]
+    assert ch["text"] == "Hello" and ch["finish_reason"] == "length"
+    assert ch["logprobs"]["tokens"] == list("Hello")
+    assert ch["logprobs"]["token_logprobs"][0] is None
+    assert ch["logprobs"]["token_logprobs"][1:] == pytest.approx(full["choices"][0]["logprobs"]["token_logprobs"][1:5], abs=1e-5)
+    assert r["usage"]["completion_tokens"] == 0 and r["usage"]["prompt_tokens"] == 5
+    assert completion(server.port, prompt="Hello", max_tokens=0)["choices"][0]["text"] == ""
+    ev = sse(server.port, {"prompt": "Hello", "max_tokens": 0, "echo": True, "stream": True})
+    assert ev[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in ev[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == "Hello"
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+    got, body = post(server.port, "/v1/chat/completions",
+                     {"messages": [{"role": "user", "content": "a"}], "max_tokens": 0})
+    assert got == 400 and json.loads(body)["error"]["param"] == "max_tokens", body
+
+
 def test_a_request_past_its_timeout_gets_504(slow_model):
     s = sh.Server(slow_model, "--timeout", 1)
     try:
