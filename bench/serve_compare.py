@@ -2,7 +2,8 @@
 
 Compares `diffattn serve` with another server (llama.cpp's llama-server was the one measured,
 docs/PERFORMANCE.md, "Against llama.cpp's server") on the same model. Nothing is started here:
-start each server first, then name them with --server NAME=URL. The measurements of 2026-11-27:
+start each server first, then name them with --server NAME=URL. The issue's protocol (the runs of
+2026-11-27, smaller, are given with their exact commands in docs/PERFORMANCE.md):
 
     diffattn --threads 1 serve --model /work/ext/llama-1b --port 18101 --kv-dtype f16
     diffattn --threads 1 serve --model /work/ext/llama-1b --port 18103 --kv-dtype f16 --no-prefix-cache
