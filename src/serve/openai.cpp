@@ -624,7 +624,10 @@ ChatTemplate::ChatTemplate(tokenize::ModelChatTemplates t)
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                                  const nlohmann::ordered_json& tools) const {
   nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
-  for (const ChatMessage& m : messages) msgs.push_back(m.message);
+  for (const ChatMessage& m : messages) {
+    // A message built in code as {role, content} (no parsed `message`): those two.
+    msgs.push_back(m.message.is_null() ? nlohmann::ordered_json{{"role", m.role}, {"content", m.content}} : m.message);
+  }
   tokenize::RenderOptions o;
   o.add_generation_prompt = add_generation_prompt;
   o.tools = tools;

@@ -48,6 +48,7 @@ struct ApiLimits {
 // what the chat template sees, in this order: role, content (text; "" for a tool-calling
 // assistant message without content), name, tool_calls (each call's function.arguments as a JSON object when the string given is
 // one, as transformers' tool-use templates expect and vLLM converts), tool_call_id.
+// A ChatMessage built in code as {role, content} (message null) renders as those two.
 struct ChatMessage {
   std::string role, content;
   nlohmann::ordered_json message;

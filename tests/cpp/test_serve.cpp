@@ -716,7 +716,7 @@ TEST(OpenAiRequest, ParsesWhatTheApiTakes) {
   r = parse_request(R"({"prompt":"hi","logprobs":0})", false, lim);
   EXPECT_TRUE(r.logprobs);
   EXPECT_EQ(r.top_logprobs, 0);
-  r = parse_request(R"({"messages":[{"role":"user","content":"x","tool_calls":[]}],"logprobs":true,)"
+  r = parse_request(R"({"messages":[{"role":"assistant","content":"x","tool_calls":[]}],"logprobs":true,)"
                     R"("top_logprobs":3,"max_tokens":9,"max_completion_tokens":7,"tools":[],"store":false,)"
                     R"("stream_options":null,"response_format":{"type":"json_schema","json_schema":{"name":"c",)"
                     R"("strict":true,"schema":{"type":"object","properties":{"b":{"type":"integer"},)"
@@ -737,7 +737,10 @@ TEST(OpenAiRequest, ParsesWhatTheApiTakes) {
   }
   std::vector<std::string> ignored = r.ignored;
   std::sort(ignored.begin(), ignored.end());
-  EXPECT_EQ(ignored, (std::vector<std::string>{"messages[].tool_calls", "store", "tools"}));
+  EXPECT_EQ(ignored, (std::vector<std::string>{"store"}));
+  // tools and tool_calls reach the template (here both empty arrays).
+  EXPECT_TRUE(r.tools.is_array() && r.tools.empty());
+  EXPECT_TRUE(r.messages.at(0).message.at("tool_calls").is_array());
   // Unknown fields are ignored (and listed), not refused.
   r = parse_request(R"({"prompt":"x","bogus":1,"best_of":2,"stream":true,"stream_options":{"foo":1}})", false, lim);
   ignored = r.ignored;
@@ -804,7 +807,7 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
       {"{not json", ""},
       {"[1]", ""},
       {R"({"prompt":"x","max_tokens":"5"})", "max_tokens"},
-      {R"({"prompt":"x","max_tokens":0})", "max_tokens"},
+      {R"({"prompt":"x","max_tokens":-1})", "max_tokens"},
       {R"({"prompt":"x","max_tokens":101})", "max_tokens"},
       {R"({"prompt":"x","max_tokens":2.5})", "max_tokens"},
       {R"({"prompt":"x","temperature":2.5})", "temperature"},
@@ -839,6 +842,14 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
       {R"({"prompt":{"a":1}})", "prompt"},
       {R"({"max_tokens":3})", "prompt"},
   };
+  // Completions take max_tokens 0 (scoring the prompt); chat does not.
+  EXPECT_EQ(*parse_request(R"({"prompt":"x","max_tokens":0})", false, lim).max_tokens, 0);
+  try {
+    parse_request(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":0})", true, lim);
+    ADD_FAILURE() << "chat accepted max_tokens 0";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "max_tokens");
+  }
   for (const auto& [body, param] : bad) {
     try {
       parse_request(body, false, lim);
