@@ -142,13 +142,11 @@ void Session::decode_rows(const Batch& b, const std::vector<int64_t>& rows,
   logits_of(x_.data(), B, rows, out_row, logits);
 }
 
-void Session::decode_chunk(const Batch& b, const std::vector<int64_t>& rows,
-                           const std::vector<int64_t>& out_row, float* logits) {
+// A run of rows at positions pos0, pos0 + 1, ...: their RoPE table (cos_, sin_) and their
+// embeddings (x_), shared by prompt chunks and the contiguous store.
+void Session::embed_run(const Batch& b, const std::vector<int64_t>& rows, int64_t pos0) {
   const ModelConfig& cfg = m_.config();
   const int64_t T = static_cast<int64_t>(rows.size()), C = cfg.d_model;
-  const size_t first = static_cast<size_t>(rows[0]);
-  const int64_t pos0 = b.pos[first];
-  KvStore::Seq& s = kv_.seq(b.seq_id[first]);
   const size_t half = static_cast<size_t>(cfg.head_dim / 2);
   cos_.resize(static_cast<size_t>(T) * half);
   sin_.resize(cos_.size());
@@ -157,6 +155,16 @@ void Session::decode_chunk(const Batch& b, const std::vector<int64_t>& rows,
   for (int64_t t = 0; t < T; ++t) toks_[static_cast<size_t>(t)] = b.tokens[static_cast<size_t>(rows[static_cast<size_t>(t)])];
   x_.resize(static_cast<size_t>(T * C));
   m_.embed(x_.data(), toks_.data(), T);
+}
+
+void Session::decode_chunk(const Batch& b, const std::vector<int64_t>& rows,
+                           const std::vector<int64_t>& out_row, float* logits) {
+  const ModelConfig& cfg = m_.config();
+  const int64_t T = static_cast<int64_t>(rows.size());
+  const size_t first = static_cast<size_t>(rows[0]);
+  const int64_t pos0 = b.pos[first];
+  KvStore::Seq& s = kv_.seq(b.seq_id[first]);
+  embed_run(b, rows, pos0);
   std::vector<nn::KVPool>& pools = kv_.pools();
   const int64_t table_len = static_cast<int64_t>(s.table.size());
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
@@ -174,17 +182,10 @@ void Session::decode_chunk(const Batch& b, const std::vector<int64_t>& rows,
 void Session::decode_contiguous(const Batch& b, const std::vector<int64_t>& rows,
                                 const std::vector<int64_t>& out_row, float* logits) {
   const ModelConfig& cfg = m_.config();
-  const int64_t T = static_cast<int64_t>(rows.size()), C = cfg.d_model;
+  const int64_t T = static_cast<int64_t>(rows.size());
   const int64_t pos0 = b.pos[static_cast<size_t>(rows[0])];
   KvStore::Seq& s = kv_.seq(0);
-  const size_t half = static_cast<size_t>(cfg.head_dim / 2);
-  cos_.resize(static_cast<size_t>(T) * half);
-  sin_.resize(cos_.size());
-  nn::rope_table(cos_.data(), sin_.data(), pos0, T, cfg.head_dim, m_.rope_inv_freq());
-  toks_.resize(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) toks_[static_cast<size_t>(t)] = b.tokens[static_cast<size_t>(rows[static_cast<size_t>(t)])];
-  x_.resize(static_cast<size_t>(T * C));
-  m_.embed(x_.data(), toks_.data(), T);
+  embed_run(b, rows, pos0);
   std::vector<nn::KVCache>& caches = kv_.caches();
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     // The rows' K/V appended at the cache's end, attention against the whole cache.

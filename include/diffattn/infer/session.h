@@ -46,6 +46,8 @@ class Session {
   // One sequence's prompt chunk: rows (T, consecutive positions from the sequence's length).
   void decode_chunk(const Batch& batch, const std::vector<int64_t>& rows,
                     const std::vector<int64_t>& out_row, float* logits);
+  // RoPE table and embeddings of a run of rows at consecutive positions from pos0.
+  void embed_run(const Batch& batch, const std::vector<int64_t>& rows, int64_t pos0);
   // The rows of a contiguous store's one sequence.
   void decode_contiguous(const Batch& batch, const std::vector<int64_t>& rows,
                          const std::vector<int64_t>& out_row, float* logits);
