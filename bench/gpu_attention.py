@@ -483,8 +483,9 @@ def main():
     ap.add_argument("--dry-run", action="store_true",
                     help="tiny shapes on the CPU under TRITON_INTERPRET=1 (numbers meaningless)")
     ap.add_argument("--json", default="", help="write every number here")
-    ap.add_argument("--autotune", action="store_true",
-                    help="time each kernel's candidate tilings at first use and keep the fastest")
+    ap.add_argument("--autotune", nargs="?", const="all", default="",
+                    help="time each kernel's candidate tilings at first use and keep the fastest; "
+                    "optionally only some tables, comma-separated (fwd,bwd_dkdv,bwd_dq,decode)")
     ap.add_argument("--no-pytest", action="store_true", help="skip the pytest correctness run")
     args = ap.parse_args()
 
@@ -496,8 +497,10 @@ def main():
     else:
         sys.exit("gpu_attention.py: no CUDA device (use --dry-run to exercise the script on the "
                  "CPU under TRITON_INTERPRET=1)")
-    if args.autotune:
+    if args.autotune == "all":
         _configs.autotune(True)
+    elif args.autotune:
+        _configs.autotune(True, kernels=args.autotune.split(","))
     clock = Clock(device)
     import triton
     report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else
@@ -507,6 +510,13 @@ def main():
     print(f"# diffattn.gpu benchmark on {report['device']} (torch {torch.__version__}, "
           f"triton {triton.__version__})\n")
     t_start = time.time()
+
+    def save():  # after every row, so a run cut off by a time limit keeps what it measured
+        if args.json:
+            tmp = args.json + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(report, f, indent=1, default=str)
+            os.replace(tmp, args.json)
 
     # 1. correctness
     if not (args.quick or args.no_pytest or dry):
@@ -529,6 +539,7 @@ def main():
     # 2. the device
     report["copy_GBps"] = copy_bandwidth(clock, device, dry)
     report["matmul_bf16_TFLOPs"] = matmul_tflops(clock, device, dry)
+    save()
     print(f"\ndevice-to-device copy: {report['copy_GBps']:.0f} GB/s; "
           f"bf16 matmul 8192^3: {report['matmul_bf16_TFLOPs']:.0f} TFLOP/s\n")
 
@@ -551,6 +562,7 @@ def main():
                     r = prefill_row(clock, device, dt, T, D, causal, rounds, tokens, heads_dim,
                                     train)
                     report["prefill"].append(r)
+                    save()
                     tf = r["tflops"]
                     print(f"| {r['mode']} | {T} | {D} | {causal} | {_f(tf['fused'], '{:.0f}')} | "
                           f"{_f(tf['2-call'], '{:.0f}')} | {_f(tf['4-call'], '{:.0f}')} | "
@@ -575,6 +587,7 @@ def main():
     for n in keys:
         r = decode_row(clock, device, dt, n, 3 if dry else 7, report["copy_GBps"], **dims)
         report["decode"].append(r)
+        save()
         g, c = r["GBps"], r["of_copy_bw"]
         print(f"| {n} | {_f(g['fused-paged'], '{:.0f}')} | {_f(c['fused-paged'])} | "
               f"{_f(g['fused-contig'], '{:.0f}')} | {_f(g['2-call'], '{:.0f}')} | "
@@ -619,9 +632,7 @@ def main():
     report["seconds"] = round(time.time() - t_start, 1)
     print(f"\n{report['seconds']} s"
           + ("  (dry run: the numbers above mean nothing)" if dry else ""))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1, default=str)
+    save()
     failed = bool(bad) or (report.get("pytest", {}).get("ran") and
                            not report["pytest"].get("passed"))
     return 1 if failed else 0

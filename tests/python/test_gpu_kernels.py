@@ -255,8 +255,9 @@ def test_strided_views_read_in_place():
     kh = torch.randn(B, 2 * G, T, D, generator=gen)
     vh = torch.randn(B, G, T, Dv, generator=gen)
     lam_full = torch.randn(B, T, 2 * H, generator=gen)
-    q, k, v = (x.transpose(1, 2).to(DEVICE) for x in (qh, kh, vh))
-    lam = lam_full[:, :, ::2].to(DEVICE)
+    # moved to the device first: .to() of a strided CPU view copies it contiguous
+    q, k, v = (x.to(DEVICE).transpose(1, 2) for x in (qh, kh, vh))
+    lam = lam_full.to(DEVICE)[:, :, ::2]
     assert not q.is_contiguous() and not lam.is_contiguous()
     dout = torch.randn(1, T, H, Dv, generator=gen).to(DEVICE).expand(B, T, H, Dv)
     (a, a_lse, a_o2), ga = run_gpu(q, k, v, lam, dout, True, deterministic=True)

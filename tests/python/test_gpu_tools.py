@@ -41,6 +41,23 @@ def test_benchmark_dry_run(tmp_path):
     assert set(report["goals"]) and all(g["met"] is None for g in report["goals"].values())
 
 
+def test_forward_tuning_sweep_dry_run(tmp_path):
+    """bench/gpu_tune.py (the forward's tilings beside minimal Triton kernels) runs through and
+    reports a time for each of its rows: the references, the minimal kernels (their outputs
+    checked against SDPA) and the diffattn kernel under forced tilings."""
+    out = tmp_path / "tune.json"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_tune.py"), "--dry-run",
+                        "--json", str(out)],
+                       capture_output=True, text=True, env=_env(True), timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert {row["problem"] for row in rows} == {"std D128", "V1 D16"}
+    for row in rows:
+        assert row["ms"] is not None and row["ms"] > 0, row
+        if row["what"].startswith("mini"):
+            assert float(row["note"].split()[-1]) < 1e-4, row
+
+
 def _ptxas_present():
     try:
         from triton.backends.nvidia.compiler import get_ptxas

@@ -19,9 +19,9 @@ S2 = Q2 K2^T (V2 and standard attention load one K tile), updates two online sof
 max m, sum l, float32 accumulator, in log2 units: the scale is folded with log2(e) and the
 kernel calls exp2), and multiplies both probability tiles with the same V tile, loaded once.
 The epilogue normalises, combines out = O1 - lam O2 and stores out, o2 = O2 and each map's
-log-sum-exp (natural log, +inf for a row that sees no key). Key tiles come in two phases:
-those every row of the block sees (no masks) and the diagonal / ragged ones (masked); fully
-masked causal tiles are never visited, and causal programs start from the longest rows. The
+log-sum-exp (natural log, +inf for a row that sees no key). Key tiles are walked in one loop;
+only the diagonal / ragged ones are masked (a branch on the tile's start: two loops made
+Triton 3.6 spill registers on sm_90); fully masked causal tiles are never visited, and causal programs start from the longest rows. The
 pair index varies fastest in the grid, so the programs that run together share their group's
 K/V tiles through L2 (GQA at the pair level).
 

@@ -36,19 +36,24 @@ T = Tiles
 # inputs (products without tensor-core TF32: small tiles). Comments: registers per thread on
 # sm_90 from scripts/gpu_compile_check.py (no spills unless said).
 
-# forward (_fwd.attn_fwd_kernel)
+# forward (_fwd.attn_fwd_kernel). Registers from Triton 3.6 (the GPU machines' version), with the
+# single key loop of _fwd.py; every candidate keeps its accumulators in registers. The first
+# H100 run (docs/PERFORMANCE.md) measured the old two-loop kernel spilling at these tiles.
 _FWD = {
-    (1, 64, 64): [T(128, 64, 4, 3), T(128, 128, 8, 3), T(64, 64, 4, 3)],       # 224, 190, 128
-    (1, 128, 128): [T(128, 64, 8, 3), T(128, 128, 8, 3), T(64, 64, 4, 3)],     # 208, 238, 168
-    (2, 64, 128): [T(128, 64, 8, 2), T(128, 32, 8, 3), T(64, 64, 8, 3)],       # 255, 227, 209
-    (2, 128, 128): [T(128, 32, 8, 3), T(64, 32, 8, 3), T(64, 32, 4, 3),        # 248, 216, 242
-                    T(128, 64, 8, 2)],                                         # 12 B spilled
-    (2, 128, 256): [T(64, 32, 8, 3), T(64, 32, 8, 2), T(64, 64, 8, 2)],        # 246, 247, 128 B
-    (1, "*", 64): [T(128, 64, 4, 3), T(64, 64, 4, 3)],
+    (1, 64, 64): [T(128, 64, 8, 3), T(128, 128, 8, 2), T(64, 64, 4, 3),        # 115, 180, 128
+                  T(128, 64, 4, 3)],                                           # 230
+    (1, 128, 128): [T(128, 64, 8, 3), T(128, 128, 8, 2), T(64, 64, 4, 3),      # 172, 241, 168
+                    T(128, 32, 8, 3)],                                         # 127
+    (2, 64, 128): [T(128, 64, 8, 2), T(64, 64, 8, 3), T(128, 32, 8, 3),        # 255, 182, 225
+                   T(64, 128, 8, 2)],                                          # 216
+    (2, 128, 128): [T(128, 32, 8, 3), T(64, 64, 8, 3), T(128, 64, 8, 2),       # 228, 192, 255
+                    T(64, 32, 8, 3)],                                          # 149
+    (2, 128, 256): [T(64, 32, 8, 3), T(64, 64, 8, 2), T(64, 32, 8, 2)],        # 226, 245, 218
+    (1, "*", 64): [T(128, 64, 8, 3), T(64, 64, 4, 3)],
     (1, "*", 128): [T(128, 64, 8, 3), T(64, 64, 4, 3)],
     (1, "*", 256): [T(64, 32, 8, 3), T(64, 64, 8, 2)],
     (2, "*", 64): [T(128, 64, 8, 3), T(64, 64, 4, 3), T(128, 32, 8, 3)],
-    (2, "*", 128): [T(128, 32, 8, 3), T(64, 32, 8, 3)],
+    (2, "*", 128): [T(128, 32, 8, 3), T(64, 64, 8, 3)],
     (2, "*", 256): [T(64, 32, 8, 3), T(64, 32, 8, 2)],
     ("f32", 1): [T(64, 16, 8, 2), T(32, 16, 8, 2)],
     ("f32", 2): [T(64, 16, 8, 2), T(32, 16, 8, 2), T(32, 32, 8, 2)],          # 230, 166, 255
@@ -151,10 +156,18 @@ def force(**settings):
         _forced.update(old)
 
 
-def autotune(enabled=True):
-    """Time every candidate on a CUDA device at the first call of each problem key."""
+def autotune(enabled=True, kernels=None):
+    """Time every candidate on a CUDA device at the first call of each problem key; kernels
+    (e.g. {"fwd"}) limits it to those tables."""
     global _autotune
-    _autotune = bool(enabled)
+    if kernels is not None:
+        unknown = set(kernels) - set(_TABLES)
+        if unknown:
+            raise ValueError(f"autotune: no kernel table {sorted(unknown)}; the tables are "
+                             f"{sorted(_TABLES)}")
+        _autotune = frozenset(kernels) if enabled else False
+    else:
+        _autotune = bool(enabled)
 
 
 def tuned():
@@ -165,7 +178,8 @@ def tuned():
 def pick(kernel, key, cands, run, device):
     """The tiling to launch with. run(tiles) launches the kernel (it may be called several times
     while tuning; its results are then recomputed by the caller's launch with the winner)."""
-    if len(cands) == 1 or not _autotune or device.type != "cuda" or kernel in _forced:
+    tuning = _autotune if isinstance(_autotune, bool) else kernel in _autotune
+    if len(cands) == 1 or not tuning or device.type != "cuda" or kernel in _forced:
         return cands[0]
     if (kernel, key) in _tuned:
         return _tuned[(kernel, key)]

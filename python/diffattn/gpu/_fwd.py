@@ -8,48 +8,54 @@ the lambda combine happens in the epilogue:
 
     out = acc1 / l1 - lam * acc2 / l2,   o2 = acc2 / l2,   lse_i = (m_i + log2 l_i) ln 2
 
-The key tiles are walked in two phases: tiles every row of the block sees entirely (no mask)
-and the rest (causal diagonal, the ragged last tile) with masks; fully masked causal tiles are
-never visited.
+The key tiles are walked in one loop; only the tiles from the first one some row of the block
+does not see entirely (causal diagonal, the ragged last tile) on are masked, under a branch on
+the tile's start; fully masked causal tiles are never visited. K tiles are read transposed.
 """
 
 import triton
 import triton.language as tl
 
-from ._common import LN2_C, load_tile, mma, store_tile
+from ._common import LN2_C, load_tile, load_tile_t, mma, store_tile
+
+
+@triton.jit
+def _mask_scores(s, keys, offs_m, k_len, diag, CAUSAL: tl.constexpr):
+    """s with -inf where the key is past k_len or (CAUSAL) past row i's diagonal i + diag."""
+    seen = keys[None, :] < k_len
+    if CAUSAL:
+        seen = seen & (keys[None, :] <= offs_m[:, None] + diag)
+    return tl.where(seen, s, float("-inf"))
 
 
 @triton.jit
 def _fwd_key_tiles(acc1, l1, m1, acc2, l2, m2, q1, q2,
                    k1_ptrs, k2_ptrs, v_ptrs, s_kt, s_vt,
-                   lo, hi, offs_m, offs_n, offs_d, offs_dv, k_len, diag,
+                   hi, full, offs_m, offs_n, offs_d, offs_dv, k_len, diag,
                    qk_scale,
-                   MAPS: tl.constexpr, SHARED_K: tl.constexpr, MASKED: tl.constexpr,
+                   MAPS: tl.constexpr, SHARED_K: tl.constexpr,
                    CAUSAL: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Key tiles [lo, hi) of one query block. acc (BLOCK_M, BLOCK_DV), l and m (BLOCK_M,) per
-    map, in log2 units; q1, q2 (BLOCK_M, BLOCK_D); the K/V pointers address key lo and move on
-    by a tile per step (returned where they end). MASKED: the tiles may hold keys past k_len or
-    (CAUSAL) keys past the diagonal: query i sees key j iff j <= i + diag, diag = Tk - Tq."""
-    for start_n in range(lo, hi, BLOCK_N):
+    """Key tiles [0, hi) of one query block. acc (BLOCK_M, BLOCK_DV), l and m (BLOCK_M,) per
+    map, in log2 units; q1, q2 (BLOCK_M, BLOCK_D); the K/V pointers address key 0 and move on
+    by a tile per step. Tiles from `full` on may hold keys past k_len or (CAUSAL) keys past the
+    diagonal (query i sees key j iff j <= i + diag, diag = Tk - Tq): only those are masked, by
+    a branch on the tile's start. One loop, not an unmasked and a masked one: Triton 3.6
+    software-pipelines both of two loops and then spills on sm_90 (255 registers; 1 KiB at
+    128x64 tiles), which cost 4-6x in speed on an H100 (docs/PERFORMANCE.md)."""
+    for start_n in range(0, hi, BLOCK_N):
         keys = start_n + offs_n                                   # (BLOCK_N,)
-        k1 = load_tile(k1_ptrs, keys, k_len, offs_d, D, MASKED, D != BLOCK_D)
-        v = load_tile(v_ptrs, keys, k_len, offs_dv, DV, MASKED, DV != BLOCK_DV)
+        k1t = load_tile_t(k1_ptrs, keys, k_len, offs_d, D, True, D != BLOCK_D)
+        v = load_tile(v_ptrs, keys, k_len, offs_dv, DV, True, DV != BLOCK_DV)
         zero = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        s1 = mma(q1, tl.trans(k1), zero, DOT_PREC) * qk_scale    # (BLOCK_M, BLOCK_N), log2 units
-        if MASKED:
-            seen = keys[None, :] < k_len
-            if CAUSAL:
-                seen = seen & (keys[None, :] <= offs_m[:, None] + diag)
-            s1 = tl.where(seen, s1, float("-inf"))
+        s1 = mma(q1, k1t, zero, DOT_PREC) * qk_scale             # (BLOCK_M, BLOCK_N), log2 units
+        if start_n >= full:
+            s1 = _mask_scores(s1, keys, offs_m, k_len, diag, CAUSAL)
         # m is the running max of the row's scores, so every p below is <= 1. A row that has
         # seen no key yet (all -inf, only in masked tiles) subtracts 0: its p and alpha are 0.
         m1_new = tl.maximum(m1, tl.max(s1, 1))
-        if MASKED:
-            m1_new_ = tl.where(m1_new == float("-inf"), 0.0, m1_new)
-        else:
-            m1_new_ = m1_new
+        m1_new_ = tl.where(m1_new == float("-inf"), 0.0, m1_new)
         p1 = tl.math.exp2(s1 - m1_new_[:, None])
         alpha1 = tl.math.exp2(m1 - m1_new_)
         l1 = l1 * alpha1 + tl.sum(p1, 1)
@@ -57,17 +63,14 @@ def _fwd_key_tiles(acc1, l1, m1, acc2, l2, m2, q1, q2,
         m1 = m1_new
         if MAPS == 2:
             if SHARED_K:
-                k2 = k1
+                k2t = k1t
             else:
-                k2 = load_tile(k2_ptrs, keys, k_len, offs_d, D, MASKED, D != BLOCK_D)
-            s2 = mma(q2, tl.trans(k2), zero, DOT_PREC) * qk_scale
-            if MASKED:
-                s2 = tl.where(seen, s2, float("-inf"))
+                k2t = load_tile_t(k2_ptrs, keys, k_len, offs_d, D, True, D != BLOCK_D)
+            s2 = mma(q2, k2t, zero, DOT_PREC) * qk_scale
+            if start_n >= full:
+                s2 = _mask_scores(s2, keys, offs_m, k_len, diag, CAUSAL)
             m2_new = tl.maximum(m2, tl.max(s2, 1))
-            if MASKED:
-                m2_new_ = tl.where(m2_new == float("-inf"), 0.0, m2_new)
-            else:
-                m2_new_ = m2_new
+            m2_new_ = tl.where(m2_new == float("-inf"), 0.0, m2_new)
             p2 = tl.math.exp2(s2 - m2_new_[:, None])
             alpha2 = tl.math.exp2(m2 - m2_new_)
             l2 = l2 * alpha2 + tl.sum(p2, 1)
@@ -76,7 +79,7 @@ def _fwd_key_tiles(acc1, l1, m1, acc2, l2, m2, q1, q2,
         k1_ptrs += BLOCK_N * s_kt
         k2_ptrs += BLOCK_N * s_kt
         v_ptrs += BLOCK_N * s_vt
-    return acc1, l1, m1, acc2, l2, m2, k1_ptrs, k2_ptrs, v_ptrs
+    return acc1, l1, m1, acc2, l2, m2
 
 
 @triton.jit
@@ -142,7 +145,8 @@ def attn_fwd_kernel(
         kh = 2 * g
     else:
         kh = g
-    k1_ptrs = K + b64 * s_kb + k0 * s_kt + offs_n[:, None] * s_kt + kh * s_kh + offs_d[None, :]
+    # K tiles are read transposed, (BLOCK_D, BLOCK_N): no register transpose before Q K^T
+    k1_ptrs = K + b64 * s_kb + k0 * s_kt + offs_n[None, :] * s_kt + kh * s_kh + offs_d[:, None]
     if MAPS == 2 and not SHARED_K:
         k2_ptrs = k1_ptrs + s_kh
     else:
@@ -172,13 +176,9 @@ def attn_fwd_kernel(
         hi = k_len
         full = k_len
     full = (full // BLOCK_N) * BLOCK_N
-    acc1, l1, m1, acc2, l2, m2, k1_ptrs, k2_ptrs, v_ptrs = _fwd_key_tiles(
-        acc1, l1, m1, acc2, l2, m2, q1, q2, k1_ptrs, k2_ptrs, v_ptrs, s_kt, s_vt, 0, full,
-        offs_m, offs_n, offs_d, offs_dv, k_len, diag, qk_scale, MAPS, SHARED_K, False, CAUSAL,
-        D, DV, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, DOT_PREC)
-    acc1, l1, m1, acc2, l2, m2, k1_ptrs, k2_ptrs, v_ptrs = _fwd_key_tiles(
-        acc1, l1, m1, acc2, l2, m2, q1, q2, k1_ptrs, k2_ptrs, v_ptrs, s_kt, s_vt, full, hi,
-        offs_m, offs_n, offs_d, offs_dv, k_len, diag, qk_scale, MAPS, SHARED_K, True, CAUSAL,
+    acc1, l1, m1, acc2, l2, m2 = _fwd_key_tiles(
+        acc1, l1, m1, acc2, l2, m2, q1, q2, k1_ptrs, k2_ptrs, v_ptrs, s_kt, s_vt, hi, full,
+        offs_m, offs_n, offs_d, offs_dv, k_len, diag, qk_scale, MAPS, SHARED_K, CAUSAL,
         D, DV, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, DOT_PREC)
 
     rows_ok = offs_m < q_len
