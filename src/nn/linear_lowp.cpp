@@ -58,10 +58,13 @@ HWY_INLINE float WidenOne(const WElem<T>* p) {
 // weight vectors and one input vector live at once (32 registers with AVX-512, 16 with AVX2).
 // 4 x 6 (29 of AVX-512's registers) beat 4 x 4 by 10-20 % at N = 16 on Zen 4 (bench_linear_lowp
 // --few 16, the 1B shape's 8192 x 2048 and 2048 x 8192, same-run ratios to sgemm 2.85-3.09
-// against 2.73-2.80); 2 x 8, 3 x 8, 2 x 12, 5 x 5 and 6 x 4 were slower.
+// against 2.73-2.80); 2 x 8, 3 x 8, 2 x 12, 5 x 5 and 6 x 4 were slower. With AVX2's 16
+// registers, 3 x 4 (all 16) beat the former 4 x 2 on Zen 3 (bench_linear_lowp --few 8,32, one
+// thread, 1B shapes, two alternated runs, ratio to the same run's sgemm): BF16 N = 8 2.85-3.98
+// against 2.42-2.90, N = 32 1.49-1.87 against 1.27-1.45; 2 x 6 and 2 x 5 were between.
 struct GemvTiles {
-  static constexpr int kR = 4;
-  static constexpr int kM = HWY_MAX_BYTES >= 64 ? 6 : 2;
+  static constexpr int kR = HWY_MAX_BYTES >= 64 ? 4 : 3;
+  static constexpr int kM = HWY_MAX_BYTES >= 64 ? 6 : 4;
   static_assert(kR * kM + kR + 1 <= (HWY_MAX_BYTES >= 64 ? 32 : 16), "tile exceeds the registers");
 };
 
