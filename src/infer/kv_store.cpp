@@ -3,6 +3,7 @@
 #include "diffattn/infer/kv_store.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "diffattn/base/error.h"
@@ -38,6 +39,15 @@ void BlockAllocator::forget(int32_t b) {
   const auto it = cached_.find(b);
   if (it == cached_.end()) return;
   by_key_.erase(it->second.key);
+  if (it->second.parent) {
+    auto [lo, hi] = by_parent_.equal_range(*it->second.parent);
+    for (auto p = lo; p != hi; ++p) {
+      if (p->second == b) {
+        by_parent_.erase(p);
+        break;
+      }
+    }
+  }
   cached_.erase(it);
 }
 
@@ -111,7 +121,28 @@ int32_t BlockAllocator::lookup(uint64_t key, const int32_t* tokens) {
   return b;
 }
 
-bool BlockAllocator::register_block(int32_t b, uint64_t key, const int32_t* tokens) {
+int32_t BlockAllocator::lookup_partial(uint64_t parent, const int32_t* tokens, int64_t n,
+                                       int64_t& matched) {
+  matched = 0;
+  if (n <= 0) return -1;
+  if (n >= block_size_) throw InvalidArgument("KV pool: a partial block holds fewer than " + std::to_string(block_size_) + " tokens, not " + std::to_string(n));
+  int32_t best = -1;
+  auto [lo, hi] = by_parent_.equal_range(parent);
+  for (auto p = lo; p != hi; ++p) {
+    const std::vector<int32_t>& t = cached_.at(p->second).tokens;
+    int64_t k = 0;
+    while (k < n && t[static_cast<size_t>(k)] == tokens[k]) ++k;
+    if (k > matched) {
+      matched = k;
+      best = p->second;
+    }
+  }
+  if (best >= 0 && ref_[static_cast<size_t>(best)]++ == 0) lru_.erase(cached_.at(best).lru);
+  return best;
+}
+
+bool BlockAllocator::register_block(int32_t b, uint64_t key, const int32_t* tokens,
+                                    std::optional<uint64_t> parent) {
   if (b < 0 || b >= total() || ref_[static_cast<size_t>(b)] == 0) {
     throw InvalidArgument("KV pool: cannot register block " + std::to_string(b) + ": not allocated");
   }
@@ -119,7 +150,9 @@ bool BlockAllocator::register_block(int32_t b, uint64_t key, const int32_t* toke
   Cached& c = cached_[b];
   c.key = key;
   c.tokens.assign(tokens, tokens + block_size_);
+  c.parent = parent;
   by_key_.emplace(key, b);
+  if (parent) by_parent_.emplace(*parent, b);
   return true;
 }
 
@@ -175,6 +208,30 @@ BlockAllocator& KvStore::blocks() {
 }
 
 const BlockAllocator& KvStore::blocks() const { return const_cast<KvStore*>(this)->blocks(); }
+
+void KvStore::copy_rows(int32_t src, int32_t dst, int64_t n) {
+  const BlockAllocator& a = blocks();
+  const int64_t bs = a.block_size();
+  if (src < 0 || dst < 0 || src >= a.total() || dst >= a.total() || n < 0 || n > bs) {
+    throw InvalidArgument("KV store: cannot copy " + std::to_string(n) + " positions from block " +
+                          std::to_string(src) + " to block " + std::to_string(dst) + " (" +
+                          std::to_string(a.total()) + " blocks of " + std::to_string(bs) + ")");
+  }
+  auto copy = [&](auto* base, int64_t row) {
+    std::memcpy(base + static_cast<int64_t>(dst) * bs * row,
+                base + static_cast<int64_t>(src) * bs * row,
+                sizeof(*base) * static_cast<size_t>(n * row));
+  };
+  for (nn::KVPool& p : pools_) {
+    if (p.kv_dtype == DType::F32) {
+      copy(p.k.get(), p.n_k);
+      copy(p.v.get(), p.n_v);
+    } else {
+      copy(p.k16.get(), p.n_k);
+      copy(p.v16.get(), p.n_v);
+    }
+  }
+}
 
 int64_t KvStore::capacity(int32_t id) const {
   if (contiguous()) {

@@ -286,6 +286,8 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
       // The prefix cache: whole blocks of the prompt, but its last token (whose logits the
       // first draw needs), while earlier prompts had them. A request for the prompt's log
       // probabilities computes every position.
+      int32_t partial = -1;  // a cached block whose first partial_n rows this prompt shares
+      int64_t partial_n = 0;
       if (o_.prefix_cache && !(req.prompt_logprobs && req.logprobs >= 0)) {
         const int64_t bs = alloc_.block_size();
         for (int64_t b = 0; b < (P - 1) / bs; ++b) {
@@ -297,13 +299,29 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
           r->key = key;
         }
         r->registered = static_cast<int64_t>(kv.table.size());
+        // Then the start of the next block, from a cached block after the same prefix that
+        // begins with the same tokens (its rows copied: a prompt rarely ends on a block's edge).
+        const int64_t rest = P - 1 - r->registered * bs;
+        if (rest > 0) {
+          partial = alloc_.lookup_partial(r->key, req.prompt.data() + r->registered * bs,
+                                          std::min(rest, bs - 1), partial_n);
+        }
       }
       const int64_t have = static_cast<int64_t>(kv.table.size());
       if (!alloc_.allocate(alloc_.blocks_for(span) - have, kv.table)) {
+        if (partial >= 0) {
+          std::vector<int32_t> give_back{partial};
+          alloc_.release(give_back);
+        }
         kv_.close(r->id);  // its cached blocks back to the cache
         break;  // wait for blocks
       }
-      r->prefilled = kv.len = have * alloc_.block_size();
+      if (partial >= 0) {
+        kv_.copy_rows(partial, kv.table[static_cast<size_t>(have)], partial_n);
+        std::vector<int32_t> give_back{partial};
+        alloc_.release(give_back);
+      }
+      r->prefilled = kv.len = have * alloc_.block_size() + partial_n;
       stats_.cached_prompt_tokens += r->prefilled;
       {
         std::lock_guard<std::mutex> sl(seq->mu_);
@@ -376,8 +394,9 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
           const std::vector<int32_t>& table = kv_.seq(r->id).table;
           while ((r->registered + 1) * bs <= r->prefilled) {
             const int32_t* t = r->req.prompt.data() + r->registered * bs;
-            r->key = alloc_.key_of(r->key, t);
-            alloc_.register_block(table[static_cast<size_t>(r->registered)], r->key, t);
+            const uint64_t parent = r->key;
+            r->key = alloc_.key_of(parent, t);
+            alloc_.register_block(table[static_cast<size_t>(r->registered)], r->key, t, parent);
             ++r->registered;
           }
         }

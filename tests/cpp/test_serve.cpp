@@ -151,6 +151,51 @@ TEST(BlockAllocator, PrefixCacheKeysReferencesAndEviction) {
   EXPECT_THROW(a.register_block(0, 7, p.data()), InvalidArgument);  // not allocated
 }
 
+// A prompt that ends inside a block: the cached blocks registered after the same prefix are
+// searched for the longest run of its next tokens (a reference taken on the best); blocks
+// registered without a parent, or after another prefix, are not candidates; an evicted block
+// is no longer found.
+TEST(BlockAllocator, PartialBlocksAfterTheSamePrefix) {
+  BlockAllocator a(4, 4);
+  const std::vector<int32_t> head = {1, 2, 3, 4}, x = {5, 6, 7, 8}, y = {5, 6, 9, 9},
+                             z = {7, 7, 7, 7};
+  const uint64_t k0 = a.key_of(BlockAllocator::kRootKey, head.data());
+  std::vector<int32_t> t;
+  ASSERT_TRUE(a.allocate(4, t));
+  EXPECT_TRUE(a.register_block(t[0], k0, head.data(), BlockAllocator::kRootKey));
+  EXPECT_TRUE(a.register_block(t[1], a.key_of(k0, x.data()), x.data(), k0));
+  EXPECT_TRUE(a.register_block(t[2], a.key_of(k0, y.data()), y.data(), k0));
+  EXPECT_TRUE(a.register_block(t[3], a.key_of(k0, z.data()), z.data()));  // no parent given
+  int64_t matched = -1;
+  const std::vector<int32_t> want = {5, 6, 7};
+  EXPECT_EQ(a.lookup_partial(k0, want.data(), 3, matched), t[1]);
+  EXPECT_EQ(matched, 3);
+  const std::vector<int32_t> other = {5, 6, 9};
+  EXPECT_EQ(a.lookup_partial(k0, other.data(), 3, matched), t[2]);
+  EXPECT_EQ(matched, 3);
+  const std::vector<int32_t> shorter = {5, 8, 8};
+  const int32_t one = a.lookup_partial(k0, shorter.data(), 3, matched);
+  EXPECT_TRUE(one == t[1] || one == t[2]);
+  EXPECT_EQ(matched, 1);
+  EXPECT_EQ(a.lookup_partial(k0, z.data(), 3, matched), -1);  // z was registered without one
+  EXPECT_EQ(matched, 0);
+  EXPECT_EQ(a.lookup_partial(a.key_of(k0, x.data()), want.data(), 3, matched), -1);
+  EXPECT_EQ(a.lookup_partial(k0, want.data(), 0, matched), -1);
+  EXPECT_THROW(a.lookup_partial(k0, want.data(), 4, matched), InvalidArgument);  // a whole block
+  // Three references were taken (t[1], t[2], one of them): all released, every block free.
+  std::vector<int32_t> refs = {t[1], t[2]}, ref_one = {one};
+  a.release(t);
+  a.release(refs);
+  a.release(ref_one);
+  EXPECT_EQ(a.free_blocks(), 4);
+  // Evicted (handed out again): no longer a candidate.
+  std::vector<int32_t> u;
+  ASSERT_TRUE(a.allocate(4, u));
+  EXPECT_EQ(a.lookup_partial(k0, want.data(), 3, matched), -1);
+  EXPECT_EQ(a.cached_blocks(), 0);
+  a.release(u);
+}
+
 TEST(KvStorage, RowsOnCacheLinesValuesHalfAPageOffTheKeys) {
   nn::AttnLayerShape s;
   s.kind = nn::AttnKind::DiffV1, s.C = 64, s.H = 2, s.G = 2, s.D = 16;
@@ -573,11 +618,12 @@ TEST(Engine, PrefixCacheGivesTheSameTokensAndCountsItsHits) {
       EXPECT_EQ(e.stats().cached_prompt_tokens, 0);
       continue;
     }
-    // prompts[3] again: 24 tokens, the last computed: two of its three blocks; prompts[0]
-    // (first used, first evicted) and prompts[1] are gone; the 16-token beginning of prompts[0],
-    // cached again by its second run: one block (its last token computed).
-    EXPECT_EQ(cached, (std::vector<int64_t>{0, 0, 0, 0, 16, 0, 0, 8}));
-    EXPECT_EQ(e.stats().cached_prompt_tokens, 24);
+    // prompts[3] again: 24 tokens, the last computed: two of its three blocks and 7 rows of the
+    // third (copied from its cached third block); prompts[0] (first used, first evicted) and
+    // prompts[1] are gone; the 16-token beginning of prompts[0], cached again by its second
+    // run: one block and 7 rows of its second (the last token computed).
+    EXPECT_EQ(cached, (std::vector<int64_t>{0, 0, 0, 0, 23, 0, 0, 15}));
+    EXPECT_EQ(e.stats().cached_prompt_tokens, 38);
     EXPECT_GT(e.stats().cached_blocks, 0);
     EXPECT_EQ(e.stats().free_blocks, 9);
   }

@@ -748,8 +748,10 @@ def test_api_key_from_the_flag_and_the_environment(model):
 
 def test_prefix_cache_reuses_blocks_and_changes_nothing(model):
     """A prompt seen before takes its whole 16-position blocks (not its last token) from the
-    prefix cache: usage and /metrics say how many, and the answers, greedy and seeded, whole
-    and streamed, are those of a server without the cache (and of `diffattn generate`)."""
+    prefix cache, and the start of its next block from a cached block after the same prefix
+    that begins the same way (its rows copied): usage and /metrics say how many, and the
+    answers, greedy and seeded, whole and streamed, are those of a server without the cache
+    (and of `diffattn generate`)."""
     base = "In the beginning God created the heaven and the earth."  # 55 bytes: 3 whole blocks
     prompts = [base, base, base + " And the earth was", base[:40], base]
     want = generate_cli(model, base, 20)
@@ -776,5 +778,8 @@ def test_prefix_cache_reuses_blocks_and_changes_nothing(model):
     on, off = answers[()], answers[("--no-prefix-cache",)]
     assert [g[:2] for g in on] == [g[:2] for g in off]
     assert on[0][0] == want
-    assert [g[2] for g in on] == [0, 48, 48, 32, 48] and on[0][3] == 48
+    # base[:40]: 2 blocks and 7 rows of base's cached third (its last token computed); base at
+    # the end: 3 blocks and the 5 rows its tokens share with the fourth block the longer prompt
+    # (prompts[2]) left cached, up to where their tokens part
+    assert [g[2] for g in on] == [0, 48, 48, 39, 53] and on[0][3] == 48
     assert all(g[2] == 0 and g[3] == 0 for g in off)

@@ -50,8 +50,15 @@ class BlockAllocator {
   // The block registered under key with exactly these tokens, a reference taken; -1 if none.
   int32_t lookup(uint64_t key, const int32_t* tokens);
   // Registers allocated block b as holding `tokens` under key; false (nothing changes) when the
-  // key already has a block.
-  bool register_block(int32_t b, uint64_t key, const int32_t* tokens);
+  // key already has a block. With `parent` (the key of the prefix before the block), the block
+  // can also be found by lookup_partial.
+  bool register_block(int32_t b, uint64_t key, const int32_t* tokens,
+                      std::optional<uint64_t> parent = std::nullopt);
+  // Of the blocks registered after the prefix whose key is `parent`, the one whose tokens begin
+  // with the longest run of tokens[0, n) (n < block_size), with a reference taken (give it back
+  // with release()); -1 when none begins with tokens[0]. matched: the run's length. A prompt
+  // that ends inside a block copies those K/V rows instead of computing them again.
+  int32_t lookup_partial(uint64_t parent, const int32_t* tokens, int64_t n, int64_t& matched);
 
  private:
   void forget(int32_t b);
@@ -60,11 +67,13 @@ class BlockAllocator {
   std::vector<int32_t> ref_;   // references to each block (0: free or cached-and-free)
   struct Cached {
     uint64_t key = 0;
+    std::optional<uint64_t> parent;
     std::vector<int32_t> tokens;
     std::list<int32_t>::iterator lru;  // valid while free (ref 0)
   };
   std::unordered_map<int32_t, Cached> cached_;  // the registered blocks
   std::unordered_map<uint64_t, int32_t> by_key_;
+  std::unordered_multimap<uint64_t, int32_t> by_parent_;  // those registered with a parent
   std::list<int32_t> lru_;  // registered blocks nothing refers to, least recently used first
 };
 
@@ -112,6 +121,9 @@ class KvStore {
   const BlockAllocator& blocks() const;
   std::vector<nn::KVPool>& pools() { return pools_; }        // paged: one per layer
   std::vector<nn::KVCache>& caches() { return caches_; }     // contiguous: one per layer
+  // Copies positions [0, n) of block src to block dst in every layer's pool (a paged store;
+  // both blocks allocated, n <= block_size).
+  void copy_rows(int32_t src, int32_t dst, int64_t n);
   int64_t block_size() const { return alloc_ ? alloc_->block_size() : 0; }
   int64_t n_layers() const { return static_cast<int64_t>(contiguous() ? caches_.size() : pools_.size()); }
   DType kv_dtype() const { return kv_dtype_; }
