@@ -25,8 +25,8 @@ int run_serve(const std::vector<std::string>& argv) {
             "Requests join and leave the running batch between decode steps (continuous batching);\n"
             "long prompts are prefilled in chunks between the running streams' tokens; each admitted\n"
             "sequence reserves KV blocks for its prompt plus max_tokens from one pool, and waits in a\n"
-            "bounded queue while the pool is full (beyond it: 503); whole blocks of earlier prompts\n"
-            "that begin the same way are reused (prefix caching; usage.prompt_tokens_details).\n"
+            "bounded queue while the pool is full (beyond it: 503); the K/V of earlier prompts that\n"
+            "begin the same way is reused (prefix caching; usage.prompt_tokens_details).\n"
             "A client that disconnects cancels its sequences. SIGINT / SIGTERM end in-flight streams\n"
             "with an error event and exit 0. Listens on 127.0.0.1 unless --allow-remote is given;\n"
             "the port is bound exclusively (a port in use is an error). With --api-key, or\n"
@@ -53,8 +53,9 @@ int run_serve(const std::vector<std::string>& argv) {
               "      written; attention still computes in float32)")
       .option("--prefill-chunk", "N", "512", "prompt tokens prefilled per step, over all sequences")
       .flag("--no-prefix-cache",
-            "compute every prompt in full (default: whole KV blocks of earlier prompts that begin the\n"
-            "      same way are reused, least recently used evicted first)")
+            "compute every prompt in full (default: KV blocks of earlier prompts that begin the\n"
+            "      same way are reused, whole or their first rows copied, least recently used evicted\n"
+            "      first)")
       .option("--workers", "N", "128", "connections served at once (each stream holds one)")
       .option("--tokenizer", "WHICH", "model",
               "model: the directory's tokenizer (a Hugging Face directory must have one); bytes: raw "

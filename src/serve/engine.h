@@ -133,7 +133,8 @@ struct EngineOptions {
   int64_t prefill_chunk = 512;    // prompt tokens per step, over all sequences
   DType kv_dtype = DType::F32;    // the pools' storage (BF16/F16: half the memory and traffic)
   // Automatic prefix caching: the whole blocks of a prompt (but its last token) are taken from
-  // earlier sequences' blocks when the same tokens began their prompts (infer::BlockAllocator).
+  // earlier sequences' blocks when the same tokens began their prompts, and the start of the
+  // next block is copied from a cached block after the same prefix (infer::BlockAllocator).
   bool prefix_cache = true;
   // Called by the engine's thread before each step (0, 1, ...); tests hold the engine here to
   // make an interleaving (a cancel between two steps) certain instead of likely.
