@@ -251,8 +251,8 @@ def main():
         q, k, v = mk(B, T, 2 * H, D), mk(B, T, 2 * H, D), mk(B, T, H, Dv)
         lam = torch.full((H,), 0.5, device=dev)
         flops = B * H * (4 * T * T * D + 4 * T * T * Dv)
-        q1, q2 = q[:, :, 0::2].transpose(1, 2).contiguous(), q[:, :, 1::2].transpose(1, 2).contiguous()
-        k1, k2 = k[:, :, 0::2].transpose(1, 2).contiguous(), k[:, :, 1::2].transpose(1, 2).contiguous()
+        q1, q2 = (q[:, :, i::2].transpose(1, 2).contiguous() for i in (0, 1))
+        k1, k2 = (k[:, :, i::2].transpose(1, 2).contiguous() for i in (0, 1))
         vs = v.transpose(1, 2).contiguous()
         lam4 = lam.view(1, H, 1, 1)
         name = f"V1 D{D}"

@@ -21,9 +21,9 @@ kernel calls exp2), and multiplies both probability tiles with the same V tile, 
 The epilogue normalises, combines out = O1 - lam O2 and stores out, o2 = O2 and each map's
 log-sum-exp (natural log, +inf for a row that sees no key). Key tiles are walked in one loop;
 only the diagonal / ragged ones are masked (a branch on the tile's start: two loops made
-Triton 3.6 spill registers on sm_90); fully masked causal tiles are never visited, and causal programs start from the longest rows. The
-pair index varies fastest in the grid, so the programs that run together share their group's
-K/V tiles through L2 (GQA at the pair level).
+Triton 3.6 spill registers on sm_90); fully masked causal tiles are never visited, and causal
+programs start from the longest rows. The pair index varies fastest in the grid, so the
+programs that run together share their group's K/V tiles through L2 (GQA at the pair level).
 
 Backward (_bwd.py), FlashAttention-2 style from the saved (out, lse, o2): a preprocess writes
 D1 = rowsum(dout (out + lam o2)) and R2 = rowsum(dout o2) per row; the key-block kernel owns

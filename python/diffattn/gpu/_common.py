@@ -55,24 +55,6 @@ def load_tile(ptrs, rows, n_rows, cols, n_cols, CHECK_ROWS: tl.constexpr, CHECK_
 
 
 @triton.jit
-def load_tile_t(ptrs, rows, n_rows, cols, n_cols, CHECK_ROWS: tl.constexpr,
-                CHECK_COLS: tl.constexpr):
-    """load_tile of a transposed (C, R) tile at ptrs: element (c, r) is row r, column c of the
-    tensor; elements outside rows < n_rows or cols < n_cols read as 0."""
-    if CHECK_ROWS:
-        if CHECK_COLS:
-            t = tl.load(ptrs, mask=(rows[None, :] < n_rows) & (cols[:, None] < n_cols), other=0.0)
-        else:
-            t = tl.load(ptrs, mask=rows[None, :] < n_rows, other=0.0)
-    else:
-        if CHECK_COLS:
-            t = tl.load(ptrs, mask=cols[:, None] < n_cols, other=0.0)
-        else:
-            t = tl.load(ptrs)
-    return t
-
-
-@triton.jit
 def store_tile(ptrs, val, rows, n_rows, cols, n_cols, CHECK_COLS: tl.constexpr):
     """Store a (R, C) tile, rows < n_rows (always checked) and cols < n_cols (when CHECK_COLS)."""
     if CHECK_COLS:

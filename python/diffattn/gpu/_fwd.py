@@ -16,7 +16,7 @@ the tile's start; fully masked causal tiles are never visited. K tiles are read 
 import triton
 import triton.language as tl
 
-from ._common import LN2_C, load_tile, load_tile_t, mma, store_tile
+from ._common import LN2_C, load_tile, mma, store_tile
 
 
 @triton.jit
@@ -46,7 +46,8 @@ def _fwd_key_tiles(acc1, l1, m1, acc2, l2, m2, q1, q2,
     128x64 tiles), which cost 4-6x in speed on an H100 (docs/PERFORMANCE.md)."""
     for start_n in range(0, hi, BLOCK_N):
         keys = start_n + offs_n                                   # (BLOCK_N,)
-        k1t = load_tile_t(k1_ptrs, keys, k_len, offs_d, D, True, D != BLOCK_D)
+        # K read transposed, (BLOCK_D, BLOCK_N): dims as load_tile's rows, keys as its columns
+        k1t = load_tile(k1_ptrs, offs_d, D, keys, k_len, D != BLOCK_D, True)
         v = load_tile(v_ptrs, keys, k_len, offs_dv, DV, True, DV != BLOCK_DV)
         zero = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         s1 = mma(q1, k1t, zero, DOT_PREC) * qk_scale             # (BLOCK_M, BLOCK_N), log2 units
@@ -65,7 +66,7 @@ def _fwd_key_tiles(acc1, l1, m1, acc2, l2, m2, q1, q2,
             if SHARED_K:
                 k2t = k1t
             else:
-                k2t = load_tile_t(k2_ptrs, keys, k_len, offs_d, D, True, D != BLOCK_D)
+                k2t = load_tile(k2_ptrs, offs_d, D, keys, k_len, D != BLOCK_D, True)
             s2 = mma(q2, k2t, zero, DOT_PREC) * qk_scale
             if start_n >= full:
                 s2 = _mask_scores(s2, keys, offs_m, k_len, diag, CAUSAL)
