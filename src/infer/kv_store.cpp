@@ -39,13 +39,11 @@ void BlockAllocator::forget(int32_t b) {
   const auto it = cached_.find(b);
   if (it == cached_.end()) return;
   by_key_.erase(it->second.key);
-  if (it->second.parent) {
-    auto [lo, hi] = by_parent_.equal_range(*it->second.parent);
-    for (auto p = lo; p != hi; ++p) {
-      if (p->second == b) {
-        by_parent_.erase(p);
-        break;
-      }
+  auto [lo, hi] = by_parent_.equal_range(it->second.parent);
+  for (auto p = lo; p != hi; ++p) {
+    if (p->second == b) {
+      by_parent_.erase(p);
+      break;
     }
   }
   cached_.erase(it);
@@ -125,7 +123,10 @@ int32_t BlockAllocator::lookup_partial(uint64_t parent, const int32_t* tokens, i
                                        int64_t& matched) {
   matched = 0;
   if (n <= 0) return -1;
-  if (n >= block_size_) throw InvalidArgument("KV pool: a partial block holds fewer than " + std::to_string(block_size_) + " tokens, not " + std::to_string(n));
+  if (n >= block_size_) {
+    throw InvalidArgument("KV pool: a partial block holds fewer than " +
+                          std::to_string(block_size_) + " tokens, not " + std::to_string(n));
+  }
   int32_t best = -1;
   auto [lo, hi] = by_parent_.equal_range(parent);
   for (auto p = lo; p != hi; ++p) {
@@ -141,18 +142,18 @@ int32_t BlockAllocator::lookup_partial(uint64_t parent, const int32_t* tokens, i
   return best;
 }
 
-bool BlockAllocator::register_block(int32_t b, uint64_t key, const int32_t* tokens,
-                                    std::optional<uint64_t> parent) {
+bool BlockAllocator::register_block(int32_t b, uint64_t parent, const int32_t* tokens) {
   if (b < 0 || b >= total() || ref_[static_cast<size_t>(b)] == 0) {
     throw InvalidArgument("KV pool: cannot register block " + std::to_string(b) + ": not allocated");
   }
+  const uint64_t key = key_of(parent, tokens);
   if (cached_.count(b) != 0 || by_key_.count(key) != 0) return false;
   Cached& c = cached_[b];
   c.key = key;
-  c.tokens.assign(tokens, tokens + block_size_);
   c.parent = parent;
+  c.tokens.assign(tokens, tokens + block_size_);
   by_key_.emplace(key, b);
-  if (parent) by_parent_.emplace(*parent, b);
+  by_parent_.emplace(parent, b);
   return true;
 }
 

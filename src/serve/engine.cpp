@@ -308,18 +308,15 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
         }
       }
       const int64_t have = static_cast<int64_t>(kv.table.size());
-      if (!alloc_.allocate(alloc_.blocks_for(span) - have, kv.table)) {
-        if (partial >= 0) {
-          std::vector<int32_t> give_back{partial};
-          alloc_.release(give_back);
-        }
+      const bool got = alloc_.allocate(alloc_.blocks_for(span) - have, kv.table);
+      if (partial >= 0) {  // its rows into the sequence's own next block, then given back
+        if (got) kv_.copy_rows(partial, kv.table[static_cast<size_t>(have)], partial_n);
+        std::vector<int32_t> lent{partial};
+        alloc_.release(lent);
+      }
+      if (!got) {
         kv_.close(r->id);  // its cached blocks back to the cache
         break;  // wait for blocks
-      }
-      if (partial >= 0) {
-        kv_.copy_rows(partial, kv.table[static_cast<size_t>(have)], partial_n);
-        std::vector<int32_t> give_back{partial};
-        alloc_.release(give_back);
       }
       r->prefilled = kv.len = have * alloc_.block_size() + partial_n;
       stats_.cached_prompt_tokens += r->prefilled;
@@ -394,9 +391,8 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
           const std::vector<int32_t>& table = kv_.seq(r->id).table;
           while ((r->registered + 1) * bs <= r->prefilled) {
             const int32_t* t = r->req.prompt.data() + r->registered * bs;
-            const uint64_t parent = r->key;
-            r->key = alloc_.key_of(parent, t);
-            alloc_.register_block(table[static_cast<size_t>(r->registered)], r->key, t, parent);
+            alloc_.register_block(table[static_cast<size_t>(r->registered)], r->key, t);
+            r->key = alloc_.key_of(r->key, t);
             ++r->registered;
           }
         }

@@ -121,9 +121,9 @@ TEST(BlockAllocator, PrefixCacheKeysReferencesAndEviction) {
   std::vector<int32_t> t1, t2;
   ASSERT_TRUE(a.allocate(2, t1));
   EXPECT_EQ(a.lookup(k0, p.data()), -1);
-  EXPECT_TRUE(a.register_block(t1[0], k0, p.data()));
-  EXPECT_TRUE(a.register_block(t1[1], k1, p.data() + 2));
-  EXPECT_FALSE(a.register_block(t1[1], k1, p.data() + 2));  // once
+  EXPECT_TRUE(a.register_block(t1[0], BlockAllocator::kRootKey, p.data()));  // under k0
+  EXPECT_TRUE(a.register_block(t1[1], k0, p.data() + 2));                    // under k1
+  EXPECT_FALSE(a.register_block(t1[1], k0, p.data() + 2));  // once
   EXPECT_EQ(a.cached_blocks(), 2);
   EXPECT_EQ(a.lookup(k0, q.data() + 2), -1);  // the key with other tokens: not a hit
   const int32_t b0 = a.lookup(k0, p.data());
@@ -153,8 +153,7 @@ TEST(BlockAllocator, PrefixCacheKeysReferencesAndEviction) {
 
 // A prompt that ends inside a block: the cached blocks registered after the same prefix are
 // searched for the longest run of its next tokens (a reference taken on the best); blocks
-// registered without a parent, or after another prefix, are not candidates; an evicted block
-// is no longer found.
+// registered after another prefix are not candidates; an evicted block is no longer found.
 TEST(BlockAllocator, PartialBlocksAfterTheSamePrefix) {
   BlockAllocator a(4, 4);
   const std::vector<int32_t> head = {1, 2, 3, 4}, x = {5, 6, 7, 8}, y = {5, 6, 9, 9},
@@ -162,10 +161,13 @@ TEST(BlockAllocator, PartialBlocksAfterTheSamePrefix) {
   const uint64_t k0 = a.key_of(BlockAllocator::kRootKey, head.data());
   std::vector<int32_t> t;
   ASSERT_TRUE(a.allocate(4, t));
-  EXPECT_TRUE(a.register_block(t[0], k0, head.data(), BlockAllocator::kRootKey));
-  EXPECT_TRUE(a.register_block(t[1], a.key_of(k0, x.data()), x.data(), k0));
-  EXPECT_TRUE(a.register_block(t[2], a.key_of(k0, y.data()), y.data(), k0));
-  EXPECT_TRUE(a.register_block(t[3], a.key_of(k0, z.data()), z.data()));  // no parent given
+  EXPECT_TRUE(a.register_block(t[0], BlockAllocator::kRootKey, head.data()));
+  EXPECT_TRUE(a.register_block(t[1], k0, x.data()));
+  EXPECT_TRUE(a.register_block(t[2], k0, y.data()));
+  EXPECT_TRUE(a.register_block(t[3], a.key_of(k0, x.data()), z.data()));  // after another prefix
+  EXPECT_EQ(a.lookup(a.key_of(k0, x.data()), x.data()), t[1]);  // registered under key_of too
+  std::vector<int32_t> found = {t[1]};
+  a.release(found);
   int64_t matched = -1;
   const std::vector<int32_t> want = {5, 6, 7};
   EXPECT_EQ(a.lookup_partial(k0, want.data(), 3, matched), t[1]);
@@ -177,9 +179,13 @@ TEST(BlockAllocator, PartialBlocksAfterTheSamePrefix) {
   const int32_t one = a.lookup_partial(k0, shorter.data(), 3, matched);
   EXPECT_TRUE(one == t[1] || one == t[2]);
   EXPECT_EQ(matched, 1);
-  EXPECT_EQ(a.lookup_partial(k0, z.data(), 3, matched), -1);  // z was registered without one
+  EXPECT_EQ(a.lookup_partial(k0, z.data(), 3, matched), -1);  // z follows x, not head
   EXPECT_EQ(matched, 0);
   EXPECT_EQ(a.lookup_partial(a.key_of(k0, x.data()), want.data(), 3, matched), -1);
+  EXPECT_EQ(a.lookup_partial(a.key_of(k0, x.data()), z.data(), 3, matched), t[3]);
+  EXPECT_EQ(matched, 3);
+  std::vector<int32_t> ref_z = {t[3]};
+  a.release(ref_z);
   EXPECT_EQ(a.lookup_partial(k0, want.data(), 0, matched), -1);
   EXPECT_THROW(a.lookup_partial(k0, want.data(), 4, matched), InvalidArgument);  // a whole block
   // Three references were taken (t[1], t[2], one of them): all released, every block free.

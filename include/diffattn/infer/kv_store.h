@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <list>
-#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -49,11 +48,10 @@ class BlockAllocator {
   uint64_t key_of(uint64_t parent, const int32_t* tokens) const;
   // The block registered under key with exactly these tokens, a reference taken; -1 if none.
   int32_t lookup(uint64_t key, const int32_t* tokens);
-  // Registers allocated block b as holding `tokens` under key; false (nothing changes) when the
-  // key already has a block. With `parent` (the key of the prefix before the block), the block
-  // can also be found by lookup_partial.
-  bool register_block(int32_t b, uint64_t key, const int32_t* tokens,
-                      std::optional<uint64_t> parent = std::nullopt);
+  // Registers allocated block b as holding `tokens` after the prefix whose key is `parent`, under
+  // key_of(parent, tokens) (for lookup) and under parent (for lookup_partial); false (nothing
+  // changes) when that key already has a block.
+  bool register_block(int32_t b, uint64_t parent, const int32_t* tokens);
   // Of the blocks registered after the prefix whose key is `parent`, the one whose tokens begin
   // with the longest run of tokens[0, n) (n < block_size), with a reference taken (give it back
   // with release()); -1 when none begins with tokens[0]. matched: the run's length. A prompt
@@ -66,14 +64,13 @@ class BlockAllocator {
   std::vector<int32_t> free_;  // a stack: the most recently freed block is reused first
   std::vector<int32_t> ref_;   // references to each block (0: free or cached-and-free)
   struct Cached {
-    uint64_t key = 0;
-    std::optional<uint64_t> parent;
+    uint64_t key = 0, parent = 0;
     std::vector<int32_t> tokens;
     std::list<int32_t>::iterator lru;  // valid while free (ref 0)
   };
   std::unordered_map<int32_t, Cached> cached_;  // the registered blocks
   std::unordered_map<uint64_t, int32_t> by_key_;
-  std::unordered_multimap<uint64_t, int32_t> by_parent_;  // those registered with a parent
+  std::unordered_multimap<uint64_t, int32_t> by_parent_;  // the registered blocks by parent key
   std::list<int32_t> lru_;  // registered blocks nothing refers to, least recently used first
 };
 
