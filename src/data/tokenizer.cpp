@@ -227,6 +227,7 @@ class HfTokenizerAdapter : public Tokenizer {
     if (t_.is_special(id) || t_.token(id).empty()) return "";
     return t_.decode({id}, false);
   }
+  const HfTokenizer* hf() const override { return &t_; }
 
  private:
   HfTokenizer t_;

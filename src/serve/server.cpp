@@ -2,8 +2,6 @@
 // events), stop strings, metrics and graceful shutdown, over the engine and the shared HTTP server.
 #include "diffattn/serve/server.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -32,11 +30,6 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-bool file_exists(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0;
-}
 
 // The longest prefix of s that does not end inside a UTF-8 character (an incomplete lead byte
 // sequence at the end waits for more bytes; invalid bytes are let through, JSON replaces them).
@@ -147,9 +140,7 @@ class Server {
     // Only ids the tokenizer can decode are sampled: a padded embedding's extra rows have no
     // text (decoding one would fail the request).
     data::restrict_to_tokens(sampling_, *tok_, model_->config().vocab_size);
-    if (o.tokenizer == data::TokenizerChoice::kModel && file_exists(o.model_dir + "/tokenizer.json")) {
-      hf_ = std::make_unique<HfTokenizer>(HfTokenizer::load(o.model_dir));
-    }
+    hf_ = tok_->hf();  // tokenizer.json's, when that is the tokenizer (owned by tok_)
     // The model's chat template, parsed once: one that does not parse stops the start-up; a
     // model without one answers chat requests with a 400.
     try {
@@ -801,7 +792,7 @@ class Server {
   ServerOptions o_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<data::Tokenizer> tok_;
-  std::unique_ptr<HfTokenizer> hf_;
+  const HfTokenizer* hf_ = nullptr;
   std::unique_ptr<ChatTemplate> chat_;
   std::unique_ptr<ApiError> chat_error_;
   std::vector<int32_t> stop_ids_;

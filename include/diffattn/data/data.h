@@ -13,6 +13,10 @@
 
 #include "diffattn/model/model.h"
 
+namespace diffattn {
+class HfTokenizer;
+}
+
 namespace diffattn::data {
 
 // ---- tokenizers ----
@@ -32,6 +36,9 @@ class Tokenizer {
   // an unknown or unused piece, a hole in the ids. SentencePiece's U+2581 is a space here (its
   // decoder drops the space that starts a text). An id outside 0..vocab_size()-1 is an error.
   virtual std::string token_bytes(int32_t id) const = 0;
+  // The Hugging Face tokenizer.json behind this one (whose encode can leave out the template's
+  // special tokens), or null: the server uses it without parsing the file a second time.
+  virtual const HfTokenizer* hf() const { return nullptr; }
 };
 
 // Bytes 0..255 are the tokens.
