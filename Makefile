@@ -14,7 +14,7 @@ PIP_DEV := -C build-dir=$(BUILD) -C cmake.build-type=Release \
 # The kernel tests again under AddressSanitizer and UndefinedBehaviorSanitizer, in their own
 # build tree (only the kernels and their tests are built there).
 SAN_BUILD ?= $(BUILD)/asan
-SAN_TESTS := test_fused test_reference
+SAN_TESTS := test_fused test_reference test_ssm
 # libFuzzer harnesses (fuzz/), built with clang in their own tree. `make test` replays each
 # checked-in corpus and fuzzes FUZZ_REPLAY_SECONDS per harness; `make fuzz` fuzzes FUZZ_SECONDS.
 FUZZ_BUILD ?= $(BUILD)/fuzz

@@ -16,6 +16,7 @@
 #include "diffattn/data/hf_tokenizer.h"
 #include "diffattn/model/checkpoint.h"
 #include "diffattn/model/config.h"
+#include "diffattn/infer/session.h"
 #include "diffattn/model/model.h"
 #include "diffattn/model/safetensors.h"
 #include "diffattn/train/train.h"
@@ -121,11 +122,26 @@ void bind_model(py::module_& m) {
           "forward",
           [](Model& self, const py::handle& tokens) {
             const Batch b = batch_of("Model.forward", self, tokens, nullptr);
+            const int64_t V = self.config().vocab_size;
+            if (self.config().recurrent()) {
+              // Inference only: each row a fresh sequence through a session, every row's logits.
+              py::array_t<float> out = new_array({b.B, b.T, V});
+              float* o = out.mutable_data();
+              py::gil_scoped_release nogil;
+              for (int64_t r = 0; r < b.B; ++r) {
+                infer::KvStore kv(self, infer::KvStore::Contiguous{b.T});
+                infer::Session session(self, kv);
+                infer::Batch batch;
+                batch.add_chunk(b.tokens.data() + r * b.T, b.T, 0, 0, true);
+                session.decode(batch, o + r * b.T * V);
+              }
+              return out;
+            }
             {
               py::gil_scoped_release nogil;
               self.forward(b.tokens.data(), nullptr, b.B, b.T);
             }
-            py::array_t<float> out = new_array({b.B, b.T, self.config().vocab_size});
+            py::array_t<float> out = new_array({b.B, b.T, V});
             std::memcpy(out.mutable_data(), self.logits().data(), sizeof(float) * self.logits().size());
             return out;
           },

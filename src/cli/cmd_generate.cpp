@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
+#include <string>
 
 #include "bench/cases/bench_cases.h"
 #include "cli/args.h"
@@ -31,11 +32,39 @@ double bytes_per_token(const Model& m) {
   return b;
 }
 
+// The layer index in a tensor name "layers.<l>. ...", or -1.
+int64_t layer_of(const std::string& name) {
+  if (name.rfind("layers.", 0) != 0) return -1;
+  return std::stoll(name.substr(7, name.find('.', 7) - 7));
+}
+
+// A SambaY prefill (docs/models/phi4flash.md): every matrix of the self-decoder for every
+// token, the cross-decoder's for the last only (it alone wants logits), the output layer for
+// it; attention: the window layers' P x min(P, W) and the full-attention layer's P^2 / 2 scores
+// and weighted values.
+double prefill_flops_sambay(const Model& m, int64_t P) {
+  const ModelConfig& c = m.config();
+  double flops = 0;
+  for (const TensorInfo& t : m.tensors()) {
+    if (t.shape.size() != 2 || t.name == "embed_tokens.weight" || t.name.find("A_log") != std::string::npos) continue;
+    const int64_t l = layer_of(t.name);
+    flops += 2.0 * static_cast<double>(t.numel) * static_cast<double>(l > c.yoco_layer() ? 1 : P);
+  }
+  const nn::AttnLayerShape s = c.attn_shape(c.yoco_layer());
+  const double Pd = static_cast<double>(P), per = static_cast<double>(s.q_heads() * s.D + s.q_heads() * s.Dv());
+  int64_t windows = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) windows += c.layer_kind(l) == LayerKind::SlidingAttention;
+  const double W = static_cast<double>(std::min<int64_t>(P, c.sambay.window));
+  flops += 2.0 * per * (static_cast<double>(windows) * Pd * W + Pd * Pd / 2.0);
+  return flops + 2.0 * static_cast<double>(c.d_model * c.vocab_size);
+}
+
 // Multiply-adds x 2 of one prefill of P tokens: the projections and the MLP for every token,
 // the output layer for the last, causal attention (about P^2/2 scores and P^2/2 weighted
 // values per query head and map).
 double prefill_flops(const Model& m, int64_t P) {
   const ModelConfig& c = m.config();
+  if (c.recurrent()) return prefill_flops_sambay(m, P);
   double linear = 0;
   for (const TensorInfo& t : m.tensors()) {
     if (t.shape.size() == 2 && t.name != "embed_tokens.weight" && t.name != "lm_head.weight") {
@@ -84,11 +113,19 @@ int bench_decode(const Model& m, int64_t prompt_len, int64_t n, double load_s, D
   bench::ReadBandwidth bw_probe(int64_t{512} << 20);
   bw_probe.measure(threads);
   const double bw = bw_probe.measure(threads);
-  const nn::AttnLayerShape s = m.config().attn_shape(0);
-  // Decode's bytes a token: the weights plus the K/V cache read, at the mean length.
-  const double kv = static_cast<double>(m.config().n_layers) *
-                    static_cast<double>(s.n_k() + s.n_v()) * static_cast<double>(dtype_size(kv_dtype)) *
-                    (static_cast<double>(prompt_len) + static_cast<double>(n) / 2.0);
+  const ModelConfig& c = m.config();
+  const nn::AttnLayerShape s = c.attn_shape(c.recurrent() ? c.yoco_layer() : 0);
+  // Decode's bytes a token: the weights plus the K/V cache read, at the mean length (a
+  // recurrent model: its state, and the YOCO cache once more for each cross layer).
+  const double mean_len = static_cast<double>(prompt_len) + static_cast<double>(n) / 2.0;
+  const double es = static_cast<double>(dtype_size(kv_dtype));
+  double kv = static_cast<double>(c.n_layers) * static_cast<double>(s.n_k() + s.n_v()) * es * mean_len;
+  if (c.recurrent()) {
+    int64_t cross = 0;
+    for (int64_t l = 0; l < c.n_layers; ++l) cross += c.layer_kind(l) == LayerKind::CrossAttention;
+    kv = infer::KvStore::sequence_bytes(c, static_cast<int64_t>(mean_len), kv_dtype) +
+         static_cast<double>(cross) * static_cast<double>(s.n_k() + s.n_v()) * es * mean_len;
+  }
   const double per_token = bytes_per_token(m) + kv;
   const double bound = bw * 1e9 / per_token;
   const double gflops = prefill_flops(m, prompt_len) / pre * 1e-9;
@@ -96,6 +133,10 @@ int bench_decode(const Model& m, int64_t prompt_len, int64_t n, double load_s, D
               nn::attn_kind_name(m.config().attention), static_cast<long long>(m.num_params()),
               m.storage().c_str(), threads, backend_name(resolve_backend(Backend::Auto)),
               dtype_name(kv_dtype));
+  std::printf("  state a sequence holds after %lld positions: %.2f MiB (K/V%s)\n",
+              static_cast<long long>(prompt_len + n),
+              infer::KvStore::sequence_bytes(c, prompt_len + n, kv_dtype) / 1048576.0,
+              c.recurrent() ? " of one layer, Mamba states, sliding windows" : " of every layer");
   std::printf("  load %.2f s; peak RSS %.2f GB = %.2f x the weights' %.2f GB\n", load_s, rss * 1e-9,
               rss / bytes_per_token(m), bytes_per_token(m) * 1e-9);
   std::printf("  prefill %lld tokens in %.3f s: %.1f tokens/s, %.1f GFLOP/s = %.2f x sgemm (%.1f GFLOP/s)\n",

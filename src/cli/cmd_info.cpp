@@ -2,10 +2,12 @@
 // and lambda per layer.
 #include <sys/stat.h>
 
+#include <cmath>
 #include <iostream>
 
 #include "cli/args.h"
 #include "cli/table.h"
+#include "diffattn/infer/kv_store.h"
 #include "diffattn/model/checkpoint.h"
 #include "diffattn/train/train.h"
 
@@ -50,6 +52,15 @@ int run_info(const std::vector<std::string>& argv) {
               << " distinct)\n";
   }
 
+  // What one sequence holds at a few context lengths (infer::KvStore's arithmetic; a SambaY
+  // model's Mamba states and windows are allocated whole when the sequence opens).
+  std::vector<std::vector<std::string>> mrows;
+  for (const int64_t n : {int64_t{4096}, int64_t{32768}, int64_t{131072}}) {
+    auto mib = [&](DType t) { return fixed(infer::KvStore::sequence_bytes(c, n, t) / 1048576.0); };
+    mrows.push_back({std::to_string(n), mib(DType::F32), mib(DType::BF16)});
+  }
+  std::cout << "\nstate bytes per sequence (" << (c.recurrent() ? "K/V of one layer, Mamba states, sliding windows" : "K/V of every layer") << "), MiB\n";
+  print_table(std::cout, {"context", "KV f32", "KV bf16"}, mrows);
   if (c.attention == nn::AttnKind::Standard) {
     std::cout << "\nlambda: none (standard attention)\n";
     return 0;
@@ -58,6 +69,7 @@ int run_info(const std::vector<std::string>& argv) {
   if (c.attention == nn::AttnKind::DiffV1) {
     const std::vector<double> lam = m.layer_lambdas();
     for (int64_t l = 0; l < c.n_layers; ++l) {
+      if (c.recurrent() && std::isnan(lam[static_cast<size_t>(l)])) continue;  // Mamba, GMU
       lrows.push_back({std::to_string(l), fixed(c.layer_lambda_init(l)), fixed(lam[static_cast<size_t>(l)])});
     }
     std::cout << "\nlambda per layer (Eq. 2: exp(lq1.lk1) - exp(lq2.lk2) + lambda_init)\n";

@@ -166,18 +166,19 @@ std::vector<nn::KVPool> make_pools(const Model& m, int64_t n_blocks, int64_t blo
                                    DType kv_dtype) {
   BlockAllocator::check_sizes(n_blocks, block_size);
   const ModelConfig& cfg = m.config();
+  const int64_t n = KvStore::kv_layers(cfg), first = cfg.recurrent() ? cfg.yoco_layer() : 0;
   double bytes = 0;
-  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+  for (int64_t l = first; l < first + n; ++l) {
     const nn::AttnLayerShape s = cfg.attn_shape(l);
     bytes += static_cast<double>(n_blocks) * static_cast<double>(block_size) *
              static_cast<double>(s.n_k() + s.n_v()) * static_cast<double>(dtype_size(kv_dtype));
   }
   check_fits_in_memory(bytes, "the KV pool (" + std::to_string(n_blocks) + " blocks of " +
                                   std::to_string(block_size) + " positions, " +
-                                  std::to_string(cfg.n_layers) + " layers)");
-  std::vector<nn::KVPool> pools(static_cast<size_t>(cfg.n_layers));
-  for (int64_t l = 0; l < cfg.n_layers; ++l) {
-    pools[static_cast<size_t>(l)].reset(cfg.attn_shape(l), n_blocks, block_size, kv_dtype);
+                                  std::to_string(n) + " layers)");
+  std::vector<nn::KVPool> pools(static_cast<size_t>(n));
+  for (int64_t l = 0; l < n; ++l) {
+    pools[static_cast<size_t>(l)].reset(cfg.attn_shape(first + l), n_blocks, block_size, kv_dtype);
   }
   return pools;
 }
@@ -185,22 +186,80 @@ std::vector<nn::KVPool> make_pools(const Model& m, int64_t n_blocks, int64_t blo
 }  // namespace
 
 KvStore::KvStore(const Model& m, int64_t n_blocks, int64_t block_size, DType kv_dtype)
-    : kv_dtype_(kv_dtype), pools_(make_pools(m, n_blocks, block_size, kv_dtype)),
+    : cfg_(&m.config()), kv_dtype_(kv_dtype), pools_(make_pools(m, n_blocks, block_size, kv_dtype)),
       alloc_(std::in_place, n_blocks, block_size) {}
 
-KvStore::KvStore(const Model& m, Contiguous c, DType kv_dtype) : kv_dtype_(kv_dtype) {
+double KvStore::sequence_bytes(const ModelConfig& cfg, int64_t positions, DType kv_dtype) {
+  const double es = static_cast<double>(dtype_size(kv_dtype)), n = static_cast<double>(positions);
+  double bytes = 0;
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    const LayerKind k = cfg.layer_kind(l);
+    if (k == LayerKind::Mamba) {
+      bytes += 4.0 * static_cast<double>(cfg.mamba_inner()) *
+               static_cast<double>(cfg.sambay.d_conv - 1 + cfg.sambay.d_state);
+      continue;
+    }
+    if (k == LayerKind::Gmu || k == LayerKind::CrossAttention) continue;  // no state of their own
+    const nn::AttnLayerShape s = cfg.attn_shape(l);
+    const double rows = k == LayerKind::SlidingAttention ? static_cast<double>(cfg.sambay.window) : n;
+    bytes += rows * static_cast<double>(s.n_k() + s.n_v()) * es;
+  }
+  return bytes;
+}
+
+int64_t KvStore::recurrent_bytes(int32_t id) const {
+  const Recurrent& r = seq(id).rec;
+  int64_t b = static_cast<int64_t>(sizeof(float) * (r.conv.size() + r.ssm.size()));
+  for (const nn::KVCache& c : r.rings) {
+    b += static_cast<int64_t>(sizeof(float) * (c.k.size() + c.v.size()) +
+                              sizeof(uint16_t) * (c.k16.size() + c.v16.size()));
+  }
+  return b;
+}
+
+void KvStore::reset_recurrent(Seq& s) {
+  if (!cfg_ || !cfg_->recurrent()) return;
+  const ModelConfig& c = *cfg_;
+  int64_t n_mamba = 0, n_window = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    n_mamba += c.layer_kind(l) == LayerKind::Mamba;
+    n_window += c.layer_kind(l) == LayerKind::SlidingAttention;
+  }
+  const int64_t E = c.mamba_inner();
+  const double bytes = sequence_bytes(c, 0, kv_dtype_);
+  check_fits_in_memory(bytes, "a sequence's recurrent state (" + std::to_string(n_mamba) +
+                                  " Mamba layers, " + std::to_string(n_window) +
+                                  " sliding windows of " + std::to_string(c.sambay.window) + ")");
+  s.rec.conv.assign(static_cast<size_t>(n_mamba * (c.sambay.d_conv - 1) * E), 0.0f);
+  s.rec.ssm.assign(static_cast<size_t>(n_mamba * E * c.sambay.d_state), 0.0f);
+  s.rec.rings.resize(static_cast<size_t>(n_window));
+  int64_t i = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    if (c.layer_kind(l) != LayerKind::SlidingAttention) continue;
+    // positions are always written before they are read: a ring's contents need no zeroing
+    nn::KVCache& r = s.rec.rings[static_cast<size_t>(i++)];
+    if (r.capacity != c.sambay.window || r.kv_dtype != kv_dtype_) {
+      r.reset(c.attn_shape(l), 1, c.sambay.window, kv_dtype_);
+    }
+    r.len = 0;
+  }
+}
+
+KvStore::KvStore(const Model& m, Contiguous c, DType kv_dtype) : cfg_(&m.config()), kv_dtype_(kv_dtype) {
   const ModelConfig& cfg = m.config();
   if (c.capacity < 1) {
     throw InvalidArgument("KV store: a contiguous cache needs a capacity >= 1, got " +
                           std::to_string(c.capacity));
   }
   const int64_t capacity = std::min(c.capacity, cfg.max_seq_len);
-  caches_.resize(static_cast<size_t>(cfg.n_layers));
-  for (int64_t l = 0; l < cfg.n_layers; ++l) {
-    caches_[static_cast<size_t>(l)].reset(cfg.attn_shape(l), 1, capacity, kv_dtype);
+  const int64_t n = kv_layers(cfg), first = cfg.recurrent() ? cfg.yoco_layer() : 0;
+  caches_.resize(static_cast<size_t>(n));
+  for (int64_t l = 0; l < n; ++l) {
+    caches_[static_cast<size_t>(l)].reset(cfg.attn_shape(first + l), 1, capacity, kv_dtype);
   }
   open_.assign(1, 1);
   seqs_.emplace_back();
+  reset_recurrent(seqs_.back());
 }
 
 BlockAllocator& KvStore::blocks() {
@@ -250,8 +309,10 @@ int32_t KvStore::open() {
     open_.push_back(0);
     seqs_.emplace_back();
   }
+  seqs_[id].table.clear();
+  seqs_[id].len = 0;
+  reset_recurrent(seqs_[id]);  // before the id counts as open: a refusal leaves it closed
   open_[id] = 1;
-  seqs_[id] = Seq{};
   return static_cast<int32_t>(id);
 }
 
@@ -274,10 +335,12 @@ void KvStore::close(int32_t id) {
   Seq& s = seq(id);
   if (contiguous()) {
     s.len = 0;
+    reset_recurrent(s);
     return;
   }
   alloc_->release(s.table);
   s.len = 0;
+  s.rec = Recurrent{};  // its memory back now, not when the id is reused
   open_[static_cast<size_t>(id)] = 0;
 }
 

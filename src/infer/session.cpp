@@ -13,9 +13,10 @@
 namespace diffattn::infer {
 
 Session::Session(const Model& m, KvStore& kv) : m_(m), kv_(kv) {
-  if (kv.n_layers() != m.config().n_layers) {
+  if (kv.n_layers() != KvStore::kv_layers(m.config())) {
     throw InvalidArgument("Session: a KV store of " + std::to_string(kv.n_layers()) +
-                          " layers for a model of " + std::to_string(m.config().n_layers));
+                          " layers for a model with K/V in " +
+                          std::to_string(KvStore::kv_layers(m.config())));
   }
 }
 
@@ -84,17 +85,34 @@ void Session::decode(const Batch& b, float* logits) {
                                                     std::to_string(kv_.block_size())) + ")");
     }
   }
+  const bool rec = m_.config().recurrent();
   if (kv_.contiguous()) {
-    decode_contiguous(b, rows_of[0], out_row, logits);  // the one sequence
+    // the one sequence
+    if (rec) {
+      sambay_chunk(b, rows_of[0], out_row, logits);
+    } else {
+      decode_contiguous(b, rows_of[0], out_row, logits);
+    }
     return;
   }
   std::vector<int64_t> singles;
   for (size_t k = 0; k < order.size(); ++k) {
     if (rows_of[k].size() == 1) singles.push_back(rows_of[k][0]);
   }
-  if (!singles.empty()) decode_rows(b, singles, out_row, logits);
+  if (!singles.empty()) {
+    if (rec) {
+      sambay_rows(b, singles, out_row, logits);
+    } else {
+      decode_rows(b, singles, out_row, logits);
+    }
+  }
   for (size_t k = 0; k < order.size(); ++k) {
-    if (rows_of[k].size() > 1) decode_chunk(b, rows_of[k], out_row, logits);
+    if (rows_of[k].size() <= 1) continue;
+    if (rec) {
+      sambay_chunk(b, rows_of[k], out_row, logits);
+    } else {
+      decode_chunk(b, rows_of[k], out_row, logits);
+    }
   }
 }
 

@@ -103,6 +103,10 @@ ModelFiles model_side_files(const std::string& dir) {
 }
 
 std::string save_model(const Model& m, const std::string& dir, DType dtype, const ModelFiles& files) {
+  if (m.config().recurrent()) {
+    throw InvalidArgument("saving a phi4flash (SambaY) model is not supported: it is read from "
+                          "its Hugging Face directory as published, and run there");
+  }
   DirectoryUpdate u(dir);
   std::vector<SafeTensorRef> refs;
   std::vector<std::vector<float>> converted;  // a model over kept weights: float32 copies

@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -81,6 +82,26 @@ nn::AttnLayerShape ModelConfig::attn_shape(int64_t l) const {
   return s;
 }
 
+const char* layer_kind_name(LayerKind k) {
+  switch (k) {
+    case LayerKind::Attention: return "attention";
+    case LayerKind::Mamba: return "mamba";
+    case LayerKind::SlidingAttention: return "sliding_attention";
+    case LayerKind::FullAttention: return "full_attention";
+    case LayerKind::Gmu: return "gmu";
+    case LayerKind::CrossAttention: return "cross_attention";
+  }
+  return "?";
+}
+
+LayerKind ModelConfig::layer_kind(int64_t l) const {
+  if (arch == Arch::Decoder) return LayerKind::Attention;
+  const int64_t h = n_layers / 2;
+  if (l % 2 == 0) return l <= h ? LayerKind::Mamba : LayerKind::Gmu;
+  if (l < h) return LayerKind::SlidingAttention;
+  return l == h + 1 ? LayerKind::FullAttention : LayerKind::CrossAttention;
+}
+
 void ModelConfig::validate(const std::string& where) const {
   // Each size between 1 and a bound far above any published model (Llama 3 405B: vocab 128256,
   // d_model 16384, 126 layers, ffn 53248): a wrapped or absurd size is an error here, before
@@ -154,6 +175,23 @@ void ModelConfig::validate(const std::string& where) const {
     throw InvalidArgument(where + ": lambda_init applies to diff_v1 only, attention is \"" +
                           nn::attn_kind_name(attention) + "\"");
   }
+  if (arch == Arch::SambaY) {
+    // The published code's layer pattern needs L % 4 == 0 (docs/models/phi4flash.md).
+    if (n_layers % 4 != 0) {
+      throw InvalidArgument(where + ": num_hidden_layers = " + std::to_string(n_layers) +
+                            " must be a multiple of 4 (the SambaY layer pattern)");
+    }
+    if (attention != nn::AttnKind::DiffV1 || !attn_bias || mlp != MlpKind::SwiGLU || mlp_bias ||
+        !tie_embeddings || noise_share != 1) {
+      throw InvalidArgument(where + ": a SambaY model has diff_v1 attention with biases, a "
+                            "SwiGLU MLP without biases and tied embeddings");
+    }
+    in_range("mamba_d_state", sambay.d_state, 256);
+    in_range("mamba_d_conv", sambay.d_conv, 16);
+    in_range("mamba_expand", sambay.expand, 16);
+    in_range("mamba dt rank", sambay.dt_rank, int64_t{1} << 16);
+    in_range("sliding_window", sambay.window, int64_t{1} << 24);
+  }
 }
 
 std::string ModelConfig::to_json() const {
@@ -195,6 +233,19 @@ std::string ModelConfig::to_json() const {
     j["subln_eps"] = std::strtod(std::string(e, r2.ptr).c_str(), nullptr);
   }
   if (noise_share != 1) j["noise_share"] = noise_share;
+  if (arch == Arch::SambaY) {
+    // What the model runs, for looking at (a SambaY model is read from its Hugging Face
+    // directory; this format does not hold it).
+    j["arch"] = "sambay";
+    j["mamba_d_state"] = sambay.d_state;
+    j["mamba_d_conv"] = sambay.d_conv;
+    j["mamba_expand"] = sambay.expand;
+    j["mamba_dt_rank"] = sambay.dt_rank;
+    j["sliding_window"] = sambay.window;
+    json kinds = json::array();
+    for (int64_t l = 0; l < n_layers; ++l) kinds.push_back(layer_kind_name(layer_kind(l)));
+    j["layer_kinds"] = kinds;
+  }
   return j.dump(2) + "\n";
 }
 
@@ -312,6 +363,56 @@ ModelConfig model_preset(const std::string& name, nn::AttnKind kind, int64_t voc
   throw InvalidArgument("preset is \"" + name + "\", expected \"tiny\" or \"small\"");
 }
 
+namespace {
+
+// Phi-4-mini-flash's tensors (docs/models/phi4flash.md, "Tensors") under their published names
+// less "model.", in the published shapes.
+void sambay_table(const ModelConfig& c, const std::function<void(const std::string&, Shape)>& add) {
+  const int64_t C = c.d_model, E = c.mamba_inner(), N = c.sambay.d_state, K = c.sambay.d_conv;
+  const int64_t R = c.sambay.dt_rank;
+  add("embed_tokens.weight", {c.vocab_size, C});
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {C});
+    add(p + "input_layernorm.bias", {C});
+    const LayerKind k = c.layer_kind(l);
+    const std::string a = p + "attn.";
+    if (k == LayerKind::Mamba) {
+      add(a + "in_proj.weight", {2 * E, C});
+      add(a + "conv1d.weight", {E, 1, K});
+      add(a + "conv1d.bias", {E});
+      add(a + "x_proj.weight", {R + 2 * N, E});
+      add(a + "dt_proj.weight", {E, R});
+      add(a + "dt_proj.bias", {E});
+      add(a + "A_log", {E, N});
+      add(a + "D", {E});
+      add(a + "out_proj.weight", {C, E});
+    } else if (k == LayerKind::Gmu) {
+      add(a + "in_proj.weight", {E, C});
+      add(a + "out_proj.weight", {C, E});
+    } else {
+      const nn::AttnLayerShape s = c.attn_shape(l);
+      const int64_t rows = k == LayerKind::CrossAttention ? s.n_q() : s.n_q() + s.n_k() + s.n_v();
+      add(a + "Wqkv.weight", {rows, C});
+      add(a + "Wqkv.bias", {rows});
+      add(a + "out_proj.weight", {C, s.n_out()});
+      add(a + "out_proj.bias", {C});
+      for (const char* v : {"lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"}) {
+        add(a + "inner_cross_attn." + v, {s.D});
+      }
+      add(a + "inner_cross_attn.subln.weight", {2 * s.D});
+    }
+    add(p + "post_attention_layernorm.weight", {C});
+    add(p + "post_attention_layernorm.bias", {C});
+    add(p + "mlp.fc1.weight", {2 * c.ffn_dim, C});
+    add(p + "mlp.fc2.weight", {C, c.ffn_dim});
+  }
+  add("final_layernorm.weight", {C});
+  add("final_layernorm.bias", {C});
+}
+
+}  // namespace
+
 std::vector<TensorInfo> tensor_table(const ModelConfig& c) {
   std::vector<TensorInfo> t;
   int64_t off = 0;
@@ -330,6 +431,10 @@ std::vector<TensorInfo> tensor_table(const ModelConfig& c) {
     }
   };
   const int64_t C = c.d_model;
+  if (c.arch == Arch::SambaY) {
+    sambay_table(c, [&](const std::string& name, Shape shape) { add(name, shape, false); });
+    return t;
+  }
   add("embed_tokens.weight", {c.vocab_size, C}, true);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const nn::AttnLayerShape s = c.attn_shape(l);

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -57,7 +58,70 @@ struct HfLayout {
   bool motif = false;  // Motif-2 (diff too): G noise heads, each closing a group of S query heads
   int64_t H = 0, Hkv = 0, d = 0;
   int64_t G = 0, S = 0;
+  bool sambay = false;  // Phi-4-mini-flash: tensors under their published names, no permutation
 };
+
+// Phi-4-mini-flash's config.json (docs/models/phi4flash.md, "config.json"): the keys whose class
+// defaults differ from the published values are required; the mamba_* keys take the class's
+// defaults; what the published modeling file would read differently is refused.
+ModelConfig parse_phi4flash_config(const json& j, const std::string& where,
+                                   const std::function<int64_t(const char*)>& integer,
+                                   const std::function<bool(const char*)>& has,
+                                   const std::function<double(const char*, double)>& number_or,
+                                   const std::function<bool(const char*, bool)>& boolean_or) {
+  auto int_or = [&](const char* key, int64_t dflt) { return has(key) ? integer(key) : dflt; };
+  auto refuse = [&](const char* key, const std::string& why) {
+    throw InvalidArgument(where + ": " + key + " " + json_brief(j.at(key)) + " is not supported (" + why + ")");
+  };
+  if (has("hidden_act") && j.at("hidden_act") != "silu") refuse("hidden_act", "the MLP is SwiGLU: \"silu\"");
+  if (int_or("mb_per_layer", 2) != 2) refuse("mb_per_layer", "the published code's layer pattern assumes 2");
+  for (const char* key : {"mlp_bias", "lm_head_bias", "mamba_proj_bias"}) {
+    if (boolean_or(key, false)) refuse(key, "the published code has no such bias");
+  }
+  if (!boolean_or("mamba_conv_bias", true)) refuse("mamba_conv_bias", "the published code always has the conv bias");
+  if (!boolean_or("tie_word_embeddings", true)) refuse("tie_word_embeddings", "the published model ties its head to the embedding");
+  const int64_t C = integer("hidden_size"), H = integer("num_attention_heads");
+  const int64_t G = integer("num_key_value_heads");
+  if (C % H != 0 || H % 2 != 0 || G % 2 != 0 || H % G != 0) {
+    throw InvalidArgument(where + ": num_attention_heads = " + std::to_string(H) + " must divide hidden_size = " +
+                          std::to_string(C) + ", and it and num_key_value_heads = " + std::to_string(G) +
+                          " must be even, the latter dividing the former (heads pair up)");
+  }
+  if (has("sliding_window") && !j.at("sliding_window").is_number_integer()) {
+    refuse("sliding_window", "one window size for the sliding-window layers, an integer");
+  }
+  ModelConfig c;
+  c.arch = Arch::SambaY;
+  c.attention = nn::AttnKind::DiffV1;
+  c.vocab_size = integer("vocab_size");
+  c.d_model = C;
+  c.n_layers = integer("num_hidden_layers");
+  c.ffn_dim = integer("intermediate_size");
+  c.n_heads = H / 2;
+  c.n_kv_heads = G / 2;
+  c.head_dim = C / H;
+  c.max_seq_len = int_or("max_position_embeddings", 4096);
+  c.norm_eps = static_cast<float>(number_or("layer_norm_eps", 1e-5));
+  c.subln_eps = 1e-5f;  // fixed in the modeling code
+  c.tie_embeddings = true;
+  c.attn_bias = true;
+  c.sambay.d_state = int_or("mamba_d_state", 16);
+  c.sambay.d_conv = int_or("mamba_d_conv", 4);
+  c.sambay.expand = int_or("mamba_expand", 2);
+  c.sambay.dt_rank = (C + 15) / 16;
+  if (has("mamba_dt_rank") && !(j.at("mamba_dt_rank") == "auto" ||
+                                (j.at("mamba_dt_rank").is_number_integer() &&
+                                 j.at("mamba_dt_rank").get<int64_t>() == c.sambay.dt_rank))) {
+    refuse("mamba_dt_rank", "the published code uses ceil(hidden_size / 16) = " + std::to_string(c.sambay.dt_rank));
+  }
+  c.sambay.window = integer("sliding_window");
+  if (c.n_layers % 4 != 0) {
+    throw InvalidArgument(where + ": num_hidden_layers = " + std::to_string(c.n_layers) +
+                          " is not a multiple of 4 (the published code asserts it)");
+  }
+  c.validate(where);
+  return c;
+}
 
 ModelConfig parse_hf_config(const json& j, const std::string& where, HfLayout* layout) {
   auto need = [&](const char* key) -> const json& {
@@ -97,6 +161,10 @@ ModelConfig parse_hf_config(const json& j, const std::string& where, HfLayout* l
   };
 
   const json& mt = need("model_type");
+  if (mt == "phi4flash") {
+    if (layout) layout->sambay = true;
+    return parse_phi4flash_config(j, where, integer, has, number_or, boolean_or);
+  }
   std::string type = mt.is_string() ? mt.get<std::string>() : "";
   std::transform(type.begin(), type.end(), type.begin(),
                  [](char ch) { return static_cast<char>(std::tolower(static_cast<unsigned char>(ch))); });
@@ -104,12 +172,12 @@ ModelConfig parse_hf_config(const json& j, const std::string& where, HfLayout* l
     // Motif's own config spells it "Motif"; mlx ports lower-case it.
   } else if (type != "llama" && type != "diffllama") {
     throw InvalidArgument(where + ": model_type " + json_brief(mt) +
-                          " is not supported (diffattn reads \"llama\", \"diffllama\" and \"Motif\")");
+                          " is not supported (diffattn reads \"llama\", \"diffllama\", \"Motif\" and \"phi4flash\")");
   } else {
     type = mt.get<std::string>();  // Llama and DiffLlama: the exact lower-case spelling only
     if (type != "llama" && type != "diffllama") {
       throw InvalidArgument(where + ": model_type " + json_brief(mt) +
-                            " is not supported (diffattn reads \"llama\", \"diffllama\" and \"Motif\")");
+                            " is not supported (diffattn reads \"llama\", \"diffllama\", \"Motif\" and \"phi4flash\")");
     }
   }
   const bool motif = type == "motif";
@@ -465,6 +533,29 @@ class Loader {
     return store_;
   }
 
+  // Phi-4-mini-flash: every tensor under its published name (tensor_table's name after
+  // "model."), matrices where they lie in the mapped files, the rest as float32.
+  std::shared_ptr<HfStore> load_sambay() {
+    const std::vector<TensorInfo> table = tensor_table(cfg_);
+    store_->tensors.assign(table.size(), TypedPtr{});
+    std::set<std::string> used;
+    for (size_t i = 0; i < table.size(); ++i) {
+      const Located t = get("model." + table[i].name, table[i].shape, used);
+      // A_log is (E, N) but read as float32 like the vectors (A = -exp(A_log) at load).
+      const bool matrix = table[i].shape.size() == 2 && table[i].name.find("A_log") == std::string::npos;
+      store_->tensors[i] = matrix ? in_place(t) : small(t);
+    }
+    for (const auto& [name, file] : shards_.names()) {
+      if (used.count(name) || name == "lm_head.weight") continue;  // tying replaces lm_head
+      throw IoError(dir_ + "/" + file + ": extra tensor " + quote_name(name) +
+                    " is not part of a Phi-4-mini-flash (phi4flash) model with this config.json");
+    }
+    store_->description = "Hugging Face phi4flash, " + stored_types() + ", " +
+                          std::to_string(store_->files.size()) +
+                          (store_->files.size() == 1 ? " file" : " files") + " memory-mapped";
+    return store_;
+  }
+
   std::shared_ptr<HfStore> load() {
     const std::vector<TensorInfo> table = tensor_table(cfg_);
     std::map<std::string, size_t> idx;
@@ -730,7 +821,7 @@ Model load_hf_model(const std::string& dir) {
   HfLayout layout;
   const ModelConfig cfg = parse_hf_config(j, cfg_path, &layout);
   Loader loader(dir, cfg, layout);
-  return Model(cfg, loader.load());
+  return Model(cfg, layout.sambay ? loader.load_sambay() : loader.load());
 }
 
 }  // namespace diffattn
@@ -753,6 +844,10 @@ void motif_tensors(const Model& m, DType dtype, HfTensors& out, json& j);
 std::string save_hf_model(const Model& m, const std::string& dir, DType dtype, int64_t shards,
                           const ModelFiles& files) {
   const ModelConfig& c = m.config();
+  if (m.config().recurrent()) {
+    throw InvalidArgument("saving a phi4flash (SambaY) model is not supported: it is read from "
+                          "its Hugging Face directory as published, and run there");
+  }
   if (shards < 1 || shards > 9999) {
     throw InvalidArgument("shards must be between 1 and 9999, got " + std::to_string(shards));
   }

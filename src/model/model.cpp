@@ -65,6 +65,12 @@ void Model::index_tensors() {
   };
   embed_ = at("embed_tokens.weight");
   norm_ = at("norm.weight");
+  if (cfg_.arch == Arch::SambaY) {
+    head_ = embed_;
+    norm_ = at("final_layernorm.weight");
+    index_sambay();
+    return;
+  }
   head_ = cfg_.tie_embeddings ? embed_ : at("lm_head.weight");
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
@@ -157,6 +163,7 @@ void Model::init_weights(uint64_t seed) {
 }
 
 nn::AttnLayerWeights Model::attn_weights(int64_t l) const {
+  if (cfg_.arch == Arch::SambaY) return sambay_layer(l).attn;
   const LayerTensors& o = lt_[static_cast<size_t>(l)];
   nn::AttnLayerWeights w;
   w.proj = wt(o.proj);
@@ -262,6 +269,10 @@ void Model::ffn_fwd(int64_t l, LayerActs& a, float* x_out, int64_t BT) const {
 }
 
 double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) {
+  if (cfg_.recurrent()) {
+    throw InvalidArgument("forward: a phi4flash (SambaY) model is inference only and runs through "
+                          "an inference session (infer::Session; diffattn.Model.forward in Python)");
+  }
   if (B < 1 || T < 1) {
     throw InvalidArgument("forward: tokens must be (B, T) with B, T >= 1, got (" +
                           std::to_string(B) + ", " + std::to_string(T) + ")");
@@ -375,6 +386,13 @@ std::vector<double> Model::layer_lambdas() const {
   std::vector<double> out;
   if (cfg_.attention == nn::AttnKind::Standard) return out;
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    if (cfg_.arch == Arch::SambaY) {  // Mamba and GMU layers have none
+      const LayerKind k = cfg_.layer_kind(l);
+      out.push_back(k == LayerKind::Mamba || k == LayerKind::Gmu
+                        ? std::numeric_limits<double>::quiet_NaN()
+                        : nn::v1_lambda(attn_weights(l), cfg_.attn_shape(l)));
+      continue;
+    }
     if (cfg_.attention == nn::AttnKind::DiffV1) {
       out.push_back(nn::v1_lambda(attn_weights(l), cfg_.attn_shape(l)));
     } else {
@@ -401,6 +419,9 @@ Model::LayerAttention Model::layer_attention(int64_t layer) const {
 }
 
 void Model::cache_reset(int64_t B, int64_t capacity, DType kv_dtype) {
+  if (cfg_.recurrent()) {
+    throw InvalidArgument("cache_reset: a phi4flash (SambaY) model runs through infer::Session");
+  }
   if (capacity > cfg_.max_seq_len) capacity = cfg_.max_seq_len;
   caches_.resize(static_cast<size_t>(cfg_.n_layers));
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
@@ -463,7 +484,11 @@ void Model::head(float* logits, const float* x, int64_t N, std::vector<float>& n
   const int64_t C = cfg_.d_model;
   normed.resize(static_cast<size_t>(N * C));
   rstd.resize(static_cast<size_t>(N));
-  nn::rmsnorm_fwd(normed.data(), rstd.data(), x, wf(norm_), N, C, cfg_.norm_eps);
+  if (cfg_.arch == Arch::SambaY) {
+    nn::layernorm_fwd(normed.data(), x, wf(norm_), wf(norm_ + 1), N, C, cfg_.norm_eps);
+  } else {
+    nn::rmsnorm_fwd(normed.data(), rstd.data(), x, wf(norm_), N, C, cfg_.norm_eps);
+  }
   nn::linear_fwd(logits, normed.data(), wt(head_), N, C, cfg_.vocab_size);
 }
 

@@ -78,7 +78,7 @@ namespace {
 // The operator's params for q from `proj` (B, Tq rows, stride n_proj) and k, v either from
 // `proj` too or from a cache (Tk rows, batch stride capacity rows).
 AttnParams make_params(const AttnLayerShape& s, int64_t B, int64_t Tq, const float* proj,
-                       const float* lam, const KVCache* cache) {
+                       const float* lam, const KVCache* cache, int64_t k0 = 0) {
   const int64_t np = s.n_proj();
   const int64_t Tk = cache ? cache->len : Tq;
   const float* q = proj;
@@ -111,9 +111,12 @@ AttnParams make_params(const AttnLayerShape& s, int64_t B, int64_t Tq, const flo
   p.noise_share = s.noise_share;
   if (c16) {
     p.kv_dtype = cache->kv_dtype;
-    p.k16 = cache->k16.data();
-    p.v16 = cache->v16.data();
+    p.k16 = cache->k16.data() + k0 * s.n_k();
+    p.v16 = cache->v16.data() + k0 * s.n_v();
     p.k = p.v = nullptr;
+  } else if (cache) {
+    p.k += k0 * s.n_k();
+    p.v += k0 * s.n_v();
   }
   return p;
 }
@@ -198,6 +201,19 @@ float* project(AttnLayerActs& acts, const float* inp, const AttnLayerWeights& w,
   return proj;
 }
 
+// acts.proj (N, n_q) = the query projection of inp plus its bias (a cross-attention layer's
+// weight has only the q rows), and acts.lam the layer's lambda (V1 only).
+float* project_q(AttnLayerActs& acts, const float* inp, const AttnLayerWeights& w,
+                 const AttnLayerShape& s, int64_t N) {
+  acts.proj.resize(static_cast<size_t>(N * s.n_q()));
+  float* proj = acts.proj.data();
+  linear_fwd(proj, inp, w.proj, N, s.C, s.n_q());
+  if (w.proj_bias) bias_add(proj, w.proj_bias, N, s.n_q());
+  acts.lambda = v1_lambda(w, s, &acts.e1, &acts.e2);
+  acts.lam.assign(static_cast<size_t>(s.H), static_cast<float>(acts.lambda));
+  return proj;
+}
+
 // out (N, C) = out_proj of the operator's output acts.att (N rows), V1's per-head norm first.
 void output(float* out, AttnLayerActs& acts, const AttnLayerWeights& w, const AttnLayerShape& s,
             int64_t N) {
@@ -223,8 +239,10 @@ void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
                     const float* cos_t, const float* sin_t, KVCache* cache, bool save_stats) {
   const int64_t BT = B * T, np = s.n_proj();
   float* proj = project(acts, inp, w, s, BT);
-  rope_apply(proj, cos_t, sin_t, B, T, s.q_heads(), s.D, np, T * np, false);
-  rope_apply(proj + s.n_q(), cos_t, sin_t, B, T, s.k_heads(), s.D, np, T * np, false);
+  if (cos_t) {  // null tables: a model without positional encoding (SambaY)
+    rope_apply(proj, cos_t, sin_t, B, T, s.q_heads(), s.D, np, T * np, false);
+    rope_apply(proj + s.n_q(), cos_t, sin_t, B, T, s.k_heads(), s.D, np, T * np, false);
+  }
 
 
   if (cache) {
@@ -271,9 +289,11 @@ void attn_layer_decode_paged(float* out, AttnLayerActs& acts, const float* inp,
   float* proj = project(acts, inp, w, s, B);
   for (int64_t b = 0; b < B; ++b) {
     float* row = proj + b * np;
-    rope_apply(row, cos_rows + b * half, sin_rows + b * half, 1, 1, s.q_heads(), s.D, np, np, false);
-    rope_apply(row + s.n_q(), cos_rows + b * half, sin_rows + b * half, 1, 1, s.k_heads(), s.D, np,
-               np, false);
+    if (cos_rows) {
+      rope_apply(row, cos_rows + b * half, sin_rows + b * half, 1, 1, s.q_heads(), s.D, np, np, false);
+      rope_apply(row + s.n_q(), cos_rows + b * half, sin_rows + b * half, 1, 1, s.k_heads(), s.D, np,
+                 np, false);
+    }
     append_kv(pool, s, seqs.tables + b * seqs.table_stride, seqs.lens[b] - 1, row);
   }
   // One call over the B sequences: q rows of the projection (stride n_proj), the pool's blocks.
@@ -333,6 +353,126 @@ void attn_layer_fwd_paged(float* out, AttnLayerActs& acts, const float* inp,
   for (int64_t t = 0; t < T; ++t) {
     append_kv(pool, s, table, pos0 + t, acts.proj.data() + t * s.n_proj());
   }
+}
+
+void attn_layer_cross_fwd(float* out, AttnLayerActs& acts, const float* inp,
+                          const AttnLayerWeights& w, const AttnLayerShape& s, int64_t T,
+                          const KVCache& kv) {
+  if (s.kind != AttnKind::DiffV1 || kv.B != 1 || kv.len < T) {
+    throw InvalidArgument("cross attention: a diff_v1 layer over one sequence's " +
+                          std::to_string(kv.len) + " keys for " + std::to_string(T) + " queries");
+  }
+  const float* q = project_q(acts, inp, w, s, T);
+  // make_params reads q rows n_proj apart: a queries-only projection is n_q apart.
+  AttnParams p = make_params(s, 1, T, q, acts.lam.data(), &kv);
+  p.q_row_stride = s.n_q();
+  p.q_batch_stride = T * s.n_q();
+  acts.att.resize(static_cast<size_t>(T * s.n_out()));
+  p.out = acts.att.data();
+  attention_fwd(p);
+  output(out, acts, w, s, T);
+}
+
+void attn_layer_cross_decode_paged(float* out, AttnLayerActs& acts, const float* inp,
+                                   const AttnLayerWeights& w, const AttnLayerShape& s,
+                                   const KVPool& pool, const PagedSeqs& seqs) {
+  const int64_t B = seqs.B;
+  check_pool(pool, s);
+  for (int64_t b = 0; b < B; ++b) {
+    check_table(pool, seqs.tables + b * seqs.table_stride, seqs.table_stride, seqs.lens[b], b);
+  }
+  const float* q = project_q(acts, inp, w, s, B);
+  acts.att.resize(static_cast<size_t>(B * s.n_out()));
+  PagedDecodeParams p;
+  p.B = B, p.H = s.H, p.G = s.G, p.D = s.D, p.Dv = s.Dv(), p.maps = 2;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+  p.n_blocks = pool.n_blocks, p.block_size = pool.block_size, p.table_stride = seqs.table_stride;
+  p.q = q;
+  p.lam = acts.lam.data();
+  p.kv_dtype = pool.kv_dtype;
+  p.k_pool = pool.k.get(), p.v_pool = pool.v.get();
+  p.k16_pool = pool.k16.get(), p.v16_pool = pool.v16.get();
+  p.block_tables = seqs.tables;
+  p.seq_lens = seqs.lens;
+  p.set_contiguous_strides();
+  p.out = acts.att.data();
+  attention_decode_paged(p);
+  output(out, acts, w, s, B);
+}
+
+void attn_layer_window(float* out, AttnLayerActs& acts, const float* inp,
+                       const AttnLayerWeights& w, const AttnLayerShape& s, int64_t N,
+                       const std::vector<WindowSeq>& seqs, KVCache& scratch) {
+  const int64_t np = s.n_proj();
+  float* proj = project(acts, inp, w, s, N);
+  acts.att.resize(static_cast<size_t>(N * s.n_out()));
+  for (const WindowSeq& q : seqs) {
+    KVCache& ring = *q.ring;
+    const int64_t W = ring.capacity;
+    if (ring.B != 1 || W < 1 || q.n < 1 || q.pos0 < 0 || q.row0 < 0 || q.row0 + q.n > N) {
+      throw InvalidArgument("window attention: a ring of one sequence and rows inside the call");
+    }
+    const float* rows = proj + q.row0 * np;
+    float* att = acts.att.data() + q.row0 * s.n_out();
+    if (q.n == 1) {  // a decode step: the ring's keys, in any order, are the window
+      append_kv(ring, s, q.pos0 % W, rows);
+      ring.len = std::min(q.pos0 + 1, W);
+      AttnParams p = make_params(s, 1, 1, rows, acts.lam.data(), &ring);
+      p.out = att;
+      attention_fwd(p);
+      continue;
+    }
+    // A chunk: the window's cached positions [s0, pos0) in order, then the chunk's, contiguous.
+    const int64_t s0 = std::max<int64_t>(0, q.pos0 - W + 1), prior = q.pos0 - s0;
+    const int64_t len = prior + q.n;
+    if (scratch.B != 1 || scratch.capacity < len || scratch.kv_dtype != ring.kv_dtype ||
+        (ring.kv_dtype == DType::F32 ? scratch.k.size() : scratch.k16.size()) !=
+            static_cast<size_t>(scratch.capacity * s.n_k())) {
+      scratch.reset(s, 1, std::max<int64_t>(len, 2 * W), ring.kv_dtype);
+    }
+    for (int64_t j = 0; j < prior; ++j) {
+      const int64_t slot = (s0 + j) % W;
+      auto copy = [&](auto* dst, const auto* src, int64_t row) {
+        std::memcpy(dst + j * row, src + slot * row, sizeof(*dst) * static_cast<size_t>(row));
+      };
+      if (ring.kv_dtype == DType::F32) {
+        copy(scratch.k.data(), ring.k.data(), s.n_k());
+        copy(scratch.v.data(), ring.v.data(), s.n_v());
+      } else {
+        copy(scratch.k16.data(), ring.k16.data(), s.n_k());
+        copy(scratch.v16.data(), ring.v16.data(), s.n_v());
+      }
+    }
+    for (int64_t t = 0; t < q.n; ++t) append_kv(scratch, s, prior + t, rows + t * np);
+    // Rows whose window starts at or before the copy's first position see all of it up to
+    // themselves (causal, bottom-right): position i = pos0 + t with i - W + 1 <= s0.
+    const int64_t nA = std::min(q.n, s0 + W - q.pos0);
+    scratch.len = prior + nA;
+    AttnParams pa = make_params(s, 1, nA, rows, acts.lam.data(), &scratch);
+    pa.out = att;
+    attention_fwd(pa);
+    // The rest see exactly W keys ending at themselves: one call, a batch of one-row queries
+    // whose keys start one position apart (inputs may overlap).
+    const int64_t nB = q.n - nA;
+    if (nB > 0) {
+      scratch.len = W;
+      AttnParams pb = make_params(s, 1, 1, rows + nA * np, acts.lam.data(), &scratch,
+                                  prior + nA - W + 1);
+      pb.B = nB;
+      pb.q_batch_stride = np;
+      pb.k_batch_stride = s.n_k();
+      pb.v_batch_stride = s.n_v();
+      pb.o_batch_stride = s.n_out();
+      pb.out = att + nA * s.n_out();
+      attention_fwd(pb);
+    }
+    // The chunk's last min(n, W) positions into the ring.
+    for (int64_t t = std::max<int64_t>(0, q.n - W); t < q.n; ++t) {
+      append_kv(ring, s, (q.pos0 + t) % W, rows + t * np);
+    }
+    ring.len = std::min(q.pos0 + q.n, W);
+  }
+  output(out, acts, w, s, N);
 }
 
 AttnBwdParams attn_layer_params(const AttnLayerActs& acts, const AttnLayerShape& s, int64_t B,

@@ -101,6 +101,8 @@ Engine::Engine(const Model& model, const EngineOptions& o)
   if (o.max_batch < 1 || o.max_waiting < 0 || o.prefill_chunk < 1) {
     throw InvalidArgument("engine: max_batch and prefill_chunk must be >= 1, max_waiting >= 0");
   }
+  // A recurrent model's state after a prefix is not in its blocks: no prefix cache.
+  if (model.config().recurrent()) o_.prefix_cache = false;
   stats_.total_blocks = stats_.free_blocks = alloc_.total();
   thread_ = std::thread([this] { loop(); });
 }

@@ -135,7 +135,7 @@ struct EngineOptions {
   // Automatic prefix caching: the whole blocks of a prompt (but its last token) are taken from
   // earlier sequences' blocks when the same tokens began their prompts, and the start of the
   // next block is copied from a cached block after the same prefix (infer::BlockAllocator).
-  bool prefix_cache = true;
+  bool prefix_cache = true;  // off for a recurrent model (its state is not in the blocks)
   // Called by the engine's thread before each step (0, 1, ...); tests hold the engine here to
   // make an interleaving (a cancel between two steps) certain instead of likely.
   std::function<void(int64_t step)> before_step;

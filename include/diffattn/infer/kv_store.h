@@ -95,9 +95,18 @@ class KvStore {
   KvStore(const KvStore&) = delete;
   KvStore& operator=(const KvStore&) = delete;
 
+  // What a recurrent model (ModelConfig::recurrent(), SambaY) keeps per sequence besides the
+  // K/V of its one full-attention layer: per Mamba layer the conv inputs (K - 1, E) and the scan
+  // state (E, N), float32, and per sliding-window layer a ring of W positions (kv_dtype).
+  // Allocated when the sequence opens, zero.
+  struct Recurrent {
+    std::vector<float> conv, ssm;      // (mamba layers, K - 1, E), (mamba layers, E, N)
+    std::vector<nn::KVCache> rings;    // (window layers) B = 1, capacity W
+  };
   struct Seq {
     std::vector<int32_t> table;  // block ids, the same in every pool
     int64_t len = 0;             // positions holding K/V (rows [0, len) of the table's blocks)
+    Recurrent rec;               // recurrent models only
   };
   // A new sequence with no blocks and no positions: the lowest free id (a contiguous store:
   // InvalidArgument, its one sequence is always open).
@@ -122,10 +131,20 @@ class KvStore {
   // both blocks allocated, n <= block_size).
   void copy_rows(int32_t src, int32_t dst, int64_t n);
   int64_t block_size() const { return alloc_ ? alloc_->block_size() : 0; }
+  // The layers with K/V in the store: every layer, or a recurrent model's one full-attention
+  // layer (SambaY's YOCO layer, whose keys and values its cross layers read).
+  static int64_t kv_layers(const ModelConfig& cfg) { return cfg.recurrent() ? 1 : cfg.n_layers; }
+  // Bytes one sequence of `positions` positions holds in a store of kv_dtype: its K/V, and a
+  // recurrent model's state (allocated whole when it opens).
+  static double sequence_bytes(const ModelConfig& cfg, int64_t positions, DType kv_dtype);
+  // The bytes sequence id's recurrent state holds (0 for other models): what was allocated.
+  int64_t recurrent_bytes(int32_t id) const;
   int64_t n_layers() const { return static_cast<int64_t>(contiguous() ? caches_.size() : pools_.size()); }
   DType kv_dtype() const { return kv_dtype_; }
 
  private:
+  void reset_recurrent(Seq& s);
+  const ModelConfig* cfg_ = nullptr;
   DType kv_dtype_;
   // The pools first: a pool that cannot fit is refused (with its size) before anything else.
   std::vector<nn::KVPool> pools_;  // one per layer, (n_blocks, block_size, ...) each

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "diffattn/infer/batch.h"
@@ -48,6 +49,16 @@ class Session {
                     const std::vector<int64_t>& out_row, float* logits);
   // RoPE table and embeddings of a run of rows at consecutive positions from pos0.
   void embed_run(const Batch& batch, const std::vector<int64_t>& rows, int64_t pos0);
+  // A recurrent (SambaY) model's rows (infer/sambay.cpp): the decode steps of one-row
+  // sequences batched, or one sequence's chunk (paged or the contiguous store's).
+  void sambay_rows(const Batch& batch, const std::vector<int64_t>& rows,
+                   const std::vector<int64_t>& out_row, float* logits);
+  void sambay_chunk(const Batch& batch, const std::vector<int64_t>& rows,
+                    const std::vector<int64_t>& out_row, float* logits);
+  // x_ (N rows) through layers [l0, l1): the two LayerNorms, the MLP and each layer's mixer
+  // (`mixer(l, out, normed)` runs the attention kinds; Mamba and GMU run here on seqs').
+  void sambay_layers(int64_t l0, int64_t l1, int64_t N, const std::vector<nn::MambaSeq>* mseqs,
+                     const std::function<void(int64_t, float*, const float*)>& mixer);
   // The rows of a contiguous store's one sequence.
   void decode_contiguous(const Batch& batch, const std::vector<int64_t>& rows,
                          const std::vector<int64_t>& out_row, float* logits);
@@ -64,6 +75,10 @@ class Session {
   std::vector<int32_t> toks_, tables_;
   std::vector<int64_t> lens_;
   nn::KVCache gathered_;  // a prompt chunk's cached positions, contiguous
+  // SambaY
+  nn::MambaActs mamba_;
+  nn::KVCache window_;  // a chunk's window positions, contiguous
+  std::vector<float> ln_, mix_, fc_, hid_, mem_;
 };
 
 }  // namespace diffattn::infer

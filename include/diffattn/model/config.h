@@ -21,7 +21,30 @@ enum class MlpKind { SwiGLU, PolyNorm };
 const char* mlp_kind_name(MlpKind k);  // "swiglu", "polynorm"
 constexpr float kPolyNormEps = 1e-6f;
 
+// The layer stack. Decoder: every layer RMSNorm, attention, RMSNorm, FFN (the project's models,
+// Llama, DiffLlama, Motif-2). SambaY: Phi-4-mini-flash's hybrid (docs/models/phi4flash.md):
+// LayerNorms with bias, no positional encoding, a mixer per layer by LayerKind, an MLP fc1 =
+// [gate | up], fc2; inference only, run by infer::Session with per-sequence recurrent state.
+enum class Arch { Decoder, SambaY };
+// What a layer mixes tokens with. SambaY (L layers, h = L / 2): Mamba on even layers up to h
+// (layer h, the memory layer, also gives its pre-gate scan output to the GMUs), sliding-window
+// attention on odd layers below h, full attention on h + 1 (its keys and values are the YOCO
+// cache), then GMU (even) and cross attention (odd: own queries, layer h + 1's keys/values).
+enum class LayerKind { Attention, Mamba, SlidingAttention, FullAttention, Gmu, CrossAttention };
+const char* layer_kind_name(LayerKind k);
+
+// Phi-4-mini-flash's Mamba-1 and window sizes (config.json's mamba_* keys and sliding_window).
+struct SambaYSizes {
+  int64_t d_state = 16;  // N
+  int64_t d_conv = 4;    // K
+  int64_t expand = 2;    // E = expand * d_model
+  int64_t dt_rank = 0;   // R = ceil(d_model / 16)
+  int64_t window = 0;    // W: keys a sliding-window query sees, itself included
+};
+
 struct ModelConfig {
+  Arch arch = Arch::Decoder;
+  SambaYSizes sambay;  // Arch::SambaY only
   nn::AttnKind attention = nn::AttnKind::DiffV1;
   int64_t vocab_size = 256;
   int64_t d_model = 0;
@@ -53,6 +76,14 @@ struct ModelConfig {
   // lambda_init_shift layers.
   float layer_lambda_init(int64_t l) const;
   nn::AttnLayerShape attn_shape(int64_t l) const;
+  LayerKind layer_kind(int64_t l) const;
+  // SambaY: the layer whose scan output the GMUs read, the layer whose K/V the cross layers read.
+  int64_t memory_layer() const { return n_layers / 2; }
+  int64_t yoco_layer() const { return n_layers / 2 + 1; }
+  // Inference keeps per-sequence state besides K/V (Mamba states, sliding windows): no prefix
+  // cache, no training.
+  bool recurrent() const { return arch == Arch::SambaY; }
+  int64_t mamba_inner() const { return sambay.expand * d_model; }
   // Throws InvalidArgument naming the key when a size is out of range or inconsistent.
   void validate(const std::string& where = "config") const;
   std::string to_json() const;

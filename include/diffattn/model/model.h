@@ -15,8 +15,20 @@
 #include "diffattn/kernels/attention.h"
 #include "diffattn/model/config.h"
 #include "diffattn/nn/attention_layer.h"
+#include "diffattn/nn/mamba.h"
 
 namespace diffattn {
+
+// A SambaY layer's weights (ModelConfig::arch == Arch::SambaY; docs/models/phi4flash.md): its
+// two LayerNorms and MLP, and its mixer's weights by kind (mamba: Mamba and GMU; attn: the
+// attention kinds, proj holding only the q rows for cross attention).
+struct SambaYLayer {
+  LayerKind kind = LayerKind::Mamba;
+  const float *ln_in_w = nullptr, *ln_in_b = nullptr, *ln_post_w = nullptr, *ln_post_b = nullptr;
+  TypedPtr fc1, fc2;  // (2F, C) rows [gate | up]; (C, F)
+  nn::MambaWeights mamba;
+  nn::AttnLayerWeights attn;
+};
 
 // A layer's tensors as indices into tensor_table (-1: absent for this config).
 struct LayerTensors {
@@ -124,6 +136,9 @@ class Model {
   void head(float* logits, const float* x, int64_t N, std::vector<float>& normed,
             std::vector<float>& rstd) const;
   nn::AttnLayerWeights attn_weights(int64_t l) const;
+  // Arch::SambaY: layer l's weights and the Mamba sizes (throws for another architecture).
+  const SambaYLayer& sambay_layer(int64_t l) const;
+  nn::MambaShape mamba_shape() const;
   // RoPE's frequencies (D/2), scaled per config().rope_scaling (nn::rope_table's inv_freq).
   const std::vector<double>& rope_inv_freq() const { return inv_freq_; }
 
@@ -155,11 +170,16 @@ class Model {
   const float* wf(int64_t i) const { return i < 0 ? nullptr : wt(i).f32(); }
   int64_t off(int64_t i) const { return table_[static_cast<size_t>(i)].offset; }
   void index_tensors();
+  void index_sambay();  // phi4flash.cpp
 
   ModelConfig cfg_;
   std::vector<TensorInfo> table_;
   std::map<std::string, size_t> index_;
   std::vector<LayerTensors> lt_;
+  // Arch::SambaY: per-layer weights, and the float32 arrays derived from the stored ones at load
+  // (conv taps transposed, A = -exp(A_log)), shared by copies of the model.
+  std::vector<SambaYLayer> sambay_;
+  std::shared_ptr<const std::vector<std::vector<float>>> derived_;
   int64_t embed_ = 0, norm_ = 0, head_ = 0;  // tensor indices
   std::shared_ptr<const WeightStore> store_;
   std::vector<double> inv_freq_;  // RoPE frequencies (D/2), scaled per cfg_.rope_scaling

@@ -158,6 +158,32 @@ void attn_layer_fwd_paged(float* out, AttnLayerActs& acts, const float* inp,
                           const int32_t* table, int64_t table_len, int64_t pos0,
                           KVCache& scratch);
 
+// Cross attention (SambaY's cross-decoder, arXiv:2507.06607): the layer's own queries (w.proj
+// and w.proj_bias hold only the q rows) against another layer's keys and values. One sequence's
+// T query rows are its last T positions of kv (kv.len keys, causal bottom-right); diff_v1 only.
+void attn_layer_cross_fwd(float* out, AttnLayerActs& acts, const float* inp,
+                          const AttnLayerWeights& w, const AttnLayerShape& s, int64_t T,
+                          const KVCache& kv);
+// The decode step of B sequences against their blocks of another layer's pool (seqs.lens: the
+// keys each sees, its new token's included, written by that layer already).
+void attn_layer_cross_decode_paged(float* out, AttnLayerActs& acts, const float* inp,
+                                   const AttnLayerWeights& w, const AttnLayerShape& s,
+                                   const KVPool& pool, const PagedSeqs& seqs);
+
+// Sliding-window attention without positional encoding (SambaY): a query at position i sees
+// the keys of positions i - W < j <= i, W = ring->capacity. A sequence's rows [row0, row0 + n)
+// of the call are its positions pos0.. ; its ring (B = 1, capacity W) holds position p at slot
+// p % W for the last min(len, W) positions, rows' K/V written there. One row is a decode step
+// (attention over the ring as it is); several are a prompt chunk (the ring's positions and the
+// chunk's gathered in order into scratch, then two attention calls).
+struct WindowSeq {
+  int64_t row0 = 0, n = 0, pos0 = 0;
+  KVCache* ring = nullptr;
+};
+void attn_layer_window(float* out, AttnLayerActs& acts, const float* inp,
+                       const AttnLayerWeights& w, const AttnLayerShape& s, int64_t N,
+                       const std::vector<WindowSeq>& seqs, KVCache& scratch);
+
 // The operator call a forward with save_stats made, rebuilt from its saved acts for looking
 // inside (no cache): q and k after RoPE and v as strided views of acts.proj, lam, out = acts.att
 // and lse = acts.lse, all read only (a saved forward: the type the backward reads).
