@@ -1,10 +1,11 @@
 // Fuzzes the model-directory loader (src/model/checkpoint.cpp, src/model/hf_model.cpp) on disk:
 // load_model over a fixed tiny config.json and model.safetensors from the input. The first byte
 // picks the config (the project's diff_v1, diff_v2, standard, V1 and standard with biases, a
-// transformers llama, diffllama, llama with biases and tied embeddings, a grouped Motif-2, and
-// the project's form of one); the rest is the
+// transformers llama, diffllama, llama with biases and tied embeddings, a grouped Motif-2, the
+// project's form of one, and a Phi-4-mini-flash); the rest is the
 // weights file, read through the float32 path (all F32) or the memory-mapped one (BF16, F16 or
-// mixed, and every transformers directory). A model that loads must have every tensor finite and
+// mixed, and every transformers directory), or a Phi-4-mini-flash directory (run through an
+// inference session: it is inference only). A model that loads must have every tensor finite and
 // of its table's size, and a forward over three tokens must run; anything else must be a
 // diffattn::Error. The seeds in corpus/model_dir/ are valid files of each config and dtype.
 #include <unistd.h>
@@ -19,6 +20,7 @@
 
 #include "diffattn/base/error.h"
 #include "diffattn/base/files.h"
+#include "diffattn/infer/session.h"
 #include "diffattn/model/checkpoint.h"
 #include "diffattn/model/model.h"
 
@@ -69,6 +71,11 @@ const char* const kConfigs[] = {
         "n_heads": 4, "n_kv_heads": 2, "head_dim": 4, "ffn_dim": 8, "max_seq_len": 16,
         "rope_theta": 10000.0, "norm_eps": 1e-6, "tie_embeddings": true, "mlp": "polynorm",
         "lambda_init_shift": 1, "subln_eps": 1e-5, "noise_share": 2})",
+    // Phi-4-mini-flash (SambaY): 8 layers, every layer kind, a window of 2
+    R"({"model_type": "phi4flash", "vocab_size": 16, "hidden_size": 8, "intermediate_size": 8,
+        "num_hidden_layers": 8, "num_attention_heads": 2, "num_key_value_heads": 2,
+        "sliding_window": 2, "mamba_d_state": 2, "mamba_d_conv": 2, "layer_norm_eps": 1e-5,
+        "max_position_embeddings": 16, "tie_word_embeddings": true, "mb_per_layer": 2})",
 };
 constexpr size_t kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
@@ -96,6 +103,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
     const int32_t tokens[3] = {1, 15, 7};
+    if (m.config().recurrent()) {  // inference only: a session, a prompt chunk and a decode step
+      diffattn::infer::KvStore kv(m, diffattn::infer::KvStore::Contiguous{4});
+      diffattn::infer::Session session(m, kv);
+      diffattn::infer::Batch b;
+      std::vector<float> logits(16);
+      b.add_chunk(tokens, 3, 0, 0);
+      session.decode(b, logits.data());
+      b.clear();
+      b.add(2, 3, 0, true);
+      session.decode(b, logits.data());
+      return 0;
+    }
     m.forward(tokens, nullptr, 1, 3);
     if (m.logits().size() != 3 * 16) std::abort();
   } catch (const diffattn::Error&) {
