@@ -151,10 +151,11 @@ int bench_decode(const Model& m, int64_t prompt_len, int64_t n, double load_s, D
 
 int run_generate(const std::vector<std::string>& argv) {
   Args a("generate",
-         "Continue a prompt with a model (diffattn's own directory, or a Hugging Face Llama or\n"
-         "DiffLlama directory with its tokenizer.json): the prompt is prefilled through the KV\n"
-         "cache, then one token at a time is decoded and printed as it comes (streamed, whole UTF-8\n"
-         "characters; bytes that form none as U+FFFD); it stops at the model's end-of-sequence id\n"
+         "Continue a prompt with a model (diffattn's own directory, or a Hugging Face Llama,\n"
+         "DiffLlama, Motif-2 or Phi-4-mini-flash directory with its tokenizer.json): the prompt is\n"
+         "prefilled through the KV cache (and a hybrid's recurrent state), then one token at a\n"
+         "time is decoded and printed as it comes (streamed, whole UTF-8 characters; bytes that\n"
+         "form none as U+FFFD); it stops at the model's end-of-sequence id\n"
          "(generation_config.json or tokenizer_config.json).");
   a.option("--model", "DIR", "", "the model directory (required): diffattn's format or Hugging Face's")
       .option("--prompt", "TEXT", "",
