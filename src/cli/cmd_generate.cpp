@@ -130,7 +130,7 @@ int bench_decode(const Model& m, int64_t prompt_len, int64_t n, double load_s, D
   const double bound = bw * 1e9 / per_token;
   const double gflops = prefill_flops(m, prompt_len) / pre * 1e-9;
   std::printf("bench generate: %s, %lld params (%s), threads %d, backend %s, KV cache %s\n",
-              nn::attn_kind_name(m.config().attention), static_cast<long long>(m.num_params()),
+              c.recurrent() ? "sambay (phi4flash)" : nn::attn_kind_name(c.attention), static_cast<long long>(m.num_params()),
               m.storage().c_str(), threads, backend_name(resolve_backend(Backend::Auto)),
               dtype_name(kv_dtype));
   std::printf("  state a sequence holds after %lld positions: %.2f MiB (K/V%s)\n",

@@ -39,7 +39,7 @@ void Session::sambay_layers(int64_t l0, int64_t l1, int64_t N, const std::vector
   mix_.resize(static_cast<size_t>(N * C));
   fc_.resize(static_cast<size_t>(N * 2 * F));
   hid_.resize(static_cast<size_t>(N * F));
-  std::vector<nn::MambaSeq> at_layer;
+  std::vector<nn::MambaSeq>& at_layer = mseqs_at_;
   for (int64_t l = l0; l < l1; ++l) {
     const SambaYLayer& y = m_.sambay_layer(l);
     nn::layernorm_fwd(ln_.data(), x_.data(), y.ln_in_w, y.ln_in_b, N, C, cfg.norm_eps);

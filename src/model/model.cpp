@@ -270,8 +270,9 @@ void Model::ffn_fwd(int64_t l, LayerActs& a, float* x_out, int64_t BT) const {
 
 double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) {
   if (cfg_.recurrent()) {
-    throw InvalidArgument("forward: a phi4flash (SambaY) model is inference only and runs through "
-                          "an inference session (infer::Session; diffattn.Model.forward in Python)");
+    throw InvalidArgument("a phi4flash (SambaY) model is inference only (no loss, gradients or "
+                          "training): it runs through an inference session (generate, serve; "
+                          "Model.forward and Model.generate in Python)");
   }
   if (B < 1 || T < 1) {
     throw InvalidArgument("forward: tokens must be (B, T) with B, T >= 1, got (" +

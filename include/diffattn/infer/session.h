@@ -77,6 +77,7 @@ class Session {
   nn::KVCache gathered_;  // a prompt chunk's cached positions, contiguous
   // SambaY
   nn::MambaActs mamba_;
+  std::vector<nn::MambaSeq> mseqs_at_;  // a Mamba layer's view of the sequences' states
   nn::KVCache window_;  // a chunk's window positions, contiguous
   std::vector<float> ln_, mix_, fc_, hid_, mem_;
 };
