@@ -476,3 +476,11 @@ def test_training_is_refused(tmp_path_factory):
         m.gradients(x, y)
     with pytest.raises((ValueError, RuntimeError), match=r"(?i)inference"):
         m.loss(x, y)
+
+
+def test_torch_load_names_what_runs_it(tmp_path_factory):
+    """diffattn.torch.load has no module for the hybrid: its error says what runs it."""
+    import diffattn.torch
+    d, _, _ = checkpoint(tmp_path_factory, 0)
+    with pytest.raises(ValueError, match=r"phi4flash.*load_model"):
+        diffattn.torch.load(d)

@@ -170,7 +170,12 @@ def load(path):
     from .. import _core
     m = _core.load_model(str(path))
     cfg = m.config
-    module = DiffTransformerLM(json.loads(cfg) if isinstance(cfg, str) else cfg)
+    cfg = json.loads(cfg) if isinstance(cfg, str) else cfg
+    if cfg.get("arch") == "sambay":
+        raise ValueError(f"load {path}: a Phi-4-mini-flash (phi4flash, SambaY) model has no PyTorch "
+                         f"module in diffattn.torch; diffattn.load_model(path) runs it (inference: "
+                         f"forward, generate)")
+    module = DiffTransformerLM(cfg)
     weights = m.parameters()
     with torch.no_grad():
         own = dict(module.named_parameters())
