@@ -80,27 +80,26 @@ double prefill_flops(const Model& m, int64_t P) {
 
 int bench_decode(const Model& m, int64_t prompt_len, int64_t n, double load_s, DType kv_dtype) {
   const int64_t V = m.config().vocab_size;
-  if (prompt_len + n > m.config().max_seq_len) {
-    n = m.config().max_seq_len - prompt_len;
+  // n decode steps after the prompt: n + 1 new tokens, the last one sampled but not decoded.
+  if (prompt_len + n + 1 > m.config().max_seq_len) {
+    n = m.config().max_seq_len - prompt_len - 1;
   }
   std::vector<int32_t> prompt(static_cast<size_t>(prompt_len));
   for (int64_t i = 0; i < prompt_len; ++i) prompt[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % V);
-  std::vector<float> logits(static_cast<size_t>(V));
-  // One sequence in a contiguous store, as generate runs it.
-  infer::KvStore store(m, infer::KvStore::Contiguous{prompt_len + n}, kv_dtype);
-  infer::Session session(m, store);
-  infer::Batch batch;
-  batch.add_chunk(prompt.data(), prompt_len, 0, 0);
+  // The generation loop `generate` and Python run (one sequence in a contiguous store),
+  // greedy; the first token marks the end of the prefill.
+  data::GenerateOptions o;
+  o.max_new = n + 1;
+  o.sampler = SamplerOptions{0.0, 0, 1.0, 0};
+  o.kv_dtype = kv_dtype;
   const auto t0 = std::chrono::steady_clock::now();
-  session.decode(batch, logits.data());
-  const auto t1 = std::chrono::steady_clock::now();
-  Sampler greedy({0.0, 0, 1.0, 0});
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t next = greedy.sample(logits.data(), V);
-    batch.clear();
-    batch.add(next, prompt_len + i, 0, true);
-    session.decode(batch, logits.data());
-  }
+  auto t1 = t0;
+  bool first = true;
+  data::generate_ids(m, prompt, o, [&](int32_t) {
+    if (first) t1 = std::chrono::steady_clock::now();
+    first = false;
+    return true;
+  });
   const auto t2 = std::chrono::steady_clock::now();
   const double pre = std::chrono::duration<double>(t1 - t0).count();
   const double dec = std::chrono::duration<double>(t2 - t1).count();
