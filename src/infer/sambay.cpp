@@ -20,7 +20,6 @@ namespace diffattn::infer {
 namespace {
 
 void add_into(float* x, const float* y, int64_t n) {
-#pragma omp simd
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
@@ -135,8 +134,10 @@ void Session::sambay_rows(const Batch& b, const std::vector<int64_t>& rows,
   }
   tables_.assign(static_cast<size_t>(B * stride), -1);
   lens_.resize(static_cast<size_t>(B));
-  std::vector<nn::MambaSeq> mseqs;
-  std::vector<KvStore::Seq*> seqs;
+  std::vector<nn::MambaSeq>& mseqs = mseqs_;
+  std::vector<KvStore::Seq*>& seqs = seqs_;
+  mseqs.clear();
+  seqs.clear();
   for (int64_t r = 0; r < B; ++r) {
     const size_t i = static_cast<size_t>(rows[static_cast<size_t>(r)]);
     KvStore::Seq& s = kv_.seq(b.seq_id[i]);
@@ -149,7 +150,8 @@ void Session::sambay_rows(const Batch& b, const std::vector<int64_t>& rows,
   x_.resize(static_cast<size_t>(B * C));
   m_.embed(x_.data(), toks_.data(), B);
   const nn::PagedSeqs paged{B, tables_.data(), stride, lens_.data()};
-  std::vector<nn::WindowSeq> w(static_cast<size_t>(B));
+  std::vector<nn::WindowSeq>& w = wseqs_;
+  w.resize(static_cast<size_t>(B));
   sambay_layers(0, cfg.n_layers, B, &mseqs, [&](int64_t l, float* out, const float* an) {
     const SambaYLayer& y = m_.sambay_layer(l);
     const nn::AttnLayerShape shape = cfg.attn_shape(l);

@@ -68,6 +68,7 @@ void Model::index_tensors() {
   if (cfg_.arch == Arch::SambaY) {
     head_ = embed_;
     norm_ = at("final_layernorm.weight");
+    norm_bias_ = at("final_layernorm.bias");
     index_sambay();
     return;
   }
@@ -486,7 +487,7 @@ void Model::head(float* logits, const float* x, int64_t N, std::vector<float>& n
   normed.resize(static_cast<size_t>(N * C));
   rstd.resize(static_cast<size_t>(N));
   if (cfg_.arch == Arch::SambaY) {
-    nn::layernorm_fwd(normed.data(), x, wf(norm_), wf(norm_ + 1), N, C, cfg_.norm_eps);
+    nn::layernorm_fwd(normed.data(), x, wf(norm_), wf(norm_bias_), N, C, cfg_.norm_eps);
   } else {
     nn::rmsnorm_fwd(normed.data(), rstd.data(), x, wf(norm_), N, C, cfg_.norm_eps);
   }

@@ -180,6 +180,39 @@ void check_table(const KVPool& pool, const int32_t* table, int64_t table_len, in
   }
 }
 
+// check_pool, and check_table for each of a decode step's sequences.
+void check_pool_and_tables(const KVPool& pool, const AttnLayerShape& s, const PagedSeqs& seqs) {
+  check_pool(pool, s);
+  for (int64_t b = 0; b < seqs.B; ++b) {
+    check_table(pool, seqs.tables + b * seqs.table_stride, seqs.table_stride, seqs.lens[b], b);
+  }
+}
+
+// acts.att (B, n_out) = one attention_decode_paged call over the B sequences of a decode step:
+// their query rows q (ldq apart), lambda from acts.lam, keys and values in the pool's blocks.
+void decode_paged(AttnLayerActs& acts, const AttnLayerShape& s, const KVPool& pool,
+                  const PagedSeqs& seqs, const float* q, int64_t ldq) {
+  acts.att.resize(static_cast<size_t>(seqs.B * s.n_out()));
+  PagedDecodeParams p;
+  p.B = seqs.B, p.H = s.H, p.G = s.G, p.D = s.D, p.Dv = s.Dv(), p.maps = s.maps();
+  p.shared_keys = s.kind == AttnKind::DiffV2;
+  p.lam_per_token = s.kind == AttnKind::DiffV2;
+  p.noise_share = s.noise_share;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+  p.n_blocks = pool.n_blocks, p.block_size = pool.block_size, p.table_stride = seqs.table_stride;
+  p.q = q;
+  p.lam = s.maps() == 2 ? acts.lam.data() : nullptr;
+  p.kv_dtype = pool.kv_dtype;
+  p.k_pool = pool.k.get(), p.v_pool = pool.v.get();
+  p.k16_pool = pool.k16.get(), p.v16_pool = pool.v16.get();
+  p.block_tables = seqs.tables;
+  p.seq_lens = seqs.lens;
+  p.set_contiguous_strides();
+  p.q_batch_stride = ldq;
+  p.out = acts.att.data();
+  attention_decode_paged(p);
+}
+
 // acts.proj (N, n_proj) = the stacked projection of inp (N rows) plus its biases, and acts.lam:
 // V1 the layer's lambda (Eq. 2) broadcast to the pairs, V2 sigmoid(lambda_proj x) per row and
 // pair. Returns acts.proj's data (RoPE not applied yet).
@@ -282,10 +315,7 @@ void attn_layer_decode_paged(float* out, AttnLayerActs& acts, const float* inp,
                              const float* cos_rows, const float* sin_rows, KVPool& pool,
                              const PagedSeqs& seqs) {
   const int64_t B = seqs.B, np = s.n_proj(), half = s.D / 2;
-  check_pool(pool, s);
-  for (int64_t b = 0; b < B; ++b) {
-    check_table(pool, seqs.tables + b * seqs.table_stride, seqs.table_stride, seqs.lens[b], b);
-  }
+  check_pool_and_tables(pool, s, seqs);
   float* proj = project(acts, inp, w, s, B);
   for (int64_t b = 0; b < B; ++b) {
     float* row = proj + b * np;
@@ -297,25 +327,7 @@ void attn_layer_decode_paged(float* out, AttnLayerActs& acts, const float* inp,
     append_kv(pool, s, seqs.tables + b * seqs.table_stride, seqs.lens[b] - 1, row);
   }
   // One call over the B sequences: q rows of the projection (stride n_proj), the pool's blocks.
-  acts.att.resize(static_cast<size_t>(B * s.n_out()));
-  PagedDecodeParams p;
-  p.B = B, p.H = s.H, p.G = s.G, p.D = s.D, p.Dv = s.Dv(), p.maps = s.maps();
-  p.shared_keys = s.kind == AttnKind::DiffV2;
-  p.lam_per_token = s.kind == AttnKind::DiffV2;
-  p.noise_share = s.noise_share;
-  p.scale = 1.0f / std::sqrt(static_cast<float>(s.D));
-  p.n_blocks = pool.n_blocks, p.block_size = pool.block_size, p.table_stride = seqs.table_stride;
-  p.q = proj;
-  p.lam = s.maps() == 2 ? acts.lam.data() : nullptr;
-  p.kv_dtype = pool.kv_dtype;
-  p.k_pool = pool.k.get(), p.v_pool = pool.v.get();
-  p.k16_pool = pool.k16.get(), p.v16_pool = pool.v16.get();
-  p.block_tables = seqs.tables;
-  p.seq_lens = seqs.lens;
-  p.set_contiguous_strides();
-  p.q_batch_stride = np;
-  p.out = acts.att.data();
-  attention_decode_paged(p);
+  decode_paged(acts, s, pool, seqs, proj, np);
   output(out, acts, w, s, B);
 }
 
@@ -376,28 +388,10 @@ void attn_layer_cross_fwd(float* out, AttnLayerActs& acts, const float* inp,
 void attn_layer_cross_decode_paged(float* out, AttnLayerActs& acts, const float* inp,
                                    const AttnLayerWeights& w, const AttnLayerShape& s,
                                    const KVPool& pool, const PagedSeqs& seqs) {
-  const int64_t B = seqs.B;
-  check_pool(pool, s);
-  for (int64_t b = 0; b < B; ++b) {
-    check_table(pool, seqs.tables + b * seqs.table_stride, seqs.table_stride, seqs.lens[b], b);
-  }
-  const float* q = project_q(acts, inp, w, s, B);
-  acts.att.resize(static_cast<size_t>(B * s.n_out()));
-  PagedDecodeParams p;
-  p.B = B, p.H = s.H, p.G = s.G, p.D = s.D, p.Dv = s.Dv(), p.maps = 2;
-  p.scale = 1.0f / std::sqrt(static_cast<float>(s.D));
-  p.n_blocks = pool.n_blocks, p.block_size = pool.block_size, p.table_stride = seqs.table_stride;
-  p.q = q;
-  p.lam = acts.lam.data();
-  p.kv_dtype = pool.kv_dtype;
-  p.k_pool = pool.k.get(), p.v_pool = pool.v.get();
-  p.k16_pool = pool.k16.get(), p.v16_pool = pool.v16.get();
-  p.block_tables = seqs.tables;
-  p.seq_lens = seqs.lens;
-  p.set_contiguous_strides();
-  p.out = acts.att.data();
-  attention_decode_paged(p);
-  output(out, acts, w, s, B);
+  check_pool_and_tables(pool, s, seqs);
+  const float* q = project_q(acts, inp, w, s, seqs.B);
+  decode_paged(acts, s, pool, seqs, q, s.n_q());
+  output(out, acts, w, s, seqs.B);
 }
 
 void attn_layer_window(float* out, AttnLayerActs& acts, const float* inp,

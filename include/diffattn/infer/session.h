@@ -77,7 +77,10 @@ class Session {
   nn::KVCache gathered_;  // a prompt chunk's cached positions, contiguous
   // SambaY
   nn::MambaActs mamba_;
-  std::vector<nn::MambaSeq> mseqs_at_;  // a Mamba layer's view of the sequences' states
+  // A decode step's sequences: their states, a Mamba layer's view of them, their rings.
+  std::vector<KvStore::Seq*> seqs_;
+  std::vector<nn::MambaSeq> mseqs_, mseqs_at_;
+  std::vector<nn::WindowSeq> wseqs_;
   nn::KVCache window_;  // a chunk's window positions, contiguous
   std::vector<float> ln_, mix_, fc_, hid_, mem_;
 };

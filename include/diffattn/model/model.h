@@ -181,6 +181,7 @@ class Model {
   std::vector<SambaYLayer> sambay_;
   std::shared_ptr<const std::vector<std::vector<float>>> derived_;
   int64_t embed_ = 0, norm_ = 0, head_ = 0;  // tensor indices
+  int64_t norm_bias_ = -1;                     // SambaY's final LayerNorm bias
   std::shared_ptr<const WeightStore> store_;
   std::vector<double> inv_freq_;  // RoPE frequencies (D/2), scaled per cfg_.rope_scaling
 
