@@ -30,8 +30,9 @@ int run_eval(const std::vector<std::string>& argv) {
   const int64_t batch = a.integer("--batch", 1, int64_t{1} << 40);
   const int64_t seq_len = a.integer("--seq-len", 1, int64_t{1} << 40);
   const int64_t batches = a.integer("--batches", 0, int64_t{1} << 40);
-  Model m = load_model(dir);
-  const auto tok = data::tokenizer_for(dir, choice);
+  const ModelDir md = open_model_dir(dir);
+  Model m = load_model(md);
+  const auto tok = data::tokenizer_for(md, choice);
   const data::Corpus c = data::load_corpus(a.str("--corpus"), data::default_cache_dir());
   const std::vector<int32_t> valid = tok->encode(c.valid);
   const int64_t T = std::min(seq_len, m.config().max_seq_len);

@@ -199,15 +199,16 @@ int run_generate(const std::vector<std::string>& argv) {
   }
   o.sampler.seed = static_cast<uint64_t>(a.integer("--seed", 0, INT64_MAX));
   const auto t_load = std::chrono::steady_clock::now();
-  Model m = load_model(dir);
+  const ModelDir md = open_model_dir(dir);
+  Model m = load_model(md);
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
   if (bench_steps > 0) {
     return bench_decode(m, std::max<int64_t>(1, std::min<int64_t>(bench_prompt, m.config().max_seq_len / 2)),
                         bench_steps, load_s, kv_dtype);
   }
-  const auto tok = data::tokenizer_for(dir, tok_choice);
-  o.stop_ids = data::stop_ids_for(dir, *tok, m.config().vocab_size);
+  const auto tok = data::tokenizer_for(md, tok_choice);
+  o.stop_ids = data::stop_ids_for(md, *tok, m.config().vocab_size);
   o.kv_dtype = kv_dtype;
   const std::string prompt = a.str("--prompt");
   {

@@ -20,18 +20,17 @@ int run_info(const std::vector<std::string>& argv) {
   a.positional("DIR", "the model directory: diffattn's (config.json, model.safetensors) or a Hugging Face Llama/DiffLlama/Motif-2 one");
   if (!a.parse(argv)) return 0;
   const std::string dir = a.str("DIR");
-  Model m = load_model(dir);
+  const ModelDir md = open_model_dir(dir);
+  Model m = load_model(md);
   const ModelConfig& c = m.config();
   // A Hugging Face directory may come without its tokenizer: say so rather than refuse to show it.
   std::unique_ptr<data::Tokenizer> tok;
   std::string tokenizer;
-  struct stat st {};
-  if (is_hf_model_dir(dir) && ::stat((dir + "/tokenizer.json").c_str(), &st) != 0 &&
-      ::stat((dir + "/tokenizer.model").c_str(), &st) != 0) {
+  if (md.hf && md.tokenizer_path.empty()) {
     tokenizer = "no tokenizer: generating needs its tokenizer.json, or --tokenizer bytes";
     tok = data::byte_tokenizer();  // for the V2 lambda sample below (a V2 model is diffattn's own)
   } else {
-    tok = data::tokenizer_for(dir);
+    tok = data::tokenizer_for(md);
     tokenizer = tok->name() + " tokenizer";
   }
   std::cout << "model " << dir << " (" << tokenizer << ")\nweights: " << m.storage()

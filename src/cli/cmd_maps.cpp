@@ -84,8 +84,9 @@ int run_maps(const std::vector<std::string>& argv) {
   mo.mode = from_flags([&] { return parse_diff_mode(a.str("--mode"), "--mode"); });
   int64_t layer = a.integer("--layer");
   const int64_t head_flag = a.integer("--head");
-  Model m = load_model(dir);
-  const auto tok = data::tokenizer_for(dir, choice);
+  const ModelDir md = open_model_dir(dir);
+  Model m = load_model(md);
+  const auto tok = data::tokenizer_for(md, choice);
   const Prompt p = tokenize(*tok, a.str("--prompt"), m.config().max_seq_len);
   const int64_t T = static_cast<int64_t>(p.ids.size()), L = m.config().n_layers;
   if (layer == -1) layer = L - 1;

@@ -259,6 +259,23 @@ std::unique_ptr<Tokenizer> tokenizer_for(const std::string& model_dir, Tokenizer
   return byte_tokenizer();
 }
 
+std::unique_ptr<Tokenizer> tokenizer_for(const ModelDir& dir, TokenizerChoice choice) {
+  if (choice == TokenizerChoice::kBytes) return byte_tokenizer();
+  const std::string& p = dir.tokenizer_path;
+  if (p.size() >= 15 && p.compare(p.size() - 15, 15, "/tokenizer.json") == 0) {
+    HfTokenizer t = HfTokenizer::from_json(read_file(p), p);
+    if (dir.tokenizer_config) t.apply_config(*dir.tokenizer_config, dir.file("tokenizer_config.json"));
+    return std::make_unique<HfTokenizerAdapter>(std::move(t));
+  }
+  if (!p.empty()) return load_sentencepiece(p);
+  if (dir.hf) {
+    throw IoError(dir.path + ": a Hugging Face model directory without a tokenizer (no tokenizer.json "
+                  "and no tokenizer.model): copy the model's tokenizer.json and tokenizer_config.json "
+                  "into it, or pass --tokenizer bytes to use raw bytes as token ids");
+  }
+  return byte_tokenizer();
+}
+
 void train_sentencepiece(const std::string& text, const std::string& out_path, int64_t vocab_size,
                          uint32_t seed) {
   // The trainer reads a file and writes PREFIX.model / PREFIX.vocab; both go to a private

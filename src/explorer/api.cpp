@@ -148,9 +148,10 @@ std::string example_prompt(const std::string& dir, int64_t max_tokens) {
 }
 
 struct LoadedModel {
-  explicit LoadedModel(const std::string& d)
-      : dir(d), model(load_model(d)), tok(data::tokenizer_for(d)),
-        prompt(example_prompt(d, std::min<int64_t>(kMaxPromptTokens, model.config().max_seq_len))) {}
+  explicit LoadedModel(const std::string& d) : LoadedModel(open_model_dir(d)) {}
+  explicit LoadedModel(const ModelDir& d)
+      : dir(d.path), model(load_model(d)), tok(data::tokenizer_for(d)),
+        prompt(example_prompt(d.path, std::min<int64_t>(kMaxPromptTokens, model.config().max_seq_len))) {}
   std::string dir;
   Model model;
   std::unique_ptr<data::Tokenizer> tok;

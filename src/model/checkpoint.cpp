@@ -16,7 +16,7 @@
 #include "diffattn/model/config.h"
 #include "diffattn/model/model.h"
 #include "diffattn/model/safetensors.h"
-#include "model/model_dir.h"
+#include "model/dir_commit.h"
 
 namespace diffattn {
 
@@ -195,26 +195,6 @@ void check_model_dir(const std::string& dir) {
   if (::stat((dir + "/config.json").c_str(), &st) != 0) {
     throw IoError(dir + ": not a model directory (no config.json; " + expected + ")");
   }
-}
-
-Model load_model(const std::string& dir) {
-  check_model_dir(dir);
-  if (is_hf_model_dir(dir)) return load_hf_model(dir);
-  const std::string cfg_path = dir + "/config.json";
-  const ModelConfig cfg = ModelConfig::from_json(read_file(cfg_path, kMaxJsonFileBytes), cfg_path);
-  // The header first: a config whose sizes the weights do not match is an error before the
-  // model (sized by the config alone) is allocated.
-  const std::string w_path = dir + "/model.safetensors";
-  const SafeTensorsHeader h = read_safetensors_header(w_path);
-  check_weights_header(cfg, h, w_path);
-  // 16-bit weights stay 16-bit: an inference model over the mapped file, like a transformers
-  // directory's (training it needs `convert --to diffattn`, which writes float32).
-  for (const auto& [name, t] : h.tensors) {
-    if (t.dtype != DType::F32) return load_mapped_model(dir, cfg);
-  }
-  Model m(cfg);
-  load_weights(m, read_safetensors(w_path, h), w_path);
-  return m;
 }
 
 }  // namespace diffattn

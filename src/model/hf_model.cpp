@@ -37,7 +37,8 @@
 #include "diffattn/model/model.h"
 #include "diffattn/model/safetensors.h"
 #include "model/config_json.h"
-#include "model/model_dir.h"
+#include "model/arch.h"
+#include "model/dir_commit.h"
 
 namespace diffattn {
 
@@ -50,16 +51,6 @@ bool file_exists(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0;
 }
 
-// What the permutations need beyond the ModelConfig: the checkpoint's own head counts.
-// `native`: the project's own layout (no permutation, the project's tensor names).
-struct HfLayout {
-  bool diff = false;
-  bool native = false;
-  bool motif = false;  // Motif-2 (diff too): G noise heads, each closing a group of S query heads
-  int64_t H = 0, Hkv = 0, d = 0;
-  int64_t G = 0, S = 0;
-  bool sambay = false;  // Phi-4-mini-flash: tensors under their published names, no permutation
-};
 
 // Phi-4-mini-flash's config.json (docs/models/phi4flash.md, "config.json"): the keys whose class
 // defaults differ from the published values are required; the mamba_* keys take the class's
@@ -119,7 +110,9 @@ ModelConfig parse_phi4flash_config(const json& j, const std::string& where,
   return c;
 }
 
-ModelConfig parse_hf_config(const json& j, const std::string& where, HfLayout* layout) {
+}  // namespace
+
+ModelConfig parse_hf_config(const json& j, const std::string& where, ArchLayout* layout) {
   auto need = [&](const char* key) -> const json& {
     if (!j.contains(key) || j.at(key).is_null()) {
       throw InvalidArgument(where + ": missing key \"" + key + "\"");
@@ -212,7 +205,7 @@ ModelConfig parse_hf_config(const json& j, const std::string& where, HfLayout* l
   if (has("pretraining_tp") && !(j.at("pretraining_tp").is_number_integer())) {
     throw InvalidArgument(where + ": \"pretraining_tp\" must be an integer");
   }
-  HfLayout L;
+  ArchLayout L;
   L.diff = type == "diffllama" || motif;
   L.motif = motif;
   const int64_t C = integer("hidden_size");
@@ -299,10 +292,12 @@ ModelConfig parse_hf_config(const json& j, const std::string& where, HfLayout* l
   return c;
 }
 
+namespace {
+
 // Row r of the project's layout takes row *_src(r) of the checkpoint's: q (H heads), k and v
 // (Hkv heads), head size d.
 struct Permutation {
-  HfLayout L;
+  ArchLayout L;
   int64_t rope_row(int64_t p) const {  // inside one head: interleaved position <- half position
     return p % 2 == 0 ? p / 2 : p / 2 + L.d / 2;
   }
@@ -352,30 +347,17 @@ struct HfStore : WeightStore {
 // (shards named there, each a plain file name inside dir), else model.safetensors.
 class Shards {
  public:
-  // with_index: read model.safetensors.index.json when there is one (transformers' sharding);
-  // the project's format is always the one file.
-  Shards(const std::string& dir, HfStore& store, bool with_index) : dir_(dir), store_(store) {
-    const std::string index = dir + "/model.safetensors.index.json";
-    if (with_index && file_exists(index) && file_exists(dir + "/model.safetensors")) {
-      // transformers loads model.safetensors when both are there, diffattn read the index: one
-      // of them is a stale leftover, and which one is not for a reader to guess.
-      throw IoError(dir + ": holds both model.safetensors and model.safetensors.index.json (transformers "
-                    "would load model.safetensors and ignore the index's shards); one of them is "
-                    "left over from another model: remove it");
-    }
-    if (with_index && file_exists(index)) {
-      map_ = parse_hf_weight_map(read_file(index, kMaxJsonFileBytes), index);
-      where_ = index;
+  // The weight files open_model_dir resolved: the index's weight_map, or model.safetensors.
+  Shards(const ModelDir& dir, HfStore& store) : dir_(dir.path), store_(store) {
+    if (!dir.weight_index.empty()) {
+      map_ = dir.weight_map;
+      where_ = dir.weight_index;
     } else {
-      const std::string one = dir + "/model.safetensors";
-      if (!file_exists(one)) {
-        throw IoError(dir + ": no model.safetensors and no model.safetensors.index.json");
-      }
       open("model.safetensors");
       for (const auto& [name, e] : headers_.at("model.safetensors").tensors) {
         map_[name] = "model.safetensors";
       }
-      where_ = one;
+      where_ = dir.file("model.safetensors");
     }
     // Every shard the index names exists and holds what the index says it holds.
     for (const auto& [name, file] : map_) {
@@ -483,9 +465,9 @@ void check_finite(const Located& t) {
 
 class Loader {
  public:
-  Loader(const std::string& dir, const ModelConfig& cfg, const HfLayout& L)
-      : dir_(dir), cfg_(cfg), L_(L), perm_{L}, store_(std::make_shared<HfStore>()),
-        shards_(dir, *store_, !L.native) {}
+  explicit Loader(const ModelDir& dir)
+      : dir_(dir.path), cfg_(dir.config), L_(*dir.layout), perm_{L_}, store_(std::make_shared<HfStore>()),
+        shards_(dir, *store_) {}
 
   // The project's own layout (docs/FORMAT.md) with 16-bit tensors: each layer's q|k|v (and
   // V2's lambda_proj) stacked into one block, as the model runs them as one product (likewise
@@ -756,7 +738,7 @@ class Loader {
 
   std::string dir_;
   ModelConfig cfg_;
-  HfLayout L_;
+  ArchLayout L_;
   Permutation perm_;
   std::shared_ptr<HfStore> store_;
   Shards shards_;
@@ -804,20 +786,10 @@ ModelConfig hf_model_config(const std::string& text, const std::string& where) {
   return parse_hf_config(parse_json_object(text, where), where, nullptr);
 }
 
-Model load_mapped_model(const std::string& dir, const ModelConfig& cfg) {
-  HfLayout layout;
-  layout.native = true;
-  Loader loader(dir, cfg, layout);
-  return Model(cfg, loader.load_native());
-}
-
-Model load_hf_model(const std::string& dir) {
-  const std::string cfg_path = dir + "/config.json";
-  const json j = parse_json_object(read_file(cfg_path, kMaxJsonFileBytes), cfg_path);
-  HfLayout layout;
-  const ModelConfig cfg = parse_hf_config(j, cfg_path, &layout);
-  Loader loader(dir, cfg, layout);
-  return Model(cfg, layout.sambay ? loader.load_sambay() : loader.load());
+std::shared_ptr<const WeightStore> load_weight_store(const ModelDir& dir) {
+  Loader loader(dir);
+  if (dir.layout->native) return loader.load_native();
+  return dir.layout->sambay ? loader.load_sambay() : loader.load();
 }
 
 }  // namespace diffattn
@@ -874,7 +846,7 @@ std::string save_hf_model(const Model& m, const std::string& dir, DType dtype, i
       }
     }
   }
-  HfLayout L;
+  ArchLayout L;
   L.diff = diff;
   L.H = diff ? 2 * c.n_heads : c.n_heads;
   L.Hkv = diff ? 2 * c.n_kv_heads : c.n_kv_heads;
@@ -1046,7 +1018,7 @@ void motif_tensors(const Model& m, DType dtype, HfTensors& out, json& j) {
                           "needs diff_v1 attention with lambda_init_shift 1, no fixed lambda_init, no "
                           "biases and no rope_scaling");
   }
-  HfLayout L;
+  ArchLayout L;
   L.diff = L.motif = true;
   L.S = c.noise_share + 1;
   L.G = c.n_heads / c.noise_share;

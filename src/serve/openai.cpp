@@ -597,9 +597,10 @@ ChatTemplate checked(tokenize::ModelChatTemplates t, const std::string& missing)
 
 }  // namespace
 
-ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
+ChatTemplate ChatTemplate::from_model_dir(const ModelDir& d) {
+  const std::string& dir = d.path;
   try {
-    return checked(tokenize::ModelChatTemplates::load(dir),
+    return checked(tokenize::ModelChatTemplates::load(dir, d.tokenizer_config),
                    dir + " has no chat_template.jinja and no tokenizer_config.json with a \"chat_template\"");
   } catch (const tokenize::TemplateError& e) {
     if (e.kind() != tokenize::TemplateError::Kind::kIo) throw;  // does not parse: the server does not start

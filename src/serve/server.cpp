@@ -134,9 +134,12 @@ struct ChoiceText {
 class Server {
  public:
   explicit Server(const ServerOptions& o) : o_(o) {
-    model_ = std::make_unique<Model>(load_model(o.model_dir));
-    tok_ = data::tokenizer_for(o.model_dir, o.tokenizer);
-    stop_ids_ = data::stop_ids_for(o.model_dir, *tok_, model_->config().vocab_size);
+    // The directory is resolved once: config.json, tokenizer_config.json and
+    // generation_config.json are read here and nowhere else.
+    const ModelDir dir = open_model_dir(o.model_dir);
+    model_ = std::make_unique<Model>(load_model(dir));
+    tok_ = data::tokenizer_for(dir, o.tokenizer);
+    stop_ids_ = data::stop_ids_for(dir, *tok_, model_->config().vocab_size);
     // Only ids the tokenizer can decode are sampled: a padded embedding's extra rows have no
     // text (decoding one would fail the request).
     data::restrict_to_tokens(sampling_, *tok_, model_->config().vocab_size);
@@ -144,7 +147,7 @@ class Server {
     // The model's chat template, parsed once: one that does not parse stops the start-up; a
     // model without one answers chat requests with a 400.
     try {
-      chat_ = std::make_unique<ChatTemplate>(ChatTemplate::from_model_dir(o.model_dir));
+      chat_ = std::make_unique<ChatTemplate>(ChatTemplate::from_model_dir(dir));
     } catch (const ApiError& e) {
       chat_error_ = std::make_unique<ApiError>(e);
     }

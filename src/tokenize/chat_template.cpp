@@ -142,12 +142,19 @@ ModelChatTemplates ModelChatTemplates::from_config_text(const std::string& text,
 
 ModelChatTemplates ModelChatTemplates::load(const std::string& model_dir, const ChatTemplateLimits& limits) {
   const std::string cfg = model_dir + "/tokenizer_config.json";
+  std::optional<std::string> text;
+  if (is_file(cfg)) text = read_file(cfg, kMaxJsonFileBytes);
+  return load(model_dir, text, limits);
+}
+
+ModelChatTemplates ModelChatTemplates::load(const std::string& model_dir,
+                                            const std::optional<std::string>& tokenizer_config,
+                                            const ChatTemplateLimits& limits) {
+  const std::string cfg = model_dir + "/tokenizer_config.json";
   const std::string jinja_file = model_dir + "/chat_template.jinja";
   const std::string tool_file = model_dir + "/additional_chat_templates/tool_use.jinja";
   ModelChatTemplates m;
-  if (is_file(cfg)) {
-    m = from_config_text(read_file(cfg, kMaxJsonFileBytes), cfg, limits);
-  }
+  if (tokenizer_config) m = from_config_text(*tokenizer_config, cfg, limits);
   // transformers: template files, when there are any, replace the config's chat_template.
   if (is_file(jinja_file) || is_file(tool_file)) {
     m.default_.reset();
@@ -164,7 +171,7 @@ ModelChatTemplates ModelChatTemplates::load(const std::string& model_dir, const 
       where += (where.empty() ? "" : ", ") + tool_file;
     }
     m.where_ = where;
-  } else if (!is_file(cfg)) {
+  } else if (!tokenizer_config) {
     m.where_ = model_dir;
   }
   return m;

@@ -69,13 +69,14 @@ void restrict_to_tokens(SamplerOptions& o, const Tokenizer& tok, int64_t model_v
   }
 }
 
-std::vector<int32_t> stop_ids_for(const std::string& model_dir, const Tokenizer& tok,
-                                  int64_t model_vocab) {
+namespace {
+
+// stop_ids_for over generation_config.json's text (nullopt: no such file); p names it.
+std::vector<int32_t> stop_ids_from(const std::optional<std::string>& text, const std::string& p,
+                                   const Tokenizer& tok, int64_t model_vocab) {
   std::vector<int32_t> ids;
-  const std::string p = model_dir + "/generation_config.json";
-  struct stat st {};
-  if (::stat(p.c_str(), &st) == 0) {
-    const nlohmann::json j = parse_json_object(read_file(p, kMaxJsonFileBytes), p);
+  if (text) {
+    const nlohmann::json j = parse_json_object(*text, p);
     if (j.contains("eos_token_id") && !j.at("eos_token_id").is_null()) {
       const nlohmann::json& e = j.at("eos_token_id");
       const nlohmann::json list = e.is_array() ? e : nlohmann::json::array({e});
@@ -98,6 +99,21 @@ std::vector<int32_t> stop_ids_for(const std::string& model_dir, const Tokenizer&
   }
   if (tok.eos_id() >= 0) ids.push_back(tok.eos_id());
   return ids;
+}
+
+}  // namespace
+
+std::vector<int32_t> stop_ids_for(const std::string& model_dir, const Tokenizer& tok,
+                                  int64_t model_vocab) {
+  const std::string p = model_dir + "/generation_config.json";
+  struct stat st {};
+  std::optional<std::string> text;
+  if (::stat(p.c_str(), &st) == 0) text = read_file(p, kMaxJsonFileBytes);
+  return stop_ids_from(text, p, tok, model_vocab);
+}
+
+std::vector<int32_t> stop_ids_for(const ModelDir& dir, const Tokenizer& tok, int64_t model_vocab) {
+  return stop_ids_from(dir.generation_config, dir.file("generation_config.json"), tok, model_vocab);
 }
 
 std::string generate(const Model& m, const Tokenizer& tok, const std::string& prompt,

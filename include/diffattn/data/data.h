@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "diffattn/model/model.h"
+#include "diffattn/model/model_dir.h"
 
 namespace diffattn {
 class HfTokenizer;
@@ -64,6 +65,10 @@ TokenizerChoice parse_tokenizer_choice(const std::string& name, const std::strin
 // Hugging Face directory an IoError naming what is missing (transformers' AutoTokenizer refuses
 // such a directory too; its ids are not bytes). kBytes: the byte tokenizer.
 std::unique_ptr<Tokenizer> tokenizer_for(const std::string& model_dir,
+                                         TokenizerChoice choice = TokenizerChoice::kModel);
+// The same for a resolved directory: its tokenizer file and the tokenizer_config.json text it
+// already read (nothing of the directory is read twice).
+std::unique_ptr<Tokenizer> tokenizer_for(const ModelDir& dir,
                                          TokenizerChoice choice = TokenizerChoice::kModel);
 
 // ---- corpus ----

@@ -45,19 +45,17 @@ bool is_model_file(const std::string& name, const std::set<std::string>& indexed
 // Creates DIR if needed.
 std::string save_model(const Model& m, const std::string& dir, DType dtype = DType::F32,
                        const ModelFiles& files = {});
-// Loads a model directory; every FORMAT.md error is reported with the tensor or key and file.
-// A project directory whose model.safetensors is all F32 gives a trainable model; one with BF16
-// or F16 tensors an inference model over the mapped file (load_mapped_model).
+// Loads a model directory: load_model(open_model_dir(dir)) (model_dir.h). Every FORMAT.md error
+// is reported with the tensor or key and file. A project directory whose model.safetensors is
+// all F32 gives a trainable model; one with BF16 or F16 tensors, and a transformers directory
+// (Llama, DiffLlama, Motif-2, Phi-4-mini-flash: weights in their stored type, memory-mapped
+// where the layout allows, q/k/v rows permuted once onto the project's layout), an inference
+// model over the mapped files (Model::trainable() is false).
 Model load_model(const std::string& dir);
 // An IoError unless DIR is a directory holding config.json, worded the same by every reader of
 // a model directory: "DIR: not a model directory (no such directory; ...)" or "(no config.json;
 // ...)".
 void check_model_dir(const std::string& dir);
-// The project's format read like a transformers directory: matrices kept in their stored type
-// where they lie in the memory-mapped model.safetensors (each layer's q|k|v(|lambda_proj) one
-// copy), 1-D tensors as float32, every value checked finite. cfg is DIR/config.json's, already
-// checked against the file's header. Model::trainable() is false.
-Model load_mapped_model(const std::string& dir, const ModelConfig& cfg);
 // Checks a header's tensor names and shapes against the config's tensor table (missing, extra,
 // misshapen: the same errors as load_weights), before any model is allocated.
 void check_weights_header(const ModelConfig& cfg, const SafeTensorsHeader& h, const std::string& where,
@@ -77,16 +75,11 @@ ModelConfig hf_model_config(const std::string& text, const std::string& where);
 // directory: no '/', not "." or ".."); errors name `where`.
 std::map<std::string, std::string> parse_hf_weight_map(const std::string& text,
                                                        const std::string& where);
-// A LlamaForCausalLM or DiffLlamaForCausalLM directory: config.json, model.safetensors or the
-// shards of model.safetensors.index.json. Weights stay in their stored type (F32, BF16, F16),
-// memory-mapped where the layout allows; q/k/v rows are permuted once onto the project's layout.
-// An inference model (Model::trainable() is false). load_model(dir) calls it for such a directory.
-Model load_hf_model(const std::string& dir);
 // Writes a diff_v1 model as a DiffLlama directory, a standard one as a Llama directory
 // (config.json, generation_config.json, model.safetensors or `shards` files with their index),
 // tensors stored as dtype. What DiffLlama lacks is folded in exactly or refused: V1's learned
 // subln weight multiplies o_proj's columns; a fixed lambda_init, diff_v2 and biases on a
-// diff_v2 model are errors naming the reason. load_hf_model(dir) gives back the same logits.
+// diff_v2 model are errors naming the reason. load_model(dir) gives back the same logits.
 // files.extra is written after the model's own files (its generation_config.json wins).
 std::string save_hf_model(const Model& m, const std::string& dir, DType dtype = DType::F32,
                           int64_t shards = 1, const ModelFiles& files = {});

@@ -106,6 +106,11 @@ class ModelChatTemplates {
   // parse (naming the file) or a tokenizer_config.json that is not valid JSON. A directory
   // without any template loads; has_template() is then false.
   static ModelChatTemplates load(const std::string& model_dir, const ChatTemplateLimits& limits = {});
+  // The same with tokenizer_config.json's text already read (nullopt: the directory has none),
+  // as a resolved model directory (model/model_dir.h) holds it.
+  static ModelChatTemplates load(const std::string& model_dir,
+                                 const std::optional<std::string>& tokenizer_config,
+                                 const ChatTemplateLimits& limits = {});
   // The same from a tokenizer_config.json's text alone; `where` names it in errors.
   static ModelChatTemplates from_config_text(const std::string& text, const std::string& where,
                                              const ChatTemplateLimits& limits = {});

@@ -36,6 +36,8 @@ std::vector<int32_t> generate_ids(const Model& m, const std::vector<int32_t>& pr
 // and the id.
 std::vector<int32_t> stop_ids_for(const std::string& model_dir, const Tokenizer& tok,
                                   int64_t model_vocab);
+// The same from a resolved directory's generation_config.json text (read once by open_model_dir).
+std::vector<int32_t> stop_ids_for(const ModelDir& dir, const Tokenizer& tok, int64_t model_vocab);
 // Restricts sampling to the ids that both the model (below model_vocab) and the tokenizer (its
 // tokens, holes left out) have: a padded embedding's extra rows are never drawn, so generated
 // text always decodes. InvalidArgument when no id is left.

@@ -1,0 +1,122 @@
+// A model directory resolved once (include/diffattn/model/model_dir.h): config.json read and
+// translated once, the weight files listed, the side files read once.
+#include "diffattn/model/model_dir.h"
+
+#include <sys/stat.h>
+
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "diffattn/base/error.h"
+#include "diffattn/base/files.h"
+#include "diffattn/base/json_util.h"
+#include "diffattn/model/checkpoint.h"
+#include "diffattn/model/safetensors.h"
+#include "model/arch.h"
+
+namespace diffattn {
+
+namespace {
+
+bool is_file(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::optional<std::string> read_if_there(const std::string& p) {
+  if (!is_file(p)) return std::nullopt;
+  return read_file(p, kMaxJsonFileBytes);
+}
+
+// config.json's family: the transformers model_type, lower-cased the way parse_hf_config
+// accepts it ("Motif" is spelled so by Motif's own config).
+std::string family_of(const nlohmann::json& j) {
+  std::string t = j.at("model_type").is_string() ? j.at("model_type").get<std::string>() : "";
+  return t == "Motif" ? "motif" : t;
+}
+
+}  // namespace
+
+ModelDir open_model_dir(const std::string& dir) {
+  check_model_dir(dir);
+  ModelDir d;
+  d.path = dir;
+  d.config_path = dir + "/config.json";
+  const std::string text = read_file(d.config_path, kMaxJsonFileBytes);
+  // A transformers directory: config.json has model_type and no "format". Text that is not a
+  // JSON object is the project's reader's to report (ModelConfig::from_json names what is wrong).
+  nlohmann::json j;
+  bool parsed = false;
+  try {
+    j = parse_json_object(text, d.config_path);
+    parsed = true;
+  } catch (const Error&) {
+  }
+  auto layout = std::make_shared<ArchLayout>();
+  d.hf = parsed && j.contains("model_type") && !j.contains("format");
+  if (d.hf) {
+    d.config = parse_hf_config(j, d.config_path, layout.get());
+    d.family = family_of(j);
+  } else {
+    d.config = ModelConfig::from_json(text, d.config_path);
+    d.family = "diffattn";
+    layout->native = true;
+  }
+  d.layout = layout;
+
+  // The weights: transformers' index when there is one (the project's format is always the one
+  // file), else model.safetensors.
+  const std::string one = d.file("model.safetensors");
+  const std::string index = d.file("model.safetensors.index.json");
+  if (d.hf && is_file(index)) {
+    if (is_file(one)) {
+      // transformers loads model.safetensors when both are there, an index reader the shards:
+      // one of them is a stale leftover, and which one is not for a reader to guess.
+      throw IoError(dir + ": holds both model.safetensors and model.safetensors.index.json (transformers "
+                    "would load model.safetensors and ignore the index's shards); one of them is "
+                    "left over from another model: remove it");
+    }
+    d.weight_index = index;
+    d.weight_map = parse_hf_weight_map(read_file(index, kMaxJsonFileBytes), index);
+    std::set<std::string> seen;
+    for (const auto& [tensor, file] : d.weight_map) {
+      if (seen.insert(file).second) d.weight_files.push_back(file);
+    }
+  } else {
+    // (The project's format: a missing file is the safetensors reader's error, at load.)
+    if (d.hf && !is_file(one)) {
+      throw IoError(dir + ": no model.safetensors and no model.safetensors.index.json");
+    }
+    d.weight_files = {"model.safetensors"};
+  }
+
+  if (is_file(d.file("tokenizer.json"))) {
+    d.tokenizer_path = d.file("tokenizer.json");
+  } else if (is_file(d.file("tokenizer.model"))) {
+    d.tokenizer_path = d.file("tokenizer.model");
+  }
+  d.tokenizer_config = read_if_there(d.file("tokenizer_config.json"));
+  d.generation_config = read_if_there(d.file("generation_config.json"));
+  return d;
+}
+
+Model load_model(const ModelDir& d) {
+  if (d.hf) return Model(d.config, load_weight_store(d));
+  // The header first: a config whose sizes the weights do not match is an error before the
+  // model (sized by the config alone) is allocated.
+  const std::string w_path = d.file("model.safetensors");
+  const SafeTensorsHeader h = read_safetensors_header(w_path);
+  check_weights_header(d.config, h, w_path);
+  // 16-bit weights stay 16-bit: an inference model over the mapped file, like a transformers
+  // directory's (training it needs `convert --to diffattn`, which writes float32).
+  for (const auto& [name, t] : h.tensors) {
+    if (t.dtype != DType::F32) return Model(d.config, load_weight_store(d));
+  }
+  Model m(d.config);
+  load_weights(m, read_safetensors(w_path, h), w_path);
+  return m;
+}
+
+Model load_model(const std::string& dir) { return load_model(open_model_dir(dir)); }
+
+}  // namespace diffattn
