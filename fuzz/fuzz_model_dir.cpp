@@ -1,4 +1,4 @@
-// Fuzzes the model-directory loader (src/model/checkpoint.cpp, src/model/hf_model.cpp) on disk:
+// Fuzzes the model-directory loader (src/model/model_dir.cpp, checkpoint.cpp, the families arch_*.cpp and hf_reader.cpp) on disk:
 // load_model over a fixed tiny config.json and model.safetensors from the input. The first byte
 // picks the config (the project's diff_v1, diff_v2, standard, V1 and standard with biases, a
 // transformers llama, diffllama, llama with biases and tied embeddings, a grouped Motif-2, the

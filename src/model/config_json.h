@@ -1,5 +1,5 @@
 // Pieces of config.json parsing shared by the project's format (config.cpp) and the Hugging Face
-// reader (hf_model.cpp).
+// readers (arch_*.cpp).
 #pragma once
 
 #include <nlohmann/json.hpp>

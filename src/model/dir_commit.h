@@ -1,4 +1,4 @@
-// Shared by the two model writers (checkpoint.cpp: diffattn's format; hf_model.cpp: Hugging
+// Shared by the two model writers (checkpoint.cpp: diffattn's format; hf_writer.cpp: Hugging
 // Face's): committing a model directory's files as one.
 #pragma once
 

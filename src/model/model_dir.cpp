@@ -28,13 +28,6 @@ std::optional<std::string> read_if_there(const std::string& p) {
   return read_file(p, kMaxJsonFileBytes);
 }
 
-// config.json's family: the transformers model_type, lower-cased the way parse_hf_config
-// accepts it ("Motif" is spelled so by Motif's own config).
-std::string family_of(const nlohmann::json& j) {
-  std::string t = j.at("model_type").is_string() ? j.at("model_type").get<std::string>() : "";
-  return t == "Motif" ? "motif" : t;
-}
-
 }  // namespace
 
 ModelDir open_model_dir(const std::string& dir) {
@@ -56,7 +49,7 @@ ModelDir open_model_dir(const std::string& dir) {
   d.hf = parsed && j.contains("model_type") && !j.contains("format");
   if (d.hf) {
     d.config = parse_hf_config(j, d.config_path, layout.get());
-    d.family = family_of(j);
+    d.family = layout->family->name;
   } else {
     d.config = ModelConfig::from_json(text, d.config_path);
     d.family = "diffattn";

@@ -1,6 +1,6 @@
 // Phi-4-mini-flash (model_type "phi4flash", the SambaY hybrid; docs/models/phi4flash.md): the
 // model's per-layer weights from its tensor table (config.cpp lists the tensors under their
-// published names, hf_model.cpp reads the directory), and the float32 forms the kernels read.
+// published names, arch_phi4flash.cpp translates its config.json, hf_reader.cpp maps the files), and the float32 forms the kernels read.
 // The layer bodies run in infer/sambay.cpp over nn/mamba.h and nn/attention_layer.h.
 #include <cmath>
 #include <string>

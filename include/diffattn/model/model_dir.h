@@ -23,8 +23,8 @@ struct ArchLayout;
 
 struct ModelDir {
   std::string path;  // as given
-  // "diffattn" (the project's format, docs/FORMAT.md) or the transformers family read from
-  // config.json's model_type: "llama", "diffllama", "motif", "phi4flash".
+  // "diffattn" (the project's format, docs/FORMAT.md) or the architecture family config.json's
+  // model_type names (src/model/arch.h's registry): "llama", "diffllama", "Motif", "phi4flash".
   std::string family;
   bool hf = false;         // a transformers directory (config.json has model_type, no format)
   std::string config_path;  // path/config.json
