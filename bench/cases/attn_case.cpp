@@ -307,7 +307,13 @@ std::vector<Comparison> check_bwd(const AttnParams& in, const std::vector<float>
       g.dlam.assign(static_cast<size_t>(in.numel(in.lam_shape())), NAN);
       p.dlam = g.dlam.data();
     }
-    attention_bwd(p, backend);
+    // The reference side is the oracle: it recomputes the maps, so the comparison also checks
+    // the lse, out and o2 the forward saved (Backend::Reference's backward honours them).
+    if (backend == Backend::Reference) {
+      attention_bwd_oracle(p);
+    } else {
+      attention_bwd(p, backend);
+    }
     return g;
   };
   const Grads ref = run(Backend::Reference), got = run(fused);

@@ -100,16 +100,35 @@ void attention_fwd_ref(const AttnParams& p) {
   }
 }
 
-// Gradients by the chain rule through softmax, recomputing both maps from q and k in double.
-// It trusts neither lse nor o2, so comparing a backward that uses them with this one also
-// checks what the forward saved.
+// Gradients by the chain rule through softmax, in double. saved_lse (the reference backend,
+// which like every backend honours what the forward saved): the maps are P_ij = exp(s_ij - lse_i)
+// with the saved lse and the row sums sum_j P_ij dP_ij come from the saved out and o2, the fused
+// backward's formulas. Otherwise (the oracle) both are recomputed from q and k: it trusts neither
+// lse nor o2, so comparing a backward that uses them with it also checks what the forward saved.
 //   out_i  = sum_j (P1_ij + c_i P2_ij) v_j,  c_i = -lam_i             (c = 0 for standard)
 //   dP_ij  = dout_i . v_j                                               (shared by both maps)
 //   dS1_ij = P1_ij (dP_ij - sum_j' P1_ij' dP_ij')                       (softmax Jacobian)
 //   dS2_ij = c_i P2_ij (dP_ij - sum_j' P2_ij' dP_ij')
 //   dlam_i = -sum_j P2_ij dP_ij = -dout_i . (A2 V)_i
-void attention_bwd_ref(const AttnBwdParams& p) {
-  check_params(p, p.maps == 2 ? "diff_attention_backward" : "attention_backward");
+namespace {
+
+// Row i of map m's probabilities from the saved lse: exp(scale * q.k_j - lse), in double.
+void row_probs_saved(const Rows& r, const float* lse_saved, int64_t b, int64_t i, int64_t h, int m,
+                     int64_t n, std::vector<double>& probs) {
+  const AttnProblem& p = r.p;
+  const float* qi = r.q(b, i, r.q_head(h, m));
+  const int64_t kh = r.key_head(h, m);
+  const double lse = lse_saved[r.lse_index(b, r.q_head(h, m), i)];
+  probs.assign(static_cast<size_t>(p.Tk), 0.0);
+  for (int64_t j = 0; j < n; ++j) {
+    const float* kj = r.k(b, j, kh);
+    double s = 0;
+    for (int64_t d = 0; d < p.D; ++d) s += static_cast<double>(qi[d]) * kj[d];
+    probs[j] = std::exp(s * p.scale - lse);
+  }
+}
+
+void bwd_ref(const AttnBwdParams& p, bool saved_lse) {
   const Rows r(p);
   const int64_t kh_n = p.key_heads();
   // Accumulators in double, contiguous: dk (B, Tk, kh, D), dv (B, Tk, G, Dv).
@@ -123,7 +142,13 @@ void attention_bwd_ref(const AttnBwdParams& p) {
       const int64_t g = r.group(h);
       for (int64_t i = 0; i < p.Tq; ++i) {
         const int64_t n = visible(p, i);
-        for (int m = 0; m < p.maps; ++m) row_softmax(r, b, i, h, m, n, pm[m]);
+        for (int m = 0; m < p.maps; ++m) {
+          if (saved_lse) {
+            row_probs_saved(r, p.lse, b, i, h, m, n, pm[m]);
+          } else {
+            row_softmax(r, b, i, h, m, n, pm[m]);
+          }
+        }
         const float* doi = r.dout(b, i, h);
         for (int64_t j = 0; j < n; ++j) {
           const float* vj = r.v(b, j, g);
@@ -140,8 +165,19 @@ void attention_bwd_ref(const AttnBwdParams& p) {
         }
         for (int m = 0; m < p.maps; ++m) {
           const std::vector<double>& P = pm[m];
-          double rowdot = 0;  // sum_j P_ij dP_ij
-          for (int64_t j = 0; j < n; ++j) rowdot += P[j] * dP[j];
+          double rowdot = 0;  // sum_j P_ij dP_ij = dout_i . (map m's output)_i
+          if (saved_lse) {
+            // From the saved outputs, as the fused backward does: map 1's output is
+            // out + lam o2 (out alone for standard attention), map 2's is o2.
+            const float* out = r.saved_out(b, i, h);
+            const float* o2 = p.maps == 2 ? p.o2 + r.o2_index(b, i, h) : nullptr;
+            for (int64_t d = 0; d < p.Dv; ++d) {
+              const double o = m == 1 ? o2[d] : o2 ? out[d] + r.lam(b, i, h) * o2[d] : out[d];
+              rowdot += static_cast<double>(doi[d]) * o;
+            }
+          } else {
+            for (int64_t j = 0; j < n; ++j) rowdot += P[j] * dP[j];
+          }
           if (m == 1) {
             const double dl = -rowdot;
             if (p.lam_per_token) {
@@ -191,6 +227,18 @@ void attention_bwd_ref(const AttnBwdParams& p) {
   } else if (p.maps == 2 && !p.lam_per_token) {
     for (int64_t h = 0; h < p.H; ++h) p.dlam[h] = static_cast<float>(dlam_pair[h]);
   }
+}
+
+}  // namespace
+
+void attention_bwd_ref(const AttnBwdParams& p) {
+  check_params(p, p.maps == 2 ? "diff_attention_backward" : "attention_backward");
+  bwd_ref(p, true);
+}
+
+void attention_bwd_oracle(const AttnBwdParams& p) {
+  check_params(p, p.maps == 2 ? "diff_attention_backward" : "attention_backward");
+  bwd_ref(p, false);
 }
 
 void attention_probs(const AttnProblem& p, const float* lse_saved, int map, float* probs) {

@@ -33,6 +33,12 @@ double max_abs(const std::vector<float>& x) {
   return m;
 }
 
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
+  return m;
+}
+
 void expect_ok(const bench::Comparison& c) { EXPECT_TRUE(c.ok()) << c.str(); }
 void expect_ok(const std::vector<bench::Comparison>& cs) {
   for (const bench::Comparison& c : cs) expect_ok(c);
@@ -113,6 +119,46 @@ TEST_P(Fused, OneAndTwoThreadsAgreeAndRepeatExactly) {
   expect_close("dq 1 vs 2 threads", one.dq, two.dq, naive.dq, terms);
   expect_close("dk 1 vs 2 threads", one.dk, two.dk, naive.dk, terms);
   expect_close("out 1 vs 2 threads", f1.out, f2.out, bench::naive_fwd(pr.params()));
+}
+
+// Every backend's backward honours what the forward saved (lse, out, o2): given saved
+// statistics that are off (a forward over other keys), the reference and fused backwards agree
+// with each other and both differ from the oracle, which recomputes the maps.
+TEST_P(Fused, EveryBackendHonoursTheSavedStatistics) {
+  const Problem pr = problem_of(GetParam(), 15);
+  if (pr.mode == DiffMode::Clamp) GTEST_SKIP() << "clamp mode has no backward";
+  const std::vector<float> dout = bench::randn(pr.B * pr.Tq * pr.H * pr.Dv, 79);
+  Problem other = pr;
+  for (float& x : other.k) x *= 1.25f;  // saved statistics of another forward
+  const testing::FwdResult f = testing::run_fwd(other, Backend::Reference);
+  auto grads = [&](int which) {
+    AttnBwdParams p(pr.params());
+    p.out = f.out.data();
+    p.lse = f.lse.data();
+    p.o2 = pr.maps == 2 ? f.o2.data() : nullptr;
+    p.dout = dout.data();
+    testing::BwdResult r;
+    r.dq.assign(pr.q.size(), NAN);
+    r.dk.assign(pr.k.size(), NAN);
+    r.dv.assign(pr.v.size(), NAN);
+    p.dq = r.dq.data(), p.dk = r.dk.data(), p.dv = r.dv.data();
+    if (pr.maps == 2) {
+      r.dlam.assign(pr.lam.size(), NAN);
+      p.dlam = r.dlam.data();
+    }
+    if (which == 0) attention_bwd(p, Backend::Reference);
+    if (which == 1) attention_bwd(p, Backend::Fused);
+    if (which == 2) attention_bwd_oracle(p);
+    return r;
+  };
+  const testing::BwdResult ref = grads(0), fused = grads(1), oracle = grads(2);
+  const double scale = std::max<double>({max_abs(ref.dq), max_abs(ref.dk), max_abs(ref.dv), 1e-30});
+  auto diff = [&](const std::vector<float>& a, const std::vector<float>& b) { return max_diff(a, b) / scale; };
+  const double agree = std::max<double>({diff(fused.dq, ref.dq), diff(fused.dk, ref.dk), diff(fused.dv, ref.dv)});
+  const double apart = std::max<double>({diff(oracle.dq, ref.dq), diff(oracle.dk, ref.dk), diff(oracle.dv, ref.dv)});
+  EXPECT_LT(agree, 1e-4) << "the reference and fused backwards read the saved statistics differently";
+  EXPECT_GT(apart, 100 * std::max(agree, 1e-6)) << "the saved statistics made no difference";
+  if (pr.maps == 2) EXPECT_LT(max_diff(fused.dlam, ref.dlam), 1e-4 * std::max(max_abs(ref.dlam), 1.0));
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Fused, ::testing::ValuesIn(bench::fused_test_cases()),
@@ -635,7 +681,7 @@ TEST(FusedStrides, StridedViewsGiveTheContiguousResult) {
     p.o_row_stride = orow, p.o_batch_stride = Tq * orow;
     for (Backend be : {Backend::Fused, Backend::Reference}) {
       SCOPED_TRACE(backend_name(be));
-      const testing::BwdResult want_g = testing::run_bwd(pr, dout, be);
+      const testing::BwdResult want_g = testing::run_bwd(pr, dout, be, true);
       const testing::FwdResult want = testing::run_fwd(pr, be);
       std::vector<float> obuf(B * Tq * orow, -7.0f), lse(want.lse.size()), o2(want.o2.size());
       p.out = obuf.data(), p.lse = lse.data(), p.o2 = o2.data();
@@ -750,12 +796,6 @@ void copy_noise_rows(Problem& pr, int64_t ns) {
                   &pr.q[static_cast<size_t>((bt * nh + 2 * h + 1) * pr.D)]);
     }
   }
-}
-
-double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
-  return m;
 }
 
 TEST(FusedNoiseShare, OneNoiseMapPerRunEqualsThePerPairMapsAndReadsTheRunsFirstPair) {

@@ -92,8 +92,10 @@ struct BwdResult {
   std::vector<float> dq, dk, dv, dlam;
 };
 
+// Backend::Reference runs the oracle (attention_bwd_oracle) unless as_backend: then the
+// reference backend itself (attention_bwd), e.g. to compare two ways of calling one backend.
 inline BwdResult run_bwd(const Problem& pr, const std::vector<float>& dout,
-                         Backend backend = Backend::Reference) {
+                         Backend backend = Backend::Reference, bool as_backend = false) {
   FwdResult f = run_fwd(pr, backend);
   AttnBwdParams p(pr.params());
   p.out = f.out.data();
@@ -111,7 +113,13 @@ inline BwdResult run_bwd(const Problem& pr, const std::vector<float>& dout,
     r.dlam.assign(pr.lam.size(), NAN);
     p.dlam = r.dlam.data();
   }
-  attention_bwd(p, backend);
+  // The reference side of a comparison is the oracle, which recomputes the maps rather than
+  // trusting the saved lse (Backend::Reference's backward honours it, as every backend does).
+  if (backend == Backend::Reference && !as_backend) {
+    attention_bwd_oracle(p);
+  } else {
+    attention_bwd(p, backend);
+  }
   return r;
 }
 

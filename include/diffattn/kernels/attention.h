@@ -253,9 +253,14 @@ void check_params(const PagedDecodeParams& p, const char* op);
 // the first call: the name of the one this CPU runs ("AVX3" = AVX-512, "AVX2", "EMU128", ...).
 const char* fused_simd_target();
 
-// The reference (oracle): plain loops, double accumulation.
+// The reference (oracle): plain loops, double accumulation. The reference backend's backward
+// (attention_bwd_ref, Backend::Reference) honours the saved lse as the fused one does: its
+// maps are exp(scale q.k - lse). attention_bwd_oracle recomputes the maps from q and k instead
+// and trusts neither lse nor o2: the tests compare every backward against it, which also checks
+// what the forward saved.
 void attention_fwd_ref(const AttnParams& p);
 void attention_bwd_ref(const AttnBwdParams& p);
+void attention_bwd_oracle(const AttnBwdParams& p);
 
 // The attention probabilities of map `map` (0, or 1 when maps == 2) for every head, recomputed
 // from the scores and the saved lse as the backward does: probs (B, H, Tq, Tk); masked entries
