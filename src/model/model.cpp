@@ -225,11 +225,10 @@ void Model::layer_body(int64_t l, LayerActs& a, const float* x_in, float* x_out,
 }
 
 void Model::layer_fwd(int64_t l, LayerActs& a, const float* x_in, float* x_out, int64_t B,
-                      int64_t T, const float* cos_t, const float* sin_t, nn::KVCache* cache,
-                      bool save) {
+                      int64_t T, const float* cos_t, const float* sin_t, bool save) {
   layer_body(l, a, x_in, x_out, B * T, [&](float* out, const float* an) {
     nn::attn_layer_fwd(out, a.attn, an, attn_weights(l), cfg_.attn_shape(l), B, T, cos_t, sin_t,
-                       cache, save);
+                       nullptr, save);
   });
 }
 
@@ -306,7 +305,7 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, 
     std::vector<float>& next =
         l + 1 < cfg_.n_layers ? acts_[static_cast<size_t>(l + 1)].x_in : x_final_;
     next.resize(nx);
-    layer_fwd(l, a, a.x_in.data(), next.data(), B, T, cos_.data(), sin_.data(), nullptr, true);
+    layer_fwd(l, a, a.x_in.data(), next.data(), B, T, cos_.data(), sin_.data(), true);
   }
   nf_.resize(x_final_.size());
   nf_rstd_.resize(static_cast<size_t>(BT));
@@ -418,59 +417,6 @@ Model::LayerAttention Model::layer_attention(int64_t layer) const {
   a.shape = cfg_.attn_shape(layer);
   a.params = nn::attn_layer_params(acts_[static_cast<size_t>(layer)].attn, a.shape, B_, T_);
   return a;
-}
-
-void Model::cache_reset(int64_t B, int64_t capacity, DType kv_dtype) {
-  if (cfg_.recurrent()) {
-    throw InvalidArgument("cache_reset: a phi4flash (SambaY) model runs through infer::Session");
-  }
-  if (capacity > cfg_.max_seq_len) capacity = cfg_.max_seq_len;
-  caches_.resize(static_cast<size_t>(cfg_.n_layers));
-  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
-    caches_[static_cast<size_t>(l)].reset(cfg_.attn_shape(l), B, capacity, kv_dtype);
-  }
-
-}
-
-int64_t Model::cache_len() const { return caches_.empty() ? 0 : caches_[0].len; }
-
-void Model::infer(const int32_t* tokens, int64_t B, int64_t Tn, float* logits_last) {
-  // An empty prefill has no last position to give logits for.
-  if (B < 1 || Tn < 1) {
-    throw InvalidArgument("infer: tokens must be (B, Tn) with B, Tn >= 1, got (" +
-                          std::to_string(B) + ", " + std::to_string(Tn) + ")");
-  }
-  if (caches_.empty() || caches_[0].B != B) {
-    throw InvalidArgument("infer: call cache_reset(B = " + std::to_string(B) + ", ...) first");
-  }
-  const int64_t pos0 = cache_len(), C = cfg_.d_model, V = cfg_.vocab_size;
-  if (pos0 + Tn > caches_[0].capacity) {
-    throw InvalidArgument("infer: " + std::to_string(pos0) + " cached positions plus " +
-                          std::to_string(Tn) + " new exceed the cache's " +
-                          std::to_string(caches_[0].capacity));
-  }
-  const int64_t BT = B * Tn;
-  InferScratch& s = infer_;
-  const size_t half = static_cast<size_t>(cfg_.head_dim / 2);
-  s.cos.resize(static_cast<size_t>(Tn) * half);
-  s.sin.resize(s.cos.size());
-  nn::rope_table(s.cos.data(), s.sin.data(), pos0, Tn, cfg_.head_dim, inv_freq_);
-  s.x.resize(static_cast<size_t>(BT * C));
-  nn::embedding_fwd(s.x.data(), tokens, wt(embed_), BT, C, V);
-  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
-    layer_fwd(l, s.layer, s.x.data(), s.x.data(), B, Tn, s.cos.data(), s.sin.data(),
-              &caches_[static_cast<size_t>(l)], false);
-  }
-  // Only each sequence's last new row needs logits.
-  s.last.resize(static_cast<size_t>(B * C));
-  s.normed.resize(s.last.size());
-  s.rstd.resize(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b) {
-    std::memcpy(&s.last[static_cast<size_t>(b * C)], &s.x[static_cast<size_t>((b * Tn + Tn - 1) * C)],
-                sizeof(float) * static_cast<size_t>(C));
-  }
-  nn::rmsnorm_fwd(s.normed.data(), s.rstd.data(), s.last.data(), wf(norm_), B, C, cfg_.norm_eps);
-  nn::linear_fwd(logits_last, s.normed.data(), wt(head_), B, C, V);
 }
 
 void Model::embed(float* x, const int32_t* tokens, int64_t N) const {

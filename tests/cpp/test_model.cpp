@@ -21,6 +21,7 @@
 #include "diffattn/model/optimizer.h"
 #include "diffattn/model/safetensors.h"
 #include "diffattn/model/sampler.h"
+#include "one_sequence.h"
 
 namespace diffattn {
 namespace {
@@ -140,9 +141,9 @@ TEST_P(ModelKinds, KvCacheDecodeMatchesFullForward) {
   m.forward(tok.data(), nullptr, 1, T);
   const std::vector<float> full = m.logits();
   // prefill 5, then decode the rest one at a time
-  m.cache_reset(1, T);
+  testing::OneSequence cache(m, T);
   std::vector<float> last(static_cast<size_t>(V));
-  m.infer(tok.data(), 1, 5, last.data());
+  cache.infer(tok.data(), 5, last.data());
   auto check = [&](int64_t pos) {
     double err = 0, scale = 0;
     for (int64_t v = 0; v < V; ++v) {
@@ -153,11 +154,11 @@ TEST_P(ModelKinds, KvCacheDecodeMatchesFullForward) {
   };
   check(4);
   for (int64_t t = 5; t < T; ++t) {
-    m.infer(&tok[static_cast<size_t>(t)], 1, 1, last.data());
+    cache.infer(&tok[static_cast<size_t>(t)], 1, last.data());
     check(t);
   }
-  EXPECT_EQ(m.cache_len(), T);
-  EXPECT_THROW(m.infer(tok.data(), 1, 1, last.data()), InvalidArgument);  // cache full
+  EXPECT_EQ(cache.len(), T);
+  EXPECT_THROW(cache.infer(tok.data(), 1, last.data()), InvalidArgument);  // cache full
 }
 
 // A BF16 or F16 KV cache (prefill through the tiled forward on a float32 copy, then the
@@ -180,15 +181,15 @@ TEST_P(ModelKinds, Kv16CacheGreedyDecodeMatchesFloat32Cache) {
   };
   auto greedy = [&](DType dt, const std::vector<int32_t>* forced,
                     std::vector<std::vector<float>>* logits) {
-    m.cache_reset(1, prompt + steps, dt);
+    testing::OneSequence cache(m, prompt + steps, dt);
     std::vector<float> last(static_cast<size_t>(V));
-    m.infer(tok.data(), 1, prompt, last.data());
+    cache.infer(tok.data(), prompt, last.data());
     std::vector<int32_t> out;
     for (int64_t i = 0; i < steps; ++i) {
       if (logits) logits->push_back(last);
       const int32_t next = forced ? (*forced)[static_cast<size_t>(i)] : argmax(last);
       out.push_back(argmax(last));
-      m.infer(&next, 1, 1, last.data());
+      cache.infer(&next, 1, last.data());
     }
     return out;
   };

@@ -86,8 +86,7 @@ class KvStore {
   KvStore(const Model& m, int64_t n_blocks, int64_t block_size, DType kv_dtype = DType::F32);
   // A contiguous store: one sequence (id 0, open from the start) of up to `capacity` positions
   // (at most the model's max_seq_len) in one nn::KVCache per layer: one generation's cache,
-  // run by the tiled forward against the whole cache for any number of rows (Model::infer's
-  // arithmetic). It has no blocks (blocks() throws) and holds no other sequence.
+  // run by the tiled forward against the whole cache for any number of rows. It has no blocks (blocks() throws) and holds no other sequence.
   struct Contiguous {
     int64_t capacity = 0;
   };

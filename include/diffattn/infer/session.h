@@ -35,7 +35,7 @@ class Session {
   //     sequence at a time: its attention gathers the sequence's cached positions into a
   //     contiguous copy and runs the tiled forward (nn::attn_layer_fwd_paged).
   //   - A contiguous store's one sequence: its rows, one or many, against the whole cache
-  //     (nn::attn_layer_fwd), as Model::infer on a cache of one sequence.
+  //     (nn::attn_layer_fwd).
   // Each row's logits equal a contiguous-cache forward of that sequence alone up to the order
   // of the sums. Throws InvalidArgument (nothing run) for a malformed batch.
   void decode(const Batch& batch, float* logits);

@@ -1,6 +1,7 @@
 // The Differential Transformer language model of docs/FORMAT.md ("diffattn/1"): its weights in
 // one flat buffer laid out by the tensor table (or kept as loaded, WeightStore), the
-// forward/backward over a batch and KV-cache inference. Its description: config.h; files:
+// forward/backward over a batch, and the const pieces an infer::Session composes (inference
+// runs only there: include/diffattn/infer/). Its description: config.h; files:
 // checkpoint.h and safetensors.h; training: optimizer.h; generation: sampler.h.
 #pragma once
 
@@ -86,7 +87,7 @@ class Model {
   // `params` views q and k after RoPE, v, lambda (V1: (H) broadcast; V2: (B, T, H)), the output
   // and the saved lse, so attention_probs(params, map, probs) recomputes the maps; nothing is
   // copied and the forward is unchanged (it keeps no T x T buffer). Valid until the next
-  // forward; throws before any forward (infer() does not count: it saves no lse).
+  // forward; throws before any forward.
   struct LayerAttention {
     AttnBwdParams params;  // the forward's outputs read only
     nn::AttnLayerShape shape;
@@ -95,16 +96,6 @@ class Model {
   // (B, T) of the last forward(); (0, 0) before any.
   int64_t last_batch() const { return B_; }
   int64_t last_len() const { return T_; }
-
-  // ---- inference with a KV cache ----
-  // The caches of every layer for B sequences of up to `capacity` positions (at most
-  // max_seq_len), stored as kv_dtype (F32, or BF16/F16: half the bytes, rounded once when
-  // written, read with float32 arithmetic).
-  void cache_reset(int64_t B, int64_t capacity, DType kv_dtype = DType::F32);
-  int64_t cache_len() const;
-  // Appends tokens (B, Tn) at the cache's end and writes the logits of each sequence's last new
-  // position into logits_last (B, V). Tn > 1 is a prefill, Tn == 1 a decode step.
-  void infer(const int32_t* tokens, int64_t B, int64_t Tn, float* logits_last);
 
   // ---- what an inference session composes (infer::Session, include/diffattn/infer/) ----
   // Const: one model serves any number of sessions, each bringing its own scratch; the paged
@@ -155,10 +146,10 @@ class Model {
   template <class Attn>
   void layer_body(int64_t l, LayerActs& a, const float* x_in, float* x_out, int64_t N,
                   Attn&& attn) const;
-  // layer_body with nn::attn_layer_fwd over (B, T) rows; with save, a keeps what backward()
-  // reads.
+  // layer_body with nn::attn_layer_fwd over (B, T) rows (no cache: inference runs through
+  // infer::Session); with save, a keeps what backward() reads.
   void layer_fwd(int64_t l, LayerActs& a, const float* x_in, float* x_out, int64_t B, int64_t T,
-                 const float* cos_t, const float* sin_t, nn::KVCache* cache, bool save);
+                 const float* cos_t, const float* sin_t, bool save);
   // The FFN half of layer_body over BT rows: from a.x_mid to x_out.
   void ffn_fwd(int64_t l, LayerActs& a, float* x_out, int64_t BT) const;
   nn::AttnLayerGrads attn_grads(int64_t l);
@@ -199,14 +190,6 @@ class Model {
   std::vector<float> dx_, dbuf_;  // (N, C) gradient of the residual stream; scratch
   std::vector<float> dbig_, dgu_;  // (N, F), (N, 2F)
   std::vector<float> dlogits_;     // (N, V)
-  // inference
-  std::vector<nn::KVCache> caches_;
-  // infer()'s buffers, reused by every layer and every call: after the prefill, decoding a
-  // token allocates nothing here.
-  struct InferScratch {
-    LayerActs layer;
-    std::vector<float> x, cos, sin, last, normed, rstd;
-  } infer_;
 };
 
 }  // namespace diffattn
