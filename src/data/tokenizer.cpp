@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "diffattn/base/files.h"
+#include "diffattn/base/text.h"
 #include "diffattn/data/data.h"
 #include "diffattn/data/hf_tokenizer.h"
 #include "diffattn/model/checkpoint.h"
@@ -28,7 +29,8 @@ void check_token_id(int32_t id, int64_t vocab_size, const char* name) {
 
 class ByteTokenizer : public Tokenizer {
  public:
-  std::vector<int32_t> encode(const std::string& text) const override {
+  using Tokenizer::encode;
+  std::vector<int32_t> encode(const std::string& text, bool) const override {
     std::vector<int32_t> ids(text.size());
     for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);
     return ids;
@@ -51,6 +53,16 @@ class ByteTokenizer : public Tokenizer {
   std::string token_bytes(int32_t id) const override {
     check_token_id(id, 256, "bytes");
     return std::string(1, static_cast<char>(id));
+  }
+  std::unique_ptr<TextStream> stream() const override {
+    struct Bytes : TextStream {
+      const ByteTokenizer* tok;
+      Utf8Stream utf8;
+      explicit Bytes(const ByteTokenizer* t) : tok(t) {}
+      std::string push(int32_t id) override { return utf8.push(tok->decode({id})); }
+      std::string finish() override { return utf8.finish(); }
+    };
+    return std::make_unique<Bytes>(this);
   }
 };
 
@@ -157,7 +169,8 @@ class SentencePieceTokenizer : public Tokenizer {
     if (!st.ok()) throw IoError(name + ": cannot load the SentencePiece model (" + st.ToString() + ")");
     if (sp_.GetPieceSize() < 1) throw IoError(name + ": the SentencePiece model has no pieces");
   }
-  std::vector<int32_t> encode(const std::string& text) const override {
+  using Tokenizer::encode;
+  std::vector<int32_t> encode(const std::string& text, bool) const override {
     std::vector<int> ids;
     const auto st = sp_.Encode(text, &ids);
     if (!st.ok()) throw InvalidArgument("sentencepiece: cannot encode (" + st.ToString() + ")");
@@ -199,6 +212,28 @@ class SentencePieceTokenizer : public Tokenizer {
 
 }  // namespace
 
+std::unique_ptr<TextStream> Tokenizer::stream() const {
+  // The ids so far decoded whole, what is new passed on through a UTF-8 stream (a piece may
+  // change the text before it only where pieces join: then nothing is emitted for it).
+  struct Redecode : TextStream {
+    const Tokenizer* tok;
+    std::vector<int32_t> ids;
+    std::string raw;
+    Utf8Stream utf8;
+    explicit Redecode(const Tokenizer* t) : tok(t) {}
+    std::string push(int32_t id) override {
+      ids.push_back(id);
+      const std::string now = tok->decode(ids);
+      std::string out;
+      if (now.size() > raw.size() && now.compare(0, raw.size(), raw) == 0) out = utf8.push(now.substr(raw.size()));
+      raw = now;
+      return out;
+    }
+    std::string finish() override { return utf8.finish(); }
+  };
+  return std::make_unique<Redecode>(this);
+}
+
 std::unique_ptr<Tokenizer> byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
 
 std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& path) {
@@ -214,7 +249,10 @@ namespace {
 class HfTokenizerAdapter : public Tokenizer {
  public:
   explicit HfTokenizerAdapter(HfTokenizer t) : t_(std::move(t)) {}
-  std::vector<int32_t> encode(const std::string& text) const override { return t_.encode(text, true); }
+  using Tokenizer::encode;
+  std::vector<int32_t> encode(const std::string& text, bool add_special) const override {
+    return t_.encode(text, add_special);
+  }
   std::string decode(const std::vector<int32_t>& ids) const override { return t_.decode(ids, true); }
   int64_t vocab_size() const override { return t_.vocab_size(); }
   std::string name() const override { return "tokenizer.json"; }
@@ -228,6 +266,18 @@ class HfTokenizerAdapter : public Tokenizer {
     return t_.decode({id}, false);
   }
   const HfTokenizer* hf() const override { return &t_; }
+  // Byte-level BPE (the one decoder tokenizer.json may name here) decodes token by token:
+  // decode(ids) is the pieces put together.
+  std::unique_ptr<TextStream> stream() const override {
+    struct Tokens : TextStream {
+      const HfTokenizer& t;
+      Utf8Stream utf8;
+      explicit Tokens(const HfTokenizer& tok) : t(tok) {}
+      std::string push(int32_t id) override { return utf8.push(t.decode({id}, true)); }
+      std::string finish() override { return utf8.finish(); }
+    };
+    return std::make_unique<Tokens>(t_);
+  }
 
  private:
   HfTokenizer t_;

@@ -73,11 +73,15 @@ struct Histogram {
   }
 };
 
-// One choice's text as its tokens arrive: decoded in full each time (tokenizers that merge
-// pieces stay right), stop strings found, and what can be sent held back so that a stop string
-// or a UTF-8 character split across tokens is never sent half.
+// One choice's text as its tokens arrive: decoded through the tokenizer's stream (each token
+// once, whole UTF-8 characters), stop strings found, and what can be sent held back so that a
+// stop string is never sent half.
 struct ChoiceText {
   std::vector<int32_t> ids;
+  std::unique_ptr<data::TextStream> stream;  // made on the first token
+  std::string raw;                           // the stream's text of ids[0, raw_ends.size())
+  std::vector<size_t> raw_ends;              // raw's size after each token
+  bool flushed = false;                      // the stream finished (the choice is over)
   std::string text;    // the text to answer (cut at a stop string)
   size_t sent = 0;     // bytes of text already streamed
   bool stopped = false;  // a stop string ended it
@@ -87,10 +91,22 @@ struct ChoiceText {
   std::vector<size_t> ends;
   size_t lp_sent = 0;  // tokens whose log probabilities were streamed
 
-  void track(const data::Tokenizer& tok) {
-    while (ends.size() < ids.size()) {
-      ends.push_back(tok.decode(std::vector<int32_t>(ids.begin(), ids.begin() + static_cast<long>(ends.size()) + 1)).size());
+  // Passes the ids not yet decoded through the stream; once the choice is over, its last bytes.
+  void advance(const data::Tokenizer& tok) {
+    if (!stream) stream = tok.stream();
+    while (raw_ends.size() < ids.size()) {
+      raw += stream->push(ids[raw_ends.size()]);
+      raw_ends.push_back(raw.size());
     }
+    if (finish != Finish::kNone && !flushed) {
+      raw += stream->finish();
+      if (!raw_ends.empty()) raw_ends.back() = raw.size();
+      flushed = true;
+    }
+  }
+  void track(const data::Tokenizer& tok) {
+    advance(tok);
+    ends = raw_ends;
   }
   // Tokens whose log probabilities go with text[0, end): those whose text ends by `end`; once
   // the choice is over, every token that starts before the answer's end (a stop string may
@@ -108,7 +124,8 @@ struct ChoiceText {
 
   void update(const data::Tokenizer& tok, const std::vector<std::string>& stops) {
     if (stopped) return;
-    std::string now = tok.decode(ids);
+    advance(tok);
+    std::string now = raw;
     size_t cut = std::string::npos;
     for (const std::string& s : stops) {
       const size_t at = now.find(s);
@@ -143,7 +160,6 @@ class Server {
     // Only ids the tokenizer can decode are sampled: a padded embedding's extra rows have no
     // text (decoding one would fail the request).
     data::restrict_to_tokens(sampling_, *tok_, model_->config().vocab_size);
-    hf_ = tok_->hf();  // tokenizer.json's, when that is the tokenizer (owned by tok_)
     // The model's chat template, parsed once: one that does not parse stops the start-up; a
     // model without one answers chat requests with a 400.
     try {
@@ -267,9 +283,9 @@ class Server {
       if (!r.messages.empty()) {
         if (!chat_) throw *chat_error_;
         const std::string text = chat_->render(r.messages, r.add_generation_prompt, r.tools);
-        ids = hf_ ? hf_->encode(text, false) : tok_->encode(text);
+        ids = tok_->encode(text, false);
       } else {
-        ids = r.add_special_tokens || !hf_ ? tok_->encode(r.prompt) : hf_->encode(r.prompt, false);
+        ids = tok_->encode(r.prompt, r.add_special_tokens);
       }
     } catch (const ApiError& e) {
       return error(res, e.status, e.what(), e.type, e.code, e.param);
@@ -516,7 +532,7 @@ class Server {
       if (chat) {
         if (!chat_) throw *chat_error_;
         const std::string text = chat_->render(r.messages, true, r.tools);
-        ids = hf_ ? hf_->encode(text, false) : tok_->encode(text);
+        ids = tok_->encode(text, false);
       } else if (r.prompt_is_ids) {
         ids = r.prompt_ids;
       } else {
@@ -795,7 +811,6 @@ class Server {
   ServerOptions o_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<data::Tokenizer> tok_;
-  const HfTokenizer* hf_ = nullptr;
   std::unique_ptr<ChatTemplate> chat_;
   std::unique_ptr<ApiError> chat_error_;
   std::vector<int32_t> stop_ids_;

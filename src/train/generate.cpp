@@ -132,31 +132,22 @@ std::string generate(const Model& m, const Tokenizer& tok, const std::string& pr
     throw InvalidArgument("generate: the prompt encodes to no tokens with the " + tok.name() +
                           " tokenizer (it is empty or only whitespace); give some text to continue");
   }
-  std::vector<int32_t> out;
-  std::string raw;
   // A byte-level token or a BPE token may hold part of a character: what is passed on is whole
-  // characters, invalid bytes as U+FFFD (valid UTF-8 text is unchanged), and so is what is
-  // returned (the whole decode, which differs from the pieces only where pieces merged).
-  Utf8Stream utf8;
+  // characters, invalid bytes as U+FFFD (valid UTF-8 text is unchanged), through the
+  // tokenizer's stream (no re-decoding of the answer per token); the text returned is the
+  // pieces put together.
+  const std::unique_ptr<TextStream> stream = tok.stream();
+  std::string text;
   auto emit = [&](const std::string& piece) {
+    text += piece;
     if (on_text && !piece.empty()) on_text(piece);
   };
   generate_ids(m, ids, restricted, [&](int32_t next) {
-    out.push_back(next);
-    // Decode everything generated so far and emit what is new: SentencePiece pieces may merge.
-    const std::string now = tok.decode(out);
-    if (now.size() > raw.size() && now.compare(0, raw.size(), raw) == 0) {
-      emit(utf8.push(now.substr(raw.size())));
-      raw = now;
-    } else if (now != raw) {
-      raw = now;
-    }
+    emit(stream->push(next));
     return true;
   });
-  emit(utf8.finish());
-  Utf8Stream whole;
-  std::string text = whole.push(raw);
-  return text + whole.finish();
+  emit(stream->finish());
+  return text;
 }
 
 }  // namespace diffattn::data

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "diffattn/base/error.h"
+#include "diffattn/base/text.h"
+#include "diffattn/data/data.h"
 #include "diffattn/data/hf_tokenizer.h"
 
 namespace diffattn {
@@ -267,6 +269,52 @@ TEST(HfTokenizer, UnsupportedOrBrokenFilesAreClearErrors) {
   const std::string deep = "{\"model\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
   EXPECT_NE(error_of(deep).find("nested deeper"), std::string::npos);
   EXPECT_THROW(HfTokenizer::load("/nonexistent/tokenizer.json"), IoError);
+}
+
+// The one tokenizer interface: every tokenizer's stream, fed ids one at a time, gives decode(ids)
+// (whole characters; bytes that form none as U+FFFD, as a UTF-8 stream over decode gives), for
+// text it encoded and for random ids that split characters; add_special adds the template's
+// special tokens to a tokenizer.json encoding only.
+TEST(TokenizerInterface, StreamsGiveTheDecodeAndAddSpecialIsHonoured) {
+  std::vector<std::unique_ptr<data::Tokenizer>> toks;
+  toks.push_back(data::byte_tokenizer());
+  for (const char* name : {"llama3"}) {  // (gpt2's file here is refused on purpose: Gpt2MatchesTheLibrary)
+    const std::string dir = data_dir() + "/" + name;
+    if (exists(dir + "/tokenizer.json")) toks.push_back(data::load_hf_tokenizer(dir));
+  }
+  const std::string text = "Differential attention: \xC3\xA9t\xC3\xA9, \xE6\xB3\xA8\xE6\x84\x8F\xE5\x8A\x9B, "
+                           "\xF0\x9F\x98\x80 and  spaces\n\ttabs.";
+  uint32_t state = 12345;
+  auto next = [&] { return state = state * 1664525u + 1013904223u; };
+  for (const auto& tok : toks) {
+    SCOPED_TRACE(tok->name());
+    std::vector<std::vector<int32_t>> cases = {tok->encode(text, false), tok->encode(text, true)};
+    std::vector<int32_t> random;
+    while (random.size() < 400) {
+      const int32_t id = static_cast<int32_t>(next() % static_cast<uint32_t>(tok->vocab_size()));
+      if (tok->is_token(id)) random.push_back(id);
+    }
+    cases.push_back(random);
+    for (const std::vector<int32_t>& ids : cases) {
+      const std::unique_ptr<data::TextStream> st = tok->stream();
+      std::string got;
+      for (int32_t id : ids) got += st->push(id);
+      got += st->finish();
+      Utf8Stream whole;
+      const std::string want = whole.push(tok->decode(ids)) + whole.finish();
+      EXPECT_EQ(got, want);
+    }
+    EXPECT_EQ(tok->decode(tok->encode(text, false)), text);
+    const std::vector<int32_t> with = tok->encode(text, true), without = tok->encode(text, false);
+    if (tok->name() == "tokenizer.json" && tok->hf()->bos_id() >= 0) {
+      ASSERT_EQ(with.size(), without.size() + 1);
+      EXPECT_EQ(with[0], tok->hf()->bos_id());
+      EXPECT_EQ(std::vector<int32_t>(with.begin() + 1, with.end()), without);
+    } else {
+      EXPECT_EQ(with, without);
+    }
+    EXPECT_EQ(tok->encode(text), with);
+  }
 }
 
 }  // namespace

@@ -21,11 +21,32 @@ class HfTokenizer;
 namespace diffattn::data {
 
 // ---- tokenizers ----
+
+// Decodes ids one at a time for streamed output: push(id) returns the text that became final,
+// whole UTF-8 characters only (a character split across tokens waits for its last byte);
+// finish() returns what is left (bytes that never completed a character, as U+FFFD). The
+// pieces put together are decode(ids) of the ids pushed (for valid UTF-8).
+class TextStream {
+ public:
+  virtual ~TextStream() = default;
+  virtual std::string push(int32_t id) = 0;
+  virtual std::string finish() = 0;
+};
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
-  virtual std::vector<int32_t> encode(const std::string& text) const = 0;
+  // add_special: the tokenizer's own special tokens around the text (tokenizer.json's
+  // post-processor template, e.g. Llama 3's <|begin_of_text|>); false leaves them out, as a
+  // prompt whose template already wrote them needs. The byte and SentencePiece tokenizers add
+  // none either way (SentencePiece models here are trained without bos/eos).
+  virtual std::vector<int32_t> encode(const std::string& text, bool add_special) const = 0;
+  std::vector<int32_t> encode(const std::string& text) const { return encode(text, true); }
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  // A stream over this tokenizer (its lifetime within the tokenizer's): the byte and
+  // tokenizer.json tokenizers decode each id on its own (O(1) a token); SentencePiece, whose
+  // pieces may join, decodes what is new against the ids so far.
+  virtual std::unique_ptr<TextStream> stream() const;
   virtual int64_t vocab_size() const = 0;
   virtual std::string name() const = 0;
   // The end-of-sequence id generation stops at (-1: none).
@@ -37,8 +58,8 @@ class Tokenizer {
   // an unknown or unused piece, a hole in the ids. SentencePiece's U+2581 is a space here (its
   // decoder drops the space that starts a text). An id outside 0..vocab_size()-1 is an error.
   virtual std::string token_bytes(int32_t id) const = 0;
-  // The Hugging Face tokenizer.json behind this one (whose encode can leave out the template's
-  // special tokens), or null: the server uses it without parsing the file a second time.
+  // The Hugging Face tokenizer.json behind this one, or null (its own API: token strings,
+  // bos/eos ids).
   virtual const HfTokenizer* hf() const { return nullptr; }
 };
 
