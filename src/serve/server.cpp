@@ -1,835 +1,454 @@
-// `diffattn serve` (server.h): routes, the OpenAI responses (whole and streamed as server-sent
-// events), stop strings, metrics and graceful shutdown, over the engine and the shared HTTP server.
-#include "diffattn/serve/server.h"
-
-#include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <cstdio>
-#include <ctime>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <set>
-#include <nlohmann/json.hpp>
-#include <thread>
-
-#include "diffattn/base/files.h"
-#include "diffattn/data/data.h"
-#include "diffattn/data/hf_tokenizer.h"
-#include "diffattn/model/checkpoint.h"
-#include "diffattn/train/train.h"
-#include "diffattn/grammar/token_mask.h"
-#include "diffattn/http/http_server.h"
+// `diffattn serve` (server.h): start-up and the routes (completions whole, tokenize,
+// detokenize, models, health) over the engine and the shared HTTP server; streamed answers are
+// streaming.cpp's, /metrics metrics.cpp's.
+#include "serve/server_impl.h"
 
 namespace diffattn::serve {
 
-namespace {
-
-using nlohmann::json;
-using Clock = std::chrono::steady_clock;
-
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-// The longest prefix of s that does not end inside a UTF-8 character (an incomplete lead byte
-// sequence at the end waits for more bytes; invalid bytes are let through, JSON replaces them).
-size_t utf8_safe_end(const std::string& s) {
-  const size_t n = s.size();
-  for (size_t back = 1; back <= 3 && back <= n; ++back) {
-    const auto c = static_cast<unsigned char>(s[n - back]);
-    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
-    const size_t need = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
-    return need > back ? n - back : n;
+Server::Server(const ServerOptions& o) : o_(o) {
+  // The directory is resolved once: config.json, tokenizer_config.json and
+  // generation_config.json are read here and nowhere else.
+  const ModelDir dir = open_model_dir(o.model_dir);
+  model_ = std::make_unique<Model>(load_model(dir));
+  tok_ = data::tokenizer_for(dir, o.tokenizer);
+  stop_ids_ = data::stop_ids_for(dir, *tok_, model_->config().vocab_size);
+  // Only ids the tokenizer can decode are sampled: a padded embedding's extra rows have no
+  // text (decoding one would fail the request).
+  data::restrict_to_tokens(sampling_, *tok_, model_->config().vocab_size);
+  // The model's chat template, parsed once: one that does not parse stops the start-up; a
+  // model without one answers chat requests with a 400.
+  try {
+    chat_ = std::make_unique<ChatTemplate>(ChatTemplate::from_model_dir(dir));
+  } catch (const ApiError& e) {
+    chat_error_ = std::make_unique<ApiError>(e);
   }
-  return n;
+  name_ = o.model_name;
+  if (name_.empty()) {
+    std::string d = o.model_dir;
+    while (d.size() > 1 && d.back() == '/') d.pop_back();
+    const size_t slash = d.rfind('/');
+    name_ = slash == std::string::npos ? d : d.substr(slash + 1);
+  }
+  created_ = static_cast<int64_t>(std::time(nullptr));
+  engine_ = std::make_unique<Engine>(*model_, o.engine);
 }
 
-// Prometheus histogram of seconds.
-struct Histogram {
-  static constexpr double kBounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
-  uint64_t counts[sizeof kBounds / sizeof kBounds[0] + 1] = {};
-  double sum = 0;
-  uint64_t n = 0;
-  void add(double s) {
-    size_t i = 0;
-    while (i < sizeof kBounds / sizeof kBounds[0] && s > kBounds[i]) ++i;
-    ++counts[i];
-    sum += s;
-    ++n;
-  }
-  void write(std::string& out, const std::string& name, const std::string& help) const {
-    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
-    uint64_t cum = 0;
-    char buf[64];
-    for (size_t i = 0; i < sizeof kBounds / sizeof kBounds[0]; ++i) {
-      cum += counts[i];
-      std::snprintf(buf, sizeof buf, "%g", kBounds[i]);
-      out += name + "_bucket{le=\"" + buf + "\"} " + std::to_string(cum) + "\n";
-    }
-    cum += counts[sizeof kBounds / sizeof kBounds[0]];
-    out += name + "_bucket{le=\"+Inf\"} " + std::to_string(cum) + "\n";
-    std::snprintf(buf, sizeof buf, "%.6f", sum);
-    out += name + "_sum " + buf + "\n" + name + "_count " + std::to_string(n) + "\n";
-  }
-};
-
-// One choice's text as its tokens arrive: decoded through the tokenizer's stream (each token
-// once, whole UTF-8 characters), stop strings found, and what can be sent held back so that a
-// stop string is never sent half.
-struct ChoiceText {
-  std::vector<int32_t> ids;
-  std::unique_ptr<data::TextStream> stream;  // made on the first token
-  std::string raw;                           // the stream's text of ids[0, raw_ends.size())
-  std::vector<size_t> raw_ends;              // raw's size after each token
-  bool flushed = false;                      // the stream finished (the choice is over)
-  std::string text;    // the text to answer (cut at a stop string)
-  size_t sent = 0;     // bytes of text already streamed
-  bool stopped = false;  // a stop string ended it
-  Finish finish = Finish::kNone;
-  // With logprobs: each token's, and where each token's text ends in the decoded text.
-  std::vector<TokenLogprob> lps;
-  std::vector<size_t> ends;
-  size_t lp_sent = 0;  // tokens whose log probabilities were streamed
-
-  // Passes the ids not yet decoded through the stream; once the choice is over, its last bytes.
-  void advance(const data::Tokenizer& tok) {
-    if (!stream) stream = tok.stream();
-    while (raw_ends.size() < ids.size()) {
-      raw += stream->push(ids[raw_ends.size()]);
-      raw_ends.push_back(raw.size());
-    }
-    if (finish != Finish::kNone && !flushed) {
-      raw += stream->finish();
-      if (!raw_ends.empty()) raw_ends.back() = raw.size();
-      flushed = true;
-    }
-  }
-  void track(const data::Tokenizer& tok) {
-    advance(tok);
-    ends = raw_ends;
-  }
-  // Tokens whose log probabilities go with text[0, end): those whose text ends by `end`; once
-  // the choice is over, every token that starts before the answer's end (a stop string may
-  // cut one).
-  size_t lp_upto(size_t end) const {
-    size_t k = 0;
-    if (!stopped && finish != Finish::kNone) return std::min(ends.size(), lps.size());
-    if (stopped) {
-      while (k < ends.size() && k < lps.size() && (k == 0 ? 0 : ends[k - 1]) < text.size()) ++k;
-      return k;
-    }
-    while (k < ends.size() && k < lps.size() && ends[k] <= end) ++k;
-    return k;
-  }
-
-  void update(const data::Tokenizer& tok, const std::vector<std::string>& stops) {
-    if (stopped) return;
-    advance(tok);
-    std::string now = raw;
-    size_t cut = std::string::npos;
-    for (const std::string& s : stops) {
-      const size_t at = now.find(s);
-      if (at != std::string::npos && at < cut) cut = at;
-    }
-    if (cut != std::string::npos) {
-      now.resize(cut);
-      stopped = true;
-    }
-    text = std::move(now);
-  }
-  // Bytes that may be streamed now.
-  size_t sendable(const std::vector<std::string>& stops) const {
-    if (finish != Finish::kNone || stopped) return text.size();
-    size_t hold = 0;
-    for (const std::string& s : stops) hold = std::max(hold, s.size() - 1);
-    size_t end = text.size() > hold ? text.size() - hold : 0;
-    end = utf8_safe_end(text.substr(0, end));
-    return std::max(end, sent);
-  }
-};
-
-class Server {
- public:
-  explicit Server(const ServerOptions& o) : o_(o) {
-    // The directory is resolved once: config.json, tokenizer_config.json and
-    // generation_config.json are read here and nowhere else.
-    const ModelDir dir = open_model_dir(o.model_dir);
-    model_ = std::make_unique<Model>(load_model(dir));
-    tok_ = data::tokenizer_for(dir, o.tokenizer);
-    stop_ids_ = data::stop_ids_for(dir, *tok_, model_->config().vocab_size);
-    // Only ids the tokenizer can decode are sampled: a padded embedding's extra rows have no
-    // text (decoding one would fail the request).
-    data::restrict_to_tokens(sampling_, *tok_, model_->config().vocab_size);
-    // The model's chat template, parsed once: one that does not parse stops the start-up; a
-    // model without one answers chat requests with a 400.
-    try {
-      chat_ = std::make_unique<ChatTemplate>(ChatTemplate::from_model_dir(dir));
-    } catch (const ApiError& e) {
-      chat_error_ = std::make_unique<ApiError>(e);
-    }
-    name_ = o.model_name;
-    if (name_.empty()) {
-      std::string d = o.model_dir;
-      while (d.size() > 1 && d.back() == '/') d.pop_back();
-      const size_t slash = d.rfind('/');
-      name_ = slash == std::string::npos ? d : d.substr(slash + 1);
-    }
-    created_ = static_cast<int64_t>(std::time(nullptr));
-    engine_ = std::make_unique<Engine>(*model_, o.engine);
-  }
-
-  const std::string& name() const { return name_; }
-  bool chat_ok() const { return chat_ != nullptr; }
-
-  void handle(const httplib::Request& req, httplib::Response& res) {
-    const std::string& p = req.path;
-    int status = 200;
-    const bool open = p == "/health" || p == "/metrics";  // probes and scrapers need no key
-    if (!o_.api_key.empty() && !open && !bearer_matches(req.get_header_value("Authorization"), o_.api_key)) {
-      res.set_header("WWW-Authenticate", "Bearer");
-      status = error(res, 401,
-                     req.has_header("Authorization")
-                         ? "invalid API key (this server takes \"Authorization: Bearer KEY\" with the key it was started with)"
-                         : "missing API key: send \"Authorization: Bearer KEY\"",
-                     "invalid_request_error", "invalid_api_key");
-    } else if (p == "/health" || p == "/metrics" || p == "/v1/models") {
-      if (req.method != "GET" && req.method != "HEAD") {
-        status = error(res, 405, "use GET for " + p, "invalid_request_error", "method_not_allowed");
-      } else if (p == "/health") {
-        res.set_content(stopping_ ? R"({"status":"stopping"})" : R"({"status":"ok"})", "application/json");
-        if (stopping_) status = res.status = 503;
-      } else if (p == "/metrics") {
-        res.set_content(metrics(), "text/plain; version=0.0.4; charset=utf-8");
-      } else {
-        json m = {{"id", name_}, {"object", "model"}, {"created", created_}, {"owned_by", "diffattn"},
-                  {"max_model_len", model_->config().max_seq_len}};
-        res.set_content(dump(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
-      }
-    } else if (p == "/v1/completions" || p == "/v1/chat/completions") {
-      if (req.method != "POST") {
-        status = error(res, 405, "use POST for " + p, "invalid_request_error", "method_not_allowed");
-      } else {
-        status = complete(req, res, p == "/v1/chat/completions");
-      }
-    } else if (p == "/tokenize" || p == "/detokenize") {
-      if (req.method != "POST") {
-        status = error(res, 405, "use POST for " + p, "invalid_request_error", "method_not_allowed");
-      } else {
-        status = p == "/tokenize" ? tokenize(req, res) : detokenize(req, res);
-      }
+void Server::handle(const httplib::Request& req, httplib::Response& res) {
+  const std::string& p = req.path;
+  int status = 200;
+  const bool open = p == "/health" || p == "/metrics";  // probes and scrapers need no key
+  if (!o_.api_key.empty() && !open && !bearer_matches(req.get_header_value("Authorization"), o_.api_key)) {
+    res.set_header("WWW-Authenticate", "Bearer");
+    status = error(res, 401,
+                   req.has_header("Authorization")
+                       ? "invalid API key (this server takes \"Authorization: Bearer KEY\" with the key it was started with)"
+                       : "missing API key: send \"Authorization: Bearer KEY\"",
+                   "invalid_request_error", "invalid_api_key");
+  } else if (p == "/health" || p == "/metrics" || p == "/v1/models") {
+    if (req.method != "GET" && req.method != "HEAD") {
+      status = error(res, 405, "use GET for " + p, "invalid_request_error", "method_not_allowed");
+    } else if (p == "/health") {
+      res.set_content(stopping_ ? R"({"status":"stopping"})" : R"({"status":"ok"})", "application/json");
+      if (stopping_) status = res.status = 503;
+    } else if (p == "/metrics") {
+      res.set_content(metrics(), "text/plain; version=0.0.4; charset=utf-8");
     } else {
-      status = error(res, 404, "no such endpoint: " + req.method + " " + p.substr(0, 100) +
-                                   " (this server has /v1/completions, /v1/chat/completions, "
-                                   "/v1/models, /tokenize, /detokenize, /health, /metrics)",
-                     "invalid_request_error", "not_found");
+      json m = {{"id", name_}, {"object", "model"}, {"created", created_}, {"owned_by", "diffattn"},
+                {"max_model_len", model_->config().max_seq_len}};
+      res.set_content(dump(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
     }
-    count(p, status);
+  } else if (p == "/v1/completions" || p == "/v1/chat/completions") {
+    if (req.method != "POST") {
+      status = error(res, 405, "use POST for " + p, "invalid_request_error", "method_not_allowed");
+    } else {
+      status = complete(req, res, p == "/v1/chat/completions");
+    }
+  } else if (p == "/tokenize" || p == "/detokenize") {
+    if (req.method != "POST") {
+      status = error(res, 405, "use POST for " + p, "invalid_request_error", "method_not_allowed");
+    } else {
+      status = p == "/tokenize" ? tokenize(req, res) : detokenize(req, res);
+    }
+  } else {
+    status = error(res, 404, "no such endpoint: " + req.method + " " + p.substr(0, 100) +
+                                 " (this server has /v1/completions, /v1/chat/completions, "
+                                 "/v1/models, /tokenize, /detokenize, /health, /metrics)",
+                   "invalid_request_error", "not_found");
   }
+  count(p, status);
+}
 
-  // SIGTERM: stop taking requests, cancel what runs (streams end with an error and [DONE]),
-  // wait a little for the answers to go out.
-  void stop() {
-    stopping_ = true;
-    engine_->shutdown();
-    const auto until = Clock::now() + std::chrono::seconds(3);
-    while (in_flight_ > 0 && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+// SIGTERM: stop taking requests, cancel what runs (streams end with an error and [DONE]),
+// wait a little for the answers to go out.
+void Server::stop() {
+  stopping_ = true;
+  engine_->shutdown();
+  const auto until = Clock::now() + std::chrono::seconds(3);
+  while (in_flight_ > 0 && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
+int Server::error(httplib::Response& res, int status, const std::string& msg,
+          const std::string& type, const std::string& code,
+          const std::string& param) {
+  res.status = status;
+  res.set_content(error_json(msg, type, param, code), "application/json");
+  return status;
+}
+
+// Fields a request carried that this server ignores: each name logged once.
+void Server::log_ignored(const std::vector<std::string>& names) {
+  if (names.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const std::string& n : names) {
+    // At most 1,000 names of at most 64 bytes are remembered (a client chooses them).
+    const std::string name = n.size() > 64 ? n.substr(0, 64) + "..." : n;
+    if (logged_.size() < 1000 && logged_.insert(name).second) {
+      std::fprintf(stderr, "diffattn serve: ignoring the request field %s (not used by this server; said once)\n",
+                   dump(json(name)).c_str());
+    }
   }
+}
 
- private:
-  int error(httplib::Response& res, int status, const std::string& msg,
-            const std::string& type = "invalid_request_error", const std::string& code = "",
-            const std::string& param = "") {
-    res.status = status;
-    res.set_content(error_json(msg, type, param, code), "application/json");
-    return status;
+std::string Server::check_model(const std::string& model) const {
+  if (model.empty() || model == name_) return "";
+  return "the model " + dump(json(model)) + " does not exist; this server has \"" + name_ + "\"";
+}
+
+int Server::tokenize(const httplib::Request& req, httplib::Response& res) {
+  std::vector<int32_t> ids;
+  try {
+    const TokenizeRequest r = parse_tokenize(req.body, o_.api);
+    log_ignored(r.ignored);
+    const std::string bad = check_model(r.model);
+    if (!bad.empty()) return error(res, 404, bad, "invalid_request_error", "model_not_found", "model");
+    if (!r.messages.empty()) {
+      if (!chat_) throw *chat_error_;
+      const std::string text = chat_->render(r.messages, r.add_generation_prompt, r.tools);
+      ids = tok_->encode(text, false);
+    } else {
+      ids = tok_->encode(r.prompt, r.add_special_tokens);
+    }
+  } catch (const ApiError& e) {
+    return error(res, e.status, e.what(), e.type, e.code, e.param);
+  } catch (const Error& e) {
+    return error(res, 400, e.what(), "invalid_request_error", "invalid_value", "prompt");
   }
+  json out = {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", model_->config().max_seq_len}};
+  res.set_content(dump(out), "application/json");
+  return 200;
+}
 
-  void count(const std::string& path, int status) {
-    const std::string ep = path == "/v1/completions" || path == "/v1/chat/completions" ||
-                                   path == "/v1/models" || path == "/health" || path == "/metrics" ||
-                                   path == "/tokenize" || path == "/detokenize"
-                               ? path
-                               : "other";
-    std::lock_guard<std::mutex> lock(mu_);
-    ++requests_[{ep, status}];
-  }
-
-  // Fields a request carried that this server ignores: each name logged once.
-  void log_ignored(const std::vector<std::string>& names) {
-    if (names.empty()) return;
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const std::string& n : names) {
-      // At most 1,000 names of at most 64 bytes are remembered (a client chooses them).
-      const std::string name = n.size() > 64 ? n.substr(0, 64) + "..." : n;
-      if (logged_.size() < 1000 && logged_.insert(name).second) {
-        std::fprintf(stderr, "diffattn serve: ignoring the request field %s (not used by this server; said once)\n",
-                     dump(json(name)).c_str());
+int Server::detokenize(const httplib::Request& req, httplib::Response& res) {
+  std::string text;
+  try {
+    const DetokenizeRequest r = parse_detokenize(req.body, o_.api);
+    log_ignored(r.ignored);
+    const std::string bad = check_model(r.model);
+    if (!bad.empty()) return error(res, 404, bad, "invalid_request_error", "model_not_found", "model");
+    for (size_t i = 0; i < r.tokens.size(); ++i) {
+      if (!tok_->is_token(r.tokens[i])) {
+        return error(res, 400, "'tokens[" + std::to_string(i) + "]' (" + std::to_string(r.tokens[i]) +
+                                   ") is not a token of this model's tokenizer (0.." +
+                                   std::to_string(tok_->vocab_size() - 1) + ")",
+                     "invalid_request_error", "invalid_value", "tokens[" + std::to_string(i) + "]");
       }
     }
+    text = tok_->decode(r.tokens);
+  } catch (const ApiError& e) {
+    return error(res, e.status, e.what(), e.type, e.code, e.param);
+  } catch (const Error& e) {
+    return error(res, 400, e.what(), "invalid_request_error", "invalid_value", "tokens");
   }
+  res.set_content(dump(json{{"prompt", text}}), "application/json");
+  return 200;
+}
 
-  std::string check_model(const std::string& model) const {
-    if (model.empty() || model == name_) return "";
-    return "the model " + dump(json(model)) + " does not exist; this server has \"" + name_ + "\"";
-  }
-
-  int tokenize(const httplib::Request& req, httplib::Response& res) {
-    std::vector<int32_t> ids;
-    try {
-      const TokenizeRequest r = parse_tokenize(req.body, o_.api);
-      log_ignored(r.ignored);
-      const std::string bad = check_model(r.model);
-      if (!bad.empty()) return error(res, 404, bad, "invalid_request_error", "model_not_found", "model");
-      if (!r.messages.empty()) {
-        if (!chat_) throw *chat_error_;
-        const std::string text = chat_->render(r.messages, r.add_generation_prompt, r.tools);
-        ids = tok_->encode(text, false);
-      } else {
-        ids = tok_->encode(r.prompt, r.add_special_tokens);
-      }
-    } catch (const ApiError& e) {
-      return error(res, e.status, e.what(), e.type, e.code, e.param);
-    } catch (const Error& e) {
-      return error(res, 400, e.what(), "invalid_request_error", "invalid_value", "prompt");
-    }
-    json out = {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", model_->config().max_seq_len}};
-    res.set_content(dump(out), "application/json");
-    return 200;
-  }
-
-  int detokenize(const httplib::Request& req, httplib::Response& res) {
-    std::string text;
-    try {
-      const DetokenizeRequest r = parse_detokenize(req.body, o_.api);
-      log_ignored(r.ignored);
-      const std::string bad = check_model(r.model);
-      if (!bad.empty()) return error(res, 404, bad, "invalid_request_error", "model_not_found", "model");
-      for (size_t i = 0; i < r.tokens.size(); ++i) {
-        if (!tok_->is_token(r.tokens[i])) {
-          return error(res, 400, "'tokens[" + std::to_string(i) + "]' (" + std::to_string(r.tokens[i]) +
-                                     ") is not a token of this model's tokenizer (0.." +
-                                     std::to_string(tok_->vocab_size() - 1) + ")",
-                       "invalid_request_error", "invalid_value", "tokens[" + std::to_string(i) + "]");
-        }
-      }
-      text = tok_->decode(r.tokens);
-    } catch (const ApiError& e) {
-      return error(res, e.status, e.what(), e.type, e.code, e.param);
-    } catch (const Error& e) {
-      return error(res, 400, e.what(), "invalid_request_error", "invalid_value", "tokens");
-    }
-    res.set_content(dump(json{{"prompt", text}}), "application/json");
-    return 200;
-  }
-
-  // The token masker of constrained output, built at the first request that needs it (a
-  // vocabulary's trie: 50 to 170 ms for 128K tokens).
-  std::shared_ptr<const grammar::TokenMasker> masker() {
-    std::call_once(masker_once_, [this] {
-      const int64_t V = model_->config().vocab_size;
-      std::vector<std::string> bytes(static_cast<size_t>(V));
-      for (int64_t id = 0; id < V; ++id) {
-        const auto i = static_cast<int32_t>(id);
-        if (id < tok_->vocab_size() && tok_->is_token(i) &&
-            !std::binary_search(sampling_.excluded.begin(), sampling_.excluded.end(), i) &&
-            (sampling_.vocab_limit == 0 || id < sampling_.vocab_limit)) {
-          bytes[static_cast<size_t>(id)] = tok_->token_bytes(i);
-        }
-      }
-      masker_ = std::make_shared<const grammar::TokenMasker>(std::move(bytes), stop_ids_);
-    });
-    return masker_;
-  }
-
-  // A token's text for logprobs: its bytes (a special token: its decoded text).
-  std::string token_text(int32_t id) const {
-    if (id < 0 || id >= tok_->vocab_size() || !tok_->is_token(id)) return "";
-    std::string b = tok_->token_bytes(id);
-    if (b.empty()) b = tok_->decode({id});
-    return b;
-  }
-
-  static json bytes_of(const std::string& s) {
-    json a = json::array();
-    for (const char c : s) a.push_back(static_cast<int>(static_cast<unsigned char>(c)));
-    return a;
-  }
-
-  // Chat: choices[].logprobs.content[] entries.
-  json chat_logprobs(const std::vector<TokenLogprob>& lps, size_t from, size_t to) const {
-    json content = json::array();
-    for (size_t i = from; i < to; ++i) {
-      const TokenLogprob& t = lps[i];
-      const std::string s = token_text(t.id);
-      json top = json::array();
-      for (const auto& [id, lp] : t.top) {
-        const std::string ts = token_text(id);
-        top.push_back({{"token", ts}, {"logprob", lp}, {"bytes", bytes_of(ts)}});
-      }
-      content.push_back({{"token", s}, {"logprob", t.logprob}, {"bytes", bytes_of(s)}, {"top_logprobs", top}});
-    }
-    return {{"content", content}};
-  }
-
-  // Completions: the legacy {"tokens", "token_logprobs", "top_logprobs", "text_offset"}; `lead`
-  // entries first (the echoed prompt's, whose first token has null for both), offsets from
-  // `offset0`.
-  void legacy_logprobs(json& out, const std::vector<TokenLogprob>& lps, size_t from, size_t to,
-                       const std::vector<size_t>& ends, size_t offset0) const {
-    for (size_t i = from; i < to; ++i) {
-      const TokenLogprob& t = lps[i];
-      out["tokens"].push_back(token_text(t.id));
-      out["token_logprobs"].push_back(t.logprob);
-      json top = json::object();
-      for (const auto& [id, lp] : t.top) {
-        const std::string ts = token_text(id);
-        if (!top.contains(ts)) top[ts] = lp;
-      }
-      const std::string self = token_text(t.id);
-      if (!top.contains(self)) top[self] = t.logprob;
-      out["top_logprobs"].push_back(top);
-      out["text_offset"].push_back(offset0 + (i == 0 ? 0 : ends[i - 1]));
-    }
-  }
-
-  // The prompt a completion echoes: as given, or the ids' text.
-  std::string echo_text(const ApiRequest& r, const std::vector<int32_t>& ids) const {
-    return r.prompt_is_ids ? tok_->decode(ids) : r.prompt;
-  }
-
-  // The echoed prompt's legacy log probabilities: its first token has none (null), the others
-  // the model's own (Sequence::prompt_logprobs); offsets add up the tokens' texts.
-  json echo_logprobs(const std::vector<int32_t>& ids, const std::vector<TokenLogprob>& plps) const {
-    json out = empty_legacy();
-    size_t offset = 0;
-    for (size_t k = 0; k < ids.size(); ++k) {
-      const std::string t = token_text(ids[k]);
-      out["tokens"].push_back(t);
-      out["text_offset"].push_back(offset);
-      offset += t.size();
-      if (k == 0 || k - 1 >= plps.size()) {
-        out["token_logprobs"].push_back(nullptr);
-        out["top_logprobs"].push_back(nullptr);
-        continue;
-      }
-      const TokenLogprob& p = plps[k - 1];
-      out["token_logprobs"].push_back(p.logprob);
-      json top = json::object();
-      for (const auto& [id, lp] : p.top) {
-        const std::string ts = token_text(id);
-        if (!top.contains(ts)) top[ts] = lp;
-      }
-      if (!top.contains(t)) top[t] = p.logprob;
-      out["top_logprobs"].push_back(top);
-    }
-    return out;
-  }
-
-  static json empty_legacy() {
-    return {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
-            {"text_offset", json::array()}};
-  }
-
-  std::string metrics() {
-    const EngineStats s = engine_->stats();
-    std::string out;
-    auto gauge = [&](const std::string& name, const std::string& type, const std::string& help, double v) {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "%.17g", v);
-      out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " + buf + "\n";
-    };
-    std::lock_guard<std::mutex> lock(mu_);
-    out += "# HELP diffattn_requests_total HTTP requests answered, by endpoint and status\n"
-           "# TYPE diffattn_requests_total counter\n";
-    for (const auto& [k, n] : requests_) {
-      out += "diffattn_requests_total{endpoint=\"" + k.first + "\",status=\"" +
-             std::to_string(k.second) + "\"} " + std::to_string(n) + "\n";
-    }
-    gauge("diffattn_prompt_tokens_total", "counter", "prompt tokens prefilled", static_cast<double>(s.prompt_tokens));
-    gauge("diffattn_prefix_cache_hit_tokens_total", "counter", "prompt tokens whose K/V came from the prefix cache",
-          static_cast<double>(s.cached_prompt_tokens));
-    gauge("diffattn_kv_blocks_cached", "gauge", "KV blocks registered in the prefix cache (in use or free)",
-          static_cast<double>(s.cached_blocks));
-    gauge("diffattn_generation_tokens_total", "counter", "tokens generated", static_cast<double>(s.generated_tokens));
-    gauge("diffattn_engine_steps_total", "counter", "scheduler steps run", static_cast<double>(s.steps));
-    gauge("diffattn_queue_depth", "gauge", "sequences waiting to be admitted", static_cast<double>(s.waiting));
-    gauge("diffattn_running_sequences", "gauge", "sequences in the running batch", static_cast<double>(s.running));
-    gauge("diffattn_batch_size", "gauge", "sequences advanced by the last step", s.last_batch);
-    gauge("diffattn_kv_blocks_free", "gauge", "free blocks of the KV pool", static_cast<double>(s.free_blocks));
-    gauge("diffattn_kv_blocks_total", "gauge", "blocks of the KV pool", static_cast<double>(s.total_blocks));
-    gauge("diffattn_kv_block_size", "gauge", "KV positions per block", static_cast<double>(engine_->options().block_size));
-    ttft_.write(out, "diffattn_time_to_first_token_seconds", "time from a request's arrival to its first token");
-    latency_.write(out, "diffattn_request_duration_seconds", "time from a completion request's arrival to its last token");
-    return out;
-  }
-
-  // Submits the request's n sequences; on failure cancels those already queued.
-  std::vector<std::shared_ptr<Sequence>> submit(const ApiRequest& r, const std::vector<int32_t>& ids,
-                                                int64_t max_tokens, Clock::time_point deadline) {
-    std::vector<std::shared_ptr<Sequence>> seqs;
-    const uint64_t base = r.seed ? static_cast<uint64_t>(*r.seed)
-                                 : static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
-                                       (0x9E3779B97F4A7C15ull * ++seed_counter_);
-    try {
-      for (int64_t i = 0; i < r.n; ++i) {
-        SeqRequest s;
-        s.prompt = ids;
-        s.max_tokens = max_tokens;
-        s.sampler.temperature = r.temperature;
-        s.sampler.top_p = r.top_p;
-        s.sampler.top_k = r.top_k;
-        s.sampler.seed = base + static_cast<uint64_t>(i);
-        s.sampler.vocab_limit = sampling_.vocab_limit;
-        s.sampler.excluded = sampling_.excluded;
-        s.sampler.presence_penalty = r.presence_penalty;
-        s.sampler.frequency_penalty = r.frequency_penalty;
-        s.sampler.logit_bias = r.logit_bias;
-        s.stop_ids = stop_ids_;
-        s.deadline = deadline;
-        if (r.logprobs) s.logprobs = r.top_logprobs;
-        s.prompt_logprobs = r.echo && r.logprobs;
-        if (r.grammar) {
-          s.grammar = r.grammar;
-          s.masker = masker();
-        }
-        seqs.push_back(engine_->submit(std::move(s)));
-      }
-    } catch (...) {
-      for (auto& s : seqs) s->cancel();
-      throw;
-    }
-    return seqs;
-  }
-
-  // cached: the prompt tokens the first choice took from the prefix cache.
-  json usage(int64_t prompt, int64_t completion, int64_t cached) const {
-    return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion},
-            {"prompt_tokens_details", {{"cached_tokens", cached}}}};
-  }
-
-  static const char* reason(const ChoiceText& c) {
-    return c.stopped || c.finish == Finish::kStop ? "stop" : "length";
-  }
-
-  int complete(const httplib::Request& req, httplib::Response& res, bool chat) {
-    const auto arrived = Clock::now();
-    if (stopping_) return error(res, 503, "the server is shutting down", "server_error", "shutting_down");
-    ApiRequest r;
-    std::vector<int32_t> ids;
-    try {
-      r = parse_request(req.body, chat, o_.api);
-      log_ignored(r.ignored);
-      const std::string bad = check_model(r.model);
-      if (!bad.empty()) return error(res, 404, bad, "invalid_request_error", "model_not_found", "model");
-      const int64_t V = model_->config().vocab_size;
-      for (const auto& [id, b] : r.logit_bias) {
-        if (id >= V) {
-          return error(res, 400, "'logit_bias' names token " + std::to_string(id) + ", outside the model's " +
-                                     std::to_string(V) + " ids",
-                       "invalid_request_error", "invalid_value", "logit_bias");
-        }
-      }
-      if (chat) {
-        if (!chat_) throw *chat_error_;
-        const std::string text = chat_->render(r.messages, true, r.tools);
-        ids = tok_->encode(text, false);
-      } else if (r.prompt_is_ids) {
-        ids = r.prompt_ids;
-      } else {
-        // As `diffattn generate` does: an empty prompt starts from a newline.
-        ids = tok_->encode(r.prompt.empty() ? std::string("\n") : r.prompt);
-        if (ids.empty()) throw ApiError("'prompt' encodes to no tokens", "prompt");
-      }
-    } catch (const ApiError& e) {
-      return error(res, e.status, e.what(), e.type, e.code, e.param);
-    } catch (const Error& e) {
-      return error(res, 400, e.what(), "invalid_request_error", "invalid_value", chat ? "messages" : "prompt");
-    }
-    const int64_t P = static_cast<int64_t>(ids.size()), ctx = model_->config().max_seq_len;
-    if (P >= ctx) {
-      return error(res, 400, "the prompt has " + std::to_string(P) + " tokens; the model's context is " +
-                                 std::to_string(ctx) + " (the prompt and at least one new token must fit)",
-                   "invalid_request_error", "context_length_exceeded", chat ? "messages" : "prompt");
-    }
-    const int64_t max_tokens = r.max_tokens ? *r.max_tokens
-                                            : chat ? std::min(o_.api.max_tokens, ctx - P) : int64_t{16};
-    if (P + max_tokens > ctx) {
-      return error(res, 400, "the prompt (" + std::to_string(P) + " tokens) plus max_tokens (" +
-                                 std::to_string(max_tokens) + ") exceed the model's context of " +
-                                 std::to_string(ctx) + " tokens",
-                   "invalid_request_error", "context_length_exceeded", "max_tokens");
-    }
-    std::vector<std::shared_ptr<Sequence>> seqs;
-    try {
-      seqs = submit(r, ids, max_tokens, arrived + std::chrono::seconds(o_.timeout_seconds));
-    } catch (const QueueFull& e) {
-      res.set_header("Retry-After", "1");
-      return error(res, 503, e.what(), "server_error", "queue_full");
-    } catch (const InvalidArgument& e) {
-      return error(res, 400, e.what(), "invalid_request_error", "invalid_value");
-    } catch (const Error& e) {
-      return error(res, 503, e.what(), "server_error", "shutting_down");
-    }
-    const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(++id_counter_);
-    const int64_t created = static_cast<int64_t>(std::time(nullptr));
-    if (r.stream) return stream(res, r, std::move(seqs), ids, P, id, created, arrived, chat);
-
-    // A whole answer: wait for every choice, giving up when the client goes away.
-    ++in_flight_;
-    std::vector<ChoiceText> choices(seqs.size());
-    for (;;) {
-      bool all = true;
-      for (size_t i = 0; i < seqs.size(); ++i) {
-        ChoiceText& c = choices[i];
-        if (c.finish != Finish::kNone) continue;
-        std::vector<int32_t> got;
-        c.finish = seqs[i]->wait(c.ids.size(), got, c.lps, std::chrono::milliseconds(50));
-        if (!got.empty() || c.finish != Finish::kNone) {
-          c.ids.insert(c.ids.end(), got.begin(), got.end());
-          if (!r.stop.empty()) {
-            c.update(*tok_, r.stop);
-            if (c.stopped) {
-              seqs[i]->cancel();
-              c.finish = Finish::kStop;
-            }
-          }
-        }
-        all = all && c.finish != Finish::kNone;
-      }
-      if (all) break;
-      if (http::client_gone()) {
-        for (auto& s : seqs) s->cancel();
-        --in_flight_;
-        return 499;  // nobody reads the answer
+// The token masker of constrained output, built at the first request that needs it (a
+// vocabulary's trie: 50 to 170 ms for 128K tokens).
+std::shared_ptr<const grammar::TokenMasker> Server::masker() {
+  std::call_once(masker_once_, [this] {
+    const int64_t V = model_->config().vocab_size;
+    std::vector<std::string> bytes(static_cast<size_t>(V));
+    for (int64_t id = 0; id < V; ++id) {
+      const auto i = static_cast<int32_t>(id);
+      if (id < tok_->vocab_size() && tok_->is_token(i) &&
+          !std::binary_search(sampling_.excluded.begin(), sampling_.excluded.end(), i) &&
+          (sampling_.vocab_limit == 0 || id < sampling_.vocab_limit)) {
+        bytes[static_cast<size_t>(id)] = tok_->token_bytes(i);
       }
     }
-    --in_flight_;
-    record(seqs, arrived);
-    json out = json::array();
-    int64_t completion = 0;
-    for (size_t i = 0; i < choices.size(); ++i) {
+    masker_ = std::make_shared<const grammar::TokenMasker>(std::move(bytes), stop_ids_);
+  });
+  return masker_;
+}
+
+// A token's text for logprobs: its bytes (a special token: its decoded text).
+std::string Server::token_text(int32_t id) const {
+  if (id < 0 || id >= tok_->vocab_size() || !tok_->is_token(id)) return "";
+  std::string b = tok_->token_bytes(id);
+  if (b.empty()) b = tok_->decode({id});
+  return b;
+}
+
+json Server::bytes_of(const std::string& s) {
+  json a = json::array();
+  for (const char c : s) a.push_back(static_cast<int>(static_cast<unsigned char>(c)));
+  return a;
+}
+
+// Chat: choices[].logprobs.content[] entries.
+json Server::chat_logprobs(const std::vector<TokenLogprob>& lps, size_t from, size_t to) const {
+  json content = json::array();
+  for (size_t i = from; i < to; ++i) {
+    const TokenLogprob& t = lps[i];
+    const std::string s = token_text(t.id);
+    json top = json::array();
+    for (const auto& [id, lp] : t.top) {
+      const std::string ts = token_text(id);
+      top.push_back({{"token", ts}, {"logprob", lp}, {"bytes", bytes_of(ts)}});
+    }
+    content.push_back({{"token", s}, {"logprob", t.logprob}, {"bytes", bytes_of(s)}, {"top_logprobs", top}});
+  }
+  return {{"content", content}};
+}
+
+// Completions: the legacy {"tokens", "token_logprobs", "top_logprobs", "text_offset"}; `lead`
+// entries first (the echoed prompt's, whose first token has null for both), offsets from
+// `offset0`.
+void Server::legacy_logprobs(json& out, const std::vector<TokenLogprob>& lps, size_t from, size_t to,
+                     const std::vector<size_t>& ends, size_t offset0) const {
+  for (size_t i = from; i < to; ++i) {
+    const TokenLogprob& t = lps[i];
+    out["tokens"].push_back(token_text(t.id));
+    out["token_logprobs"].push_back(t.logprob);
+    json top = json::object();
+    for (const auto& [id, lp] : t.top) {
+      const std::string ts = token_text(id);
+      if (!top.contains(ts)) top[ts] = lp;
+    }
+    const std::string self = token_text(t.id);
+    if (!top.contains(self)) top[self] = t.logprob;
+    out["top_logprobs"].push_back(top);
+    out["text_offset"].push_back(offset0 + (i == 0 ? 0 : ends[i - 1]));
+  }
+}
+
+// The prompt a completion echoes: as given, or the ids' text.
+std::string Server::echo_text(const ApiRequest& r, const std::vector<int32_t>& ids) const {
+  return r.prompt_is_ids ? tok_->decode(ids) : r.prompt;
+}
+
+// The echoed prompt's legacy log probabilities: its first token has none (null), the others
+// the model's own (Sequence::prompt_logprobs); offsets add up the tokens' texts.
+json Server::echo_logprobs(const std::vector<int32_t>& ids, const std::vector<TokenLogprob>& plps) const {
+  json out = empty_legacy();
+  size_t offset = 0;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const std::string t = token_text(ids[k]);
+    out["tokens"].push_back(t);
+    out["text_offset"].push_back(offset);
+    offset += t.size();
+    if (k == 0 || k - 1 >= plps.size()) {
+      out["token_logprobs"].push_back(nullptr);
+      out["top_logprobs"].push_back(nullptr);
+      continue;
+    }
+    const TokenLogprob& p = plps[k - 1];
+    out["token_logprobs"].push_back(p.logprob);
+    json top = json::object();
+    for (const auto& [id, lp] : p.top) {
+      const std::string ts = token_text(id);
+      if (!top.contains(ts)) top[ts] = lp;
+    }
+    if (!top.contains(t)) top[t] = p.logprob;
+    out["top_logprobs"].push_back(top);
+  }
+  return out;
+}
+
+json Server::empty_legacy() {
+  return {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
+          {"text_offset", json::array()}};
+}
+
+// Submits the request's n sequences; on failure cancels those already queued.
+std::vector<std::shared_ptr<Sequence>> Server::submit(const ApiRequest& r, const std::vector<int32_t>& ids,
+                                              int64_t max_tokens, Clock::time_point deadline) {
+  std::vector<std::shared_ptr<Sequence>> seqs;
+  const uint64_t base = r.seed ? static_cast<uint64_t>(*r.seed)
+                               : static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
+                                     (0x9E3779B97F4A7C15ull * ++seed_counter_);
+  try {
+    for (int64_t i = 0; i < r.n; ++i) {
+      SeqRequest s;
+      s.prompt = ids;
+      s.max_tokens = max_tokens;
+      s.sampler.temperature = r.temperature;
+      s.sampler.top_p = r.top_p;
+      s.sampler.top_k = r.top_k;
+      s.sampler.seed = base + static_cast<uint64_t>(i);
+      s.sampler.vocab_limit = sampling_.vocab_limit;
+      s.sampler.excluded = sampling_.excluded;
+      s.sampler.presence_penalty = r.presence_penalty;
+      s.sampler.frequency_penalty = r.frequency_penalty;
+      s.sampler.logit_bias = r.logit_bias;
+      s.stop_ids = stop_ids_;
+      s.deadline = deadline;
+      if (r.logprobs) s.logprobs = r.top_logprobs;
+      s.prompt_logprobs = r.echo && r.logprobs;
+      if (r.grammar) {
+        s.grammar = r.grammar;
+        s.masker = masker();
+      }
+      seqs.push_back(engine_->submit(std::move(s)));
+    }
+  } catch (...) {
+    for (auto& s : seqs) s->cancel();
+    throw;
+  }
+  return seqs;
+}
+
+// cached: the prompt tokens the first choice took from the prefix cache.
+json Server::usage(int64_t prompt, int64_t completion, int64_t cached) const {
+  return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion},
+          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+}
+
+const char* Server::reason(const ChoiceText& c) {
+  return c.stopped || c.finish == Finish::kStop ? "stop" : "length";
+}
+
+int Server::complete(const httplib::Request& req, httplib::Response& res, bool chat) {
+  const auto arrived = Clock::now();
+  if (stopping_) return error(res, 503, "the server is shutting down", "server_error", "shutting_down");
+  ApiRequest r;
+  std::vector<int32_t> ids;
+  try {
+    r = parse_request(req.body, chat, o_.api);
+    log_ignored(r.ignored);
+    const std::string bad = check_model(r.model);
+    if (!bad.empty()) return error(res, 404, bad, "invalid_request_error", "model_not_found", "model");
+    const int64_t V = model_->config().vocab_size;
+    for (const auto& [id, b] : r.logit_bias) {
+      if (id >= V) {
+        return error(res, 400, "'logit_bias' names token " + std::to_string(id) + ", outside the model's " +
+                                   std::to_string(V) + " ids",
+                     "invalid_request_error", "invalid_value", "logit_bias");
+      }
+    }
+    if (chat) {
+      if (!chat_) throw *chat_error_;
+      const std::string text = chat_->render(r.messages, true, r.tools);
+      ids = tok_->encode(text, false);
+    } else if (r.prompt_is_ids) {
+      ids = r.prompt_ids;
+    } else {
+      // As `diffattn generate` does: an empty prompt starts from a newline.
+      ids = tok_->encode(r.prompt.empty() ? std::string("\n") : r.prompt);
+      if (ids.empty()) throw ApiError("'prompt' encodes to no tokens", "prompt");
+    }
+  } catch (const ApiError& e) {
+    return error(res, e.status, e.what(), e.type, e.code, e.param);
+  } catch (const Error& e) {
+    return error(res, 400, e.what(), "invalid_request_error", "invalid_value", chat ? "messages" : "prompt");
+  }
+  const int64_t P = static_cast<int64_t>(ids.size()), ctx = model_->config().max_seq_len;
+  if (P >= ctx) {
+    return error(res, 400, "the prompt has " + std::to_string(P) + " tokens; the model's context is " +
+                               std::to_string(ctx) + " (the prompt and at least one new token must fit)",
+                 "invalid_request_error", "context_length_exceeded", chat ? "messages" : "prompt");
+  }
+  const int64_t max_tokens = r.max_tokens ? *r.max_tokens
+                                          : chat ? std::min(o_.api.max_tokens, ctx - P) : int64_t{16};
+  if (P + max_tokens > ctx) {
+    return error(res, 400, "the prompt (" + std::to_string(P) + " tokens) plus max_tokens (" +
+                               std::to_string(max_tokens) + ") exceed the model's context of " +
+                               std::to_string(ctx) + " tokens",
+                 "invalid_request_error", "context_length_exceeded", "max_tokens");
+  }
+  std::vector<std::shared_ptr<Sequence>> seqs;
+  try {
+    seqs = submit(r, ids, max_tokens, arrived + std::chrono::seconds(o_.timeout_seconds));
+  } catch (const QueueFull& e) {
+    res.set_header("Retry-After", "1");
+    return error(res, 503, e.what(), "server_error", "queue_full");
+  } catch (const InvalidArgument& e) {
+    return error(res, 400, e.what(), "invalid_request_error", "invalid_value");
+  } catch (const Error& e) {
+    return error(res, 503, e.what(), "server_error", "shutting_down");
+  }
+  const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(++id_counter_);
+  const int64_t created = static_cast<int64_t>(std::time(nullptr));
+  if (r.stream) return stream(res, r, std::move(seqs), ids, P, id, created, arrived, chat);
+
+  // A whole answer: wait for every choice, giving up when the client goes away.
+  ++in_flight_;
+  std::vector<ChoiceText> choices(seqs.size());
+  for (;;) {
+    bool all = true;
+    for (size_t i = 0; i < seqs.size(); ++i) {
       ChoiceText& c = choices[i];
-      if (c.finish == Finish::kTimeout) {
-        return error(res, 504, "the request ran past its timeout of " + std::to_string(o_.timeout_seconds) + " s",
-                     "timeout_error", "timeout");
-      }
-      if (c.finish == Finish::kCancelled) return error(res, 503, "the server is shutting down", "server_error", "shutting_down");
-      if (c.finish == Finish::kError) return error(res, 500, "generation failed: " + seqs[i]->error(), "server_error");
-      if (!c.stopped) c.update(*tok_, r.stop);
-      completion += static_cast<int64_t>(c.ids.size());
-      json ch = {{"index", i}, {"finish_reason", reason(c)}};
-      if (r.logprobs) c.track(*tok_);
-      if (chat) {
-        ch["message"] = {{"role", "assistant"}, {"content", c.text}};
-        ch["logprobs"] = r.logprobs ? chat_logprobs(c.lps, 0, c.lp_upto(c.text.size())) : json(nullptr);
-      } else {
-        const std::string echoed = r.echo ? echo_text(r, ids) : std::string();
-        ch["text"] = echoed + c.text;
-        if (r.logprobs) {
-          json lp = r.echo ? echo_logprobs(ids, seqs[i]->prompt_logprobs()) : empty_legacy();
-          legacy_logprobs(lp, c.lps, 0, c.lp_upto(c.text.size()), c.ends, echoed.size());
-          ch["logprobs"] = lp;
-        } else {
-          ch["logprobs"] = nullptr;
-        }
-      }
-      out.push_back(ch);
-    }
-    json body = {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
-                 {"model", name_}, {"choices", out}, {"usage", usage(P, completion, seqs[0]->cached_tokens())}};
-    res.set_content(dump(body), "application/json");
-    return 200;
-  }
-
-  void record(const std::vector<std::shared_ptr<Sequence>>& seqs, Clock::time_point arrived) {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& s : seqs) {
-      const double t = s->ttft();
-      if (t >= 0) ttft_.add(t);
-    }
-    latency_.add(std::chrono::duration<double>(Clock::now() - arrived).count());
-  }
-
-  int stream(httplib::Response& res, const ApiRequest& r, std::vector<std::shared_ptr<Sequence>> seqs,
-             const std::vector<int32_t>& ids, int64_t P, const std::string& id, int64_t created, Clock::time_point arrived, bool chat) {
-    struct State {
-      std::vector<std::shared_ptr<Sequence>> seqs;
-      std::vector<ChoiceText> choices;
-      std::vector<bool> started, closed;
-      bool done = false;
-      std::vector<int32_t> ids;  // the prompt (echo)
-      std::string echoed;        // the echoed prompt's text ("" without echo)
-    };
-    auto st = std::make_shared<State>();
-    st->seqs = std::move(seqs);
-    st->ids = ids;
-    if (!chat && r.echo) st->echoed = echo_text(r, ids);
-    st->choices.resize(st->seqs.size());
-    st->started.assign(st->seqs.size(), false);
-    st->closed.assign(st->seqs.size(), false);
-    ++in_flight_;
-    res.set_header("X-Accel-Buffering", "no");
-    const ApiRequest req = r;
-    auto chunk = [this, id, created, chat](const json& choices, const json* u) {
-      json j = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                {"created", created}, {"model", name_}, {"choices", choices}};
-      if (u != nullptr) j["usage"] = *u;
-      return "data: " + dump(j) + "\n\n";
-    };
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, st, req, P, arrived, chunk, chat](size_t offset, httplib::DataSink& sink) {
-          // Nothing may escape into httplib (it would close the connection without a word).
-          try {
-            return provide(*st, req, P, arrived, chunk, chat, sink);
-          } catch (const std::exception& e) {
-            for (auto& s : st->seqs) s->cancel();
-            const std::string out = "data: " + error_json(std::string("internal error: ") + e.what(), "server_error") +
-                                    "\n\ndata: [DONE]\n\n";
-            st->done = true;
-            if (sink.write(out.data(), out.size())) sink.done();
-            return true;
-          }
-          (void)offset;
-        },
-        [this, st](bool) {
-          for (auto& s : st->seqs) s->cancel();  // whatever way the stream ended
-          --in_flight_;
-        });
-    return 200;
-  }
-
-  template <class State, class Chunk>
-  bool provide(State& state, const ApiRequest& req, int64_t P, Clock::time_point arrived, const Chunk& chunk,
-               bool chat, httplib::DataSink& sink) {
-    State* st = &state;
-    if (st->done) return false;
-    std::string out;
-    bool all = true, waited = false;
-    std::string failure;
-    for (size_t i = 0; i < st->seqs.size(); ++i) {
-      ChoiceText& c = st->choices[i];
-      if (st->closed[i]) continue;
+      if (c.finish != Finish::kNone) continue;
       std::vector<int32_t> got;
-      if (c.finish == Finish::kNone) {
-        // The first choice still running waits for news (up to 100 ms); the others are
-        // only looked at, so a call neither spins nor sleeps once per choice.
-        c.finish = st->seqs[i]->wait(c.ids.size(), got, c.lps, std::chrono::milliseconds(waited ? 0 : 100));
-        waited = true;
+      c.finish = seqs[i]->wait(c.ids.size(), got, c.lps, std::chrono::milliseconds(50));
+      if (!got.empty() || c.finish != Finish::kNone) {
         c.ids.insert(c.ids.end(), got.begin(), got.end());
-        if (!got.empty() || c.finish != Finish::kNone) c.update(*tok_, req.stop);
-        if (c.stopped && c.finish == Finish::kNone) {
-          st->seqs[i]->cancel();
-          c.finish = Finish::kStop;
-        }
-        if (req.logprobs) c.track(*tok_);
-      }
-      if (c.finish == Finish::kTimeout) failure = "the request ran past its timeout of " + std::to_string(o_.timeout_seconds) + " s";
-      if (c.finish == Finish::kCancelled && !c.stopped) failure = "the server is shutting down";
-      if (c.finish == Finish::kError) failure = "generation failed: " + st->seqs[i]->error();
-      // Completions with echo: the prompt first (with its log probabilities, complete once a
-      // token exists).
-      if (!chat && req.echo && !st->started[i] && (!c.ids.empty() || c.finish != Finish::kNone)) {
-        st->started[i] = true;
-        const json lp = req.logprobs ? echo_logprobs(st->ids, st->seqs[i]->prompt_logprobs()) : json(nullptr);
-        out += chunk(json::array({{{"index", i}, {"text", st->echoed}, {"logprobs", lp}, {"finish_reason", nullptr}}}), nullptr);
-      }
-      const size_t end = c.sendable(req.stop);
-      json delta = json::object();
-      bool any = false;
-      if (chat && !st->started[i]) {
-        delta["role"] = "assistant";
-        delta["content"] = "";
-        st->started[i] = any = true;
-      }
-      // The log probabilities of the tokens whose text goes out now (all that are left when
-      // the choice ends).
-      const auto lps_upto = [&](size_t text_end) {
-        const size_t k = std::max(c.lp_sent, c.lp_upto(text_end));
-        json lp = nullptr;
-        if (req.logprobs) {
-          if (chat) {
-            lp = chat_logprobs(c.lps, c.lp_sent, k);
-          } else {
-            lp = empty_legacy();
-            legacy_logprobs(lp, c.lps, c.lp_sent, k, c.ends, st->echoed.size());
+        if (!r.stop.empty()) {
+          c.update(*tok_, r.stop);
+          if (c.stopped) {
+            seqs[i]->cancel();
+            c.finish = Finish::kStop;
           }
         }
-        c.lp_sent = k;
-        return lp;
-      };
-      if (end > c.sent) {
-        const std::string piece = c.text.substr(c.sent, end - c.sent);
-        c.sent = end;
-        if (chat) delta["content"] = delta.value("content", "") + piece;
-        any = true;
-        if (!chat) {
-          out += chunk(json::array({{{"index", i}, {"text", piece}, {"logprobs", lps_upto(end)}, {"finish_reason", nullptr}}}), nullptr);
-          any = false;
-        }
-      }
-      if (any) out += chunk(json::array({{{"index", i}, {"delta", delta}, {"logprobs", lps_upto(end)}, {"finish_reason", nullptr}}}), nullptr);
-      if (c.finish != Finish::kNone && failure.empty()) {
-        st->closed[i] = true;
-        const json lp = lps_upto(c.text.size());
-        const json fin = chat ? json{{"index", i}, {"delta", json::object()}, {"logprobs", lp}, {"finish_reason", reason(c)}}
-                              : json{{"index", i}, {"text", ""}, {"logprobs", lp}, {"finish_reason", reason(c)}};
-        out += chunk(json::array({fin}), nullptr);
       }
       all = all && c.finish != Finish::kNone;
     }
-    if (!failure.empty()) {
-      for (auto& s : st->seqs) s->cancel();
-      out += "data: " + error_json(failure, "server_error") + "\n\ndata: [DONE]\n\n";
-      st->done = true;
-    } else if (all) {
-      record(st->seqs, arrived);
-      if (req.include_usage) {
-        int64_t completion = 0;
-        for (const ChoiceText& c : st->choices) completion += static_cast<int64_t>(c.ids.size());
-        const json u = usage(P, completion, st->seqs[0]->cached_tokens());
-        out += chunk(json::array(), &u);
-      }
-      out += "data: [DONE]\n\n";
-      st->done = true;
+    if (all) break;
+    if (http::client_gone()) {
+      for (auto& s : seqs) s->cancel();
+      --in_flight_;
+      return 499;  // nobody reads the answer
     }
-    if (!out.empty() && !sink.write(out.data(), out.size())) {
-      for (auto& s : st->seqs) s->cancel();
-      return false;
-    }
-    if (st->done) {
-      sink.done();
-      return true;
-    }
-    if (out.empty() && http::client_gone()) {
-      for (auto& s : st->seqs) s->cancel();
-      return false;
-    }
-    return true;
   }
+  --in_flight_;
+  record(seqs, arrived);
+  json out = json::array();
+  int64_t completion = 0;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    ChoiceText& c = choices[i];
+    if (c.finish == Finish::kTimeout) {
+      return error(res, 504, "the request ran past its timeout of " + std::to_string(o_.timeout_seconds) + " s",
+                   "timeout_error", "timeout");
+    }
+    if (c.finish == Finish::kCancelled) return error(res, 503, "the server is shutting down", "server_error", "shutting_down");
+    if (c.finish == Finish::kError) return error(res, 500, "generation failed: " + seqs[i]->error(), "server_error");
+    if (!c.stopped) c.update(*tok_, r.stop);
+    completion += static_cast<int64_t>(c.ids.size());
+    json ch = {{"index", i}, {"finish_reason", reason(c)}};
+    if (r.logprobs) c.track(*tok_);
+    if (chat) {
+      ch["message"] = {{"role", "assistant"}, {"content", c.text}};
+      ch["logprobs"] = r.logprobs ? chat_logprobs(c.lps, 0, c.lp_upto(c.text.size())) : json(nullptr);
+    } else {
+      const std::string echoed = r.echo ? echo_text(r, ids) : std::string();
+      ch["text"] = echoed + c.text;
+      if (r.logprobs) {
+        json lp = r.echo ? echo_logprobs(ids, seqs[i]->prompt_logprobs()) : empty_legacy();
+        legacy_logprobs(lp, c.lps, 0, c.lp_upto(c.text.size()), c.ends, echoed.size());
+        ch["logprobs"] = lp;
+      } else {
+        ch["logprobs"] = nullptr;
+      }
+    }
+    out.push_back(ch);
+  }
+  json body = {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
+               {"model", name_}, {"choices", out}, {"usage", usage(P, completion, seqs[0]->cached_tokens())}};
+  res.set_content(dump(body), "application/json");
+  return 200;
+}
 
-  ServerOptions o_;
-  std::unique_ptr<Model> model_;
-  std::unique_ptr<data::Tokenizer> tok_;
-  std::unique_ptr<ChatTemplate> chat_;
-  std::unique_ptr<ApiError> chat_error_;
-  std::vector<int32_t> stop_ids_;
-  SamplerOptions sampling_;  // the ids that may be drawn (vocab_limit, excluded)
-  std::string name_;
-  int64_t created_ = 0;
-  std::unique_ptr<Engine> engine_;
-  std::atomic<bool> stopping_{false};
-  std::atomic<int> in_flight_{0};
-  std::atomic<uint64_t> id_counter_{0}, seed_counter_{0};
-  std::mutex mu_;
-  std::map<std::pair<std::string, int>, uint64_t> requests_;
-  std::set<std::string> logged_;  // ignored request fields already logged
-  std::once_flag masker_once_;
-  std::shared_ptr<const grammar::TokenMasker> masker_;
-  Histogram ttft_, latency_;
-};
-
-}  // namespace
 
 void run_server(const ServerOptions& o, const std::function<void(const std::string&, int)>& ready) {
   Server server(o);
