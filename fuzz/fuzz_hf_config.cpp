@@ -52,7 +52,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const auto bytes = diffattn::data::byte_tokenizer();
   try {
     std::ofstream(dir() + "/generation_config.json", std::ios::binary | std::ios::trunc) << text;  // no fsync
-    for (int32_t id : diffattn::data::stop_ids_for(dir(), *bytes, 256)) {
+    for (int32_t id : diffattn::train::stop_ids_for(dir(), *bytes, 256)) {
       if (id < 0 || id >= 256) std::abort();  // an id the model cannot produce got through
     }
   } catch (const diffattn::Error&) {

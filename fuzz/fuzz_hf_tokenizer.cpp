@@ -14,11 +14,11 @@
 
 namespace {
 
-const diffattn::HfTokenizer& fixed() {
-  static const diffattn::HfTokenizer t = [] {
+const diffattn::data::HfTokenizer& fixed() {
+  static const diffattn::data::HfTokenizer t = [] {
     std::string vocab, esc;
     for (int b = 0; b < 256; ++b) {
-      const std::string c = diffattn::hf_byte_char(b);
+      const std::string c = diffattn::data::hf_byte_char(b);
       esc.clear();
       for (char ch : c) {
         if (ch == '"' || ch == '\\') esc.push_back('\\');
@@ -32,7 +32,7 @@ const diffattn::HfTokenizer& fixed() {
         "\"normalizer\": null, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}, "
         "\"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {" +
         vocab + "}, \"merges\": [\"a b\", \"ab ab\", \"\\u0120 a\", \"a a\", \"aa aa\"]}}";
-    return diffattn::HfTokenizer::from_json(json, "fixed");
+    return diffattn::data::HfTokenizer::from_json(json, "fixed");
   }();
   return t;
 }
@@ -43,7 +43,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   if (!text.empty() && text[0] == '{') {
     try {
-      const diffattn::HfTokenizer t = diffattn::HfTokenizer::from_json(text, "fuzz/tokenizer.json");
+      const diffattn::data::HfTokenizer t = diffattn::data::HfTokenizer::from_json(text, "fuzz/tokenizer.json");
       (void)t.decode(t.encode("Hello, world! 123 \xc3\xa9", true));
       for (int32_t id = 0; id < t.vocab_size() && id < 4096; ++id) {
         const std::string& s = t.token(id);
@@ -53,7 +53,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     return 0;
   }
-  const diffattn::HfTokenizer& t = fixed();
+  const diffattn::data::HfTokenizer& t = fixed();
   std::vector<int32_t> ids;
   try {
     ids = t.encode(text, false);

@@ -92,7 +92,7 @@ Batch batch_of(const char* op, const Model& m, const py::handle& tokens, const p
   b.T = ts[1];
   int64_t step = 0;
   try {
-    step = data::train_step_bytes(m.config(), b.B, b.T);
+    step = train::train_step_bytes(m.config(), b.B, b.T);
   } catch (const InvalidArgument&) {
     step = INT64_MAX;  // the product overflows: more than any machine has
   }
@@ -186,14 +186,14 @@ void bind_model(py::module_& m) {
           "generate",
           [](Model& self, const std::vector<int32_t>& prompt, int64_t max_new, double temperature,
              uint64_t seed, const std::vector<int32_t>& stop_ids, const std::string& kv_dtype) {
-            data::GenerateOptions o;
+            train::GenerateOptions o;
             o.max_new = max_new;
             o.sampler.temperature = temperature;
             o.sampler.seed = seed;
             o.stop_ids = stop_ids;
             o.kv_dtype = parse_dtype(kv_dtype, "kv_dtype");
             py::gil_scoped_release nogil;
-            return data::generate_ids(self, prompt, o);
+            return train::generate_ids(self, prompt, o);
           },
           py::arg("prompt_ids"), py::arg("max_new"), py::arg("temperature") = 0.0,
           py::arg("seed") = 0, py::arg("stop_ids") = std::vector<int32_t>{},
@@ -299,23 +299,23 @@ void bind_model(py::module_& m) {
       "tensors tile the data exactly, every shape and offset agrees); OSError names the file and "
       "the tensor.");
 
-  py::class_<HfTokenizer>(m, "HfTokenizer",
+  py::class_<data::HfTokenizer>(m, "HfTokenizer",
                           "A Hugging Face tokenizer.json (byte-level BPE: GPT-2, Llama 3 and their "
                           "copies); ids equal the tokenizers library's.")
-      .def_static("load", &HfTokenizer::load, py::arg("path"),
+      .def_static("load", &data::HfTokenizer::load, py::arg("path"),
                   "Reads a tokenizer.json, or a directory holding one (OSError naming the file "
                   "and field for what is unsupported or broken).")
-      .def_static("from_json", &HfTokenizer::from_json, py::arg("text"), py::arg("where") = "tokenizer.json")
+      .def_static("from_json", &data::HfTokenizer::from_json, py::arg("text"), py::arg("where") = "tokenizer.json")
       .def(
           "encode",
-          [](const HfTokenizer& t, const std::string& text, bool add_special_tokens) {
+          [](const data::HfTokenizer& t, const std::string& text, bool add_special_tokens) {
             return t.encode(text, add_special_tokens);
           },
           py::arg("text"), py::arg("add_special_tokens") = false,
           "Token ids of a str; add_special_tokens applies the file's template (Llama 3: BOS).")
       .def(
           "decode",
-          [](const HfTokenizer& self, const std::vector<int32_t>& ids, bool skip_special) {
+          [](const data::HfTokenizer& self, const std::vector<int32_t>& ids, bool skip_special) {
             // Bytes that do not form whole UTF-8 characters (a character cut between tokens)
             // become U+FFFD, as the tokenizers library decodes; decode_bytes keeps them.
             const std::string b = self.decode(ids, skip_special);
@@ -327,16 +327,16 @@ void bind_model(py::module_& m) {
           "The text of ids (bytes that form no whole UTF-8 character become U+FFFD).")
       .def(
           "decode_bytes",
-          [](const HfTokenizer& self, const std::vector<int32_t>& ids, bool skip_special) {
+          [](const data::HfTokenizer& self, const std::vector<int32_t>& ids, bool skip_special) {
             return py::bytes(self.decode(ids, skip_special));
           },
           py::arg("ids"), py::arg("skip_special") = false, "The exact bytes of ids.")
-      .def_property_readonly("vocab_size", &HfTokenizer::vocab_size)
-      .def("token", &HfTokenizer::token, py::arg("id"))
-      .def("id_of", &HfTokenizer::id_of, py::arg("token"), "The id of a token string, -1 if none.")
-      .def("is_special", &HfTokenizer::is_special, py::arg("id"))
-      .def_property_readonly("bos_id", &HfTokenizer::bos_id, "tokenizer_config.json's bos_token id, -1 if none")
-      .def_property_readonly("eos_id", &HfTokenizer::eos_id, "tokenizer_config.json's eos_token id, -1 if none");
+      .def_property_readonly("vocab_size", &data::HfTokenizer::vocab_size)
+      .def("token", &data::HfTokenizer::token, py::arg("id"))
+      .def("id_of", &data::HfTokenizer::id_of, py::arg("token"), "The id of a token string, -1 if none.")
+      .def("is_special", &data::HfTokenizer::is_special, py::arg("id"))
+      .def_property_readonly("bos_id", &data::HfTokenizer::bos_id, "tokenizer_config.json's bos_token id, -1 if none")
+      .def_property_readonly("eos_id", &data::HfTokenizer::eos_id, "tokenizer_config.json's eos_token id, -1 if none");
 }
 
 }  // namespace diffattn::python

@@ -25,7 +25,7 @@ int run_tokenize(const std::vector<std::string>& argv) {
   if (args.given("--text") == args.given("--decode")) {
     throw UsageError("give one of --text or --decode");
   }
-  const HfTokenizer tok = HfTokenizer::load(args.str("--tokenizer"));
+  const data::HfTokenizer tok = data::HfTokenizer::load(args.str("--tokenizer"));
   if (args.given("--decode")) {
     std::string s = args.str("--decode");
     for (char& c : s) c = c == ',' ? ' ' : c;

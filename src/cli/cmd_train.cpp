@@ -34,7 +34,7 @@ bool exists(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0;
 }
 
-void print_summary(std::ostream& os, const Model& m, const data::TrainOptions& o,
+void print_summary(std::ostream& os, const Model& m, const train::TrainOptions& o,
                    const std::string& data_desc) {
   const ModelConfig& c = m.config();
   os << "model: " << nn::attn_kind_name(c.attention) << ", " << c.n_layers << " layers, d_model "
@@ -48,7 +48,7 @@ void print_summary(std::ostream& os, const Model& m, const data::TrainOptions& o
      << "data: " << data_desc << "\n";
 }
 
-int bench(const ModelConfig& cfg, const data::TrainOptions& o, int64_t steps) {
+int bench(const ModelConfig& cfg, const train::TrainOptions& o, int64_t steps) {
   // Random tokens: throughput does not depend on the text.
   std::vector<int32_t> toks(static_cast<size_t>(1 << 20));
   uint64_t s = o.seed;
@@ -57,7 +57,7 @@ int bench(const ModelConfig& cfg, const data::TrainOptions& o, int64_t steps) {
     t = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(cfg.vocab_size));
   }
   data::TokenWindows ds(std::move(toks), o.seed, "random");
-  data::Trainer tr("", cfg, o);
+  train::Trainer tr("", cfg, o);
   tr.write_log = false;
   tr.step(ds);  // warm-up: allocations, page faults, BLAS threads
   const auto t0 = std::chrono::steady_clock::now();
@@ -76,7 +76,7 @@ int bench(const ModelConfig& cfg, const data::TrainOptions& o, int64_t steps) {
 // say how long to run and how often to evaluate or save may change (--steps, --eval-every,
 // --eval-batches, --save-every); a flag that would change the numbers of the steps already
 // taken is an error naming it and the run's value, unless it repeats that value.
-void check_resume_flags(const Args& a, const data::TrainOptions& o, const data::TrainOptions& run) {
+void check_resume_flags(const Args& a, const train::TrainOptions& o, const train::TrainOptions& run) {
   auto same = [&](const char* flag, bool equal, const std::string& was) {
     if (a.given(flag) && !equal) {
       throw UsageError(std::string(flag) + " cannot change on --resume (the run was started with " +
@@ -165,7 +165,7 @@ int run_train(const std::vector<std::string>& argv) {
     cfgj.erase("model");
   }
 
-  data::TrainOptions o = data::TrainOptions::from_json(cfgj.dump(), a.given("--config") ? a.str("--config") : "config");
+  train::TrainOptions o = train::TrainOptions::from_json(cfgj.dump(), a.given("--config") ? a.str("--config") : "config");
   // JSON keys use underscores; flags use dashes.
   auto has = [&](const char* key) { return cfgj.contains(key); };
   if (a.given("--steps") || !has("steps")) o.steps = a.integer("--steps", 1, kBig);
@@ -194,17 +194,17 @@ int run_train(const std::vector<std::string>& argv) {
   if (bench_steps > 0) {
     ModelConfig cfg = model_j.is_null() ? model_preset(preset, kind)
                                         : ModelConfig::from_json(model_j.dump(), "--config model");
-    return bench(cfg, data::TrainOptions(o), bench_steps);
+    return bench(cfg, train::TrainOptions(o), bench_steps);
   }
   if (!a.given("--out")) throw UsageError("--out DIR is required (the model directory to write)");
   const std::string dir = a.str("--out");
   const std::string cache = data::default_cache_dir();
 
-  std::unique_ptr<data::Trainer> tr;
+  std::unique_ptr<train::Trainer> tr;
   std::unique_ptr<data::Tokenizer> tok;
   data::Corpus corpus;
   if (a.on("--resume")) {
-    tr = std::make_unique<data::Trainer>(data::Trainer::resume(dir));
+    tr = std::make_unique<train::Trainer>(train::Trainer::resume(dir));
     check_resume_flags(a, o, tr->options());
     tr->set_schedule(a.given("--steps") ? o.steps : tr->options().steps,
                      a.given("--eval-every") ? o.eval_every : tr->options().eval_every,
@@ -251,7 +251,7 @@ int run_train(const std::vector<std::string>& argv) {
                               " but the " + tok->name() + " tokenizer has " +
                               std::to_string(tok->vocab_size()) + " tokens");
       }
-      tr = std::make_unique<data::Trainer>(dir, std::move(m), o);
+      tr = std::make_unique<train::Trainer>(dir, std::move(m), o);
     } else {
       if (o.tokenizer == "sentencepiece") {
         make_dirs(dir);
@@ -272,7 +272,7 @@ int run_train(const std::vector<std::string>& argv) {
                               " but the " + tok->name() + " tokenizer has " +
                               std::to_string(tok->vocab_size()) + " tokens");
       }
-      tr = std::make_unique<data::Trainer>(dir, cfg, o);
+      tr = std::make_unique<train::Trainer>(dir, cfg, o);
     }
   }
   // The run's tokenizer goes with every save of its model (none: a byte-level model).
@@ -282,8 +282,8 @@ int run_train(const std::vector<std::string>& argv) {
   const std::vector<int32_t> valid = tok->encode(corpus.valid);
   print_summary(std::cerr, tr->model(), tr->options(), train.describe() + ", " + tok->name() + " tokenizer");
   tr->progress = !a.on("--no-progress");
-  data::StepLog last;
-  tr->run(train, &valid, 0, [&](const data::StepLog& s) { last = s; });
+  train::StepLog last;
+  tr->run(train, &valid, 0, [&](const train::StepLog& s) { last = s; });
   const int64_t T = tr->options().seq_len;
   if (static_cast<int64_t>(valid.size()) > T) {
     const double val = data::eval_loss(tr->model(), valid, tr->options().batch, T,

@@ -17,7 +17,7 @@ namespace diffattn::cli {
 void demo_language_model(std::ostream& os, int section, int64_t steps) {
   const int64_t kSteps = steps;
   const int64_t kEvery = std::max<int64_t>(1, kSteps / 10);
-  data::TrainOptions o;
+  train::TrainOptions o;
   o.steps = kSteps;
   o.batch = 8;
   o.seq_len = 128;
@@ -41,14 +41,14 @@ void demo_language_model(std::ostream& os, int section, int64_t steps) {
 
   struct Run {
     const char* label;
-    std::unique_ptr<data::Trainer> tr;
+    std::unique_ptr<train::Trainer> tr;
     std::vector<double> curve;
     double seconds = 0, val = 0;
   };
   Run runs[2] = {{"DIFF V1", nullptr, {}, 0, 0}, {"standard", nullptr, {}, 0, 0}};
   const nn::AttnKind kinds[2] = {nn::AttnKind::DiffV1, nn::AttnKind::Standard};
   for (int r = 0; r < 2; ++r) {
-    runs[r].tr = std::make_unique<data::Trainer>("", model_preset("tiny", kinds[r]), o);
+    runs[r].tr = std::make_unique<train::Trainer>("", model_preset("tiny", kinds[r]), o);
     const auto t0 = std::chrono::steady_clock::now();
     double acc = 0;
     // The curve's rows come only at the end: a progress bar on stderr meanwhile, as `train` has.
@@ -88,7 +88,7 @@ void demo_language_model(std::ostream& os, int section, int64_t steps) {
   }
   os << "\n";
 
-  data::GenerateOptions g;
+  train::GenerateOptions g;
   g.max_new = 160;
   g.sampler.temperature = 0.7;
   g.sampler.top_k = 40;
@@ -96,7 +96,7 @@ void demo_language_model(std::ostream& os, int section, int64_t steps) {
   const std::string prompt = "And God said";
   for (Run& r : runs) {
     os << "\n" << r.label << " continues \"" << prompt << "\" (temperature 0.7, top-k 40, seed 7):\n  " << prompt;
-    const std::string text = data::generate(r.tr->model(), *tok, prompt, g);
+    const std::string text = train::generate(r.tr->model(), *tok, prompt, g);
     for (char c : text) {
       os << c;
       if (c == '\n') os << "  ";

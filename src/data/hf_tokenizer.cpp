@@ -21,7 +21,7 @@
 #include "diffattn/base/error.h"
 #include "diffattn/base/files.h"
 
-namespace diffattn {
+namespace diffattn::data {
 
 namespace {
 
@@ -810,4 +810,4 @@ bool HfTokenizer::is_special(int32_t id) const {
   return id >= 0 && id < static_cast<int32_t>(impl_->special.size()) && impl_->special[static_cast<size_t>(id)];
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::data

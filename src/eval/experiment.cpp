@@ -174,7 +174,7 @@ RetrievalExperimentResult run_retrieval_experiment(const RetrievalExperimentOpti
     s.validate();
   }
   const data::RetrievalTask task(o.task);
-  data::TrainOptions t = o.train;
+  train::TrainOptions t = o.train;
   t.seq_len = task.max_len();
   t.seed = o.task.seed;
   t.corpus = "retrieval";  // not a corpus: a model trained here resumes through this experiment only
@@ -197,7 +197,7 @@ RetrievalExperimentResult run_retrieval_experiment(const RetrievalExperimentOpti
           std::to_string(t.steps) + " steps of " + std::to_string(t.batch) + " x " + std::to_string(t.seq_len) +
           " tokens on " + std::to_string(num_threads()) + " thread(s)...");
     }
-    data::Trainer tr(mr.dir, std::move(init), t);
+    train::Trainer tr(mr.dir, std::move(init), t);
     tr.progress = o.progress;
     const auto t0 = std::chrono::steady_clock::now();
     if (mr.dir.empty()) {
@@ -205,7 +205,7 @@ RetrievalExperimentResult run_retrieval_experiment(const RetrievalExperimentOpti
     } else {
       make_dirs(mr.dir);
       write_file_atomic(mr.dir + "/retrieval.json", o.task.to_json());
-      tr.run(task, nullptr, 0, [&](const data::StepLog& s) { mr.loss_curve.push_back(s.loss); });
+      tr.run(task, nullptr, 0, [&](const train::StepLog& s) { mr.loss_curve.push_back(s.loss); });
     }
     mr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     Model& m = tr.model();

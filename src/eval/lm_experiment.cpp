@@ -236,7 +236,7 @@ LmExperimentResult run_lm_experiment(const LmExperimentOptions& o, const std::fu
     LmSeedResult sr;
     sr.seed = seed;
     const data::TokenWindows train(corpus.train, seed, "lm corpus");
-    data::TrainOptions t = o.train;
+    train::TrainOptions t = o.train;
     t.seed = seed;
     t.corpus = "lm-experiment";  // not a load_corpus spec: these runs are not resumed
     t.tokenizer = "bytes";
@@ -259,7 +259,7 @@ LmExperimentResult run_lm_experiment(const LmExperimentOptions& o, const std::fu
             " parameters, " + std::to_string(t.steps) + " steps of " + std::to_string(t.batch) + " x " +
             std::to_string(T) + " bytes");
       }
-      data::Trainer tr("", std::move(inits[k]), t);
+      train::Trainer tr("", std::move(inits[k]), t);
       const auto t0 = std::chrono::steady_clock::now();
       for (int64_t s = 0; s < t.steps; ++s) mr.loss_curve.push_back(tr.step(train).loss);
       mr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

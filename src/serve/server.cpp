@@ -11,10 +11,10 @@ Server::Server(const ServerOptions& o) : o_(o) {
   const ModelDir dir = open_model_dir(o.model_dir);
   model_ = std::make_unique<Model>(load_model(dir));
   tok_ = data::tokenizer_for(dir, o.tokenizer);
-  stop_ids_ = data::stop_ids_for(dir, *tok_, model_->config().vocab_size);
+  stop_ids_ = train::stop_ids_for(dir, *tok_, model_->config().vocab_size);
   // Only ids the tokenizer can decode are sampled: a padded embedding's extra rows have no
   // text (decoding one would fail the request).
-  data::restrict_to_tokens(sampling_, *tok_, model_->config().vocab_size);
+  train::restrict_to_tokens(sampling_, *tok_, model_->config().vocab_size);
   // The model's chat template, parsed once: one that does not parse stops the start-up; a
   // model without one answers chat requests with a 400.
   try {

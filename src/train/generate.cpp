@@ -15,7 +15,7 @@
 #include "diffattn/infer/session.h"
 #include "diffattn/train/train.h"
 
-namespace diffattn::data {
+namespace diffattn::train {
 
 std::vector<int32_t> generate_ids(const Model& m, const std::vector<int32_t>& ids,
                                   const GenerateOptions& o,
@@ -136,7 +136,7 @@ std::string generate(const Model& m, const Tokenizer& tok, const std::string& pr
   // characters, invalid bytes as U+FFFD (valid UTF-8 text is unchanged), through the
   // tokenizer's stream (no re-decoding of the answer per token); the text returned is the
   // pieces put together.
-  const std::unique_ptr<TextStream> stream = tok.stream();
+  const std::unique_ptr<data::TextStream> stream = tok.stream();
   std::string text;
   auto emit = [&](const std::string& piece) {
     text += piece;
@@ -150,4 +150,4 @@ std::string generate(const Model& m, const Tokenizer& tok, const std::string& pr
   return text;
 }
 
-}  // namespace diffattn::data
+}  // namespace diffattn::train

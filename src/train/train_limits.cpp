@@ -7,7 +7,7 @@
 #include "diffattn/base/memory.h"
 #include "diffattn/train/train.h"
 
-namespace diffattn::data {
+namespace diffattn::train {
 
 namespace {
 
@@ -92,4 +92,4 @@ void Trainer::set_schedule(int64_t steps, int64_t eval_every, int64_t eval_batch
   opts_.adamw.total_steps = steps;
 }
 
-}  // namespace diffattn::data
+}  // namespace diffattn::train

@@ -22,7 +22,7 @@
 #include "diffattn/model/checkpoint.h"
 #include "diffattn/train/train.h"
 
-namespace diffattn::data {
+namespace diffattn::train {
 
 using json = nlohmann::json;
 
@@ -347,7 +347,7 @@ void Trainer::run(const Dataset& train, const std::vector<int32_t>* valid, int64
     while (step_ < end) {
       StepLog s = step(train);
       if (valid && opts_.eval_every > 0 && (step_ % opts_.eval_every == 0 || step_ == end)) {
-        s.val_loss = eval_loss(model_, *valid, opts_.batch, opts_.seq_len, opts_.eval_batches);
+        s.val_loss = data::eval_loss(model_, *valid, opts_.batch, opts_.seq_len, opts_.eval_batches);
       }
       if (log) {
         std::fprintf(log, "%s\n", s.to_json().c_str());
@@ -372,4 +372,4 @@ void Trainer::run(const Dataset& train, const std::vector<int32_t>* valid, int64
   save();
 }
 
-}  // namespace diffattn::data
+}  // namespace diffattn::train

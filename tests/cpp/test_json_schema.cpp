@@ -1427,7 +1427,7 @@ RealVocab real_vocab(const std::string& name) {
   RealVocab v;
   for (int32_t id = 0; id < tok->vocab_size(); ++id) v.bytes.push_back(tok->token_bytes(id));
   if (tok->eos_id() >= 0) v.eos.push_back(tok->eos_id());
-  const int32_t eot = HfTokenizer::load(dir).id_of("<|endoftext|>");
+  const int32_t eot = data::HfTokenizer::load(dir).id_of("<|endoftext|>");
   if (eot >= 0) v.eos.push_back(eot);
   return v;
 }

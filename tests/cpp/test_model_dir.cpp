@@ -89,7 +89,7 @@ TEST(ModelDir, ProjectFormat) {
   expect_same_weights(a, b);
   const auto tok = data::tokenizer_for(d);
   EXPECT_EQ(tok->name(), data::byte_tokenizer()->name());
-  EXPECT_EQ(data::stop_ids_for(d, *tok, 37), (std::vector<int32_t>{5, 7}));
+  EXPECT_EQ(train::stop_ids_for(d, *tok, 37), (std::vector<int32_t>{5, 7}));
   // A 16-bit save is an inference model over the mapped file, through the same directory object.
   const std::string dir16 = t / "m16";
   save_model(m, dir16, DType::BF16);
@@ -164,7 +164,7 @@ TEST(ModelDir, Refusals) {
   // generation_config.json read once, checked against the model's vocabulary when used.
   put(dir + "/generation_config.json", "{\"eos_token_id\": 99}");
   const ModelDir d2 = open_model_dir(dir);
-  EXPECT_THROW(data::stop_ids_for(d2, *data::byte_tokenizer(), 37), IoError);
+  EXPECT_THROW(train::stop_ids_for(d2, *data::byte_tokenizer(), 37), IoError);
 }
 
 }  // namespace

@@ -322,8 +322,8 @@ TEST(LoadModel, NonFiniteWeightsAreErrors) {
 
 // ---- resume points ----
 
-data::TrainOptions small_opts() {
-  data::TrainOptions o;
+train::TrainOptions small_opts() {
+  train::TrainOptions o;
   o.steps = 10;
   o.batch = 2;
   o.seq_len = 8;
@@ -336,39 +336,39 @@ std::map<std::string, std::string> good_meta() {
 }
 
 TEST(ResumeMetadata, EveryFieldIsValidated) {
-  const data::TrainState st = data::parse_train_state(good_meta(), "run/train_state.safetensors");
+  const train::TrainState st = train::parse_train_state(good_meta(), "run/train_state.safetensors");
   EXPECT_EQ(st.step, 4);
   EXPECT_EQ(st.adamw_t, 4);
   EXPECT_EQ(st.options.steps, 10);
   for (const char* bad : {"abc", "-5", "", " 4", "4 ", "1e3", "+4", "11", "99999999999999999999999"}) {
     auto meta = good_meta();
     meta["step"] = bad;
-    expect_error<IoError>([&] { data::parse_train_state(meta, "run/train_state.safetensors"); },
+    expect_error<IoError>([&] { train::parse_train_state(meta, "run/train_state.safetensors"); },
                           {"run/train_state.safetensors: metadata \"step\" is", "expected a whole number from 0 to 10"});
   }
   auto meta = good_meta();
   meta["adamw_t"] = "5";  // more updates than steps
-  expect_error<IoError>([&] { data::parse_train_state(meta, "f"); }, {"f: metadata \"adamw_t\" is \"5\"", "from 0 to 4"});
+  expect_error<IoError>([&] { train::parse_train_state(meta, "f"); }, {"f: metadata \"adamw_t\" is \"5\"", "from 0 to 4"});
   meta = good_meta();
   meta.erase("adamw_t");
-  expect_error<IoError>([&] { data::parse_train_state(meta, "f"); }, {"f: metadata has no \"adamw_t\""});
+  expect_error<IoError>([&] { train::parse_train_state(meta, "f"); }, {"f: metadata has no \"adamw_t\""});
   meta = good_meta();
   meta["train"] = R"({"steps": -3})";
-  expect_error<IoError>([&] { data::parse_train_state(meta, "f"); }, {"f (metadata train)", "steps must be between 1"});
+  expect_error<IoError>([&] { train::parse_train_state(meta, "f"); }, {"f (metadata train)", "steps must be between 1"});
   meta["train"] = R"({"tokenizer": "bpe"})";
-  expect_error<IoError>([&] { data::parse_train_state(meta, "f"); }, {"f (metadata train): \"tokenizer\" is \"bpe\""});
+  expect_error<IoError>([&] { train::parse_train_state(meta, "f"); }, {"f (metadata train): \"tokenizer\" is \"bpe\""});
   meta["train"] = R"({"seed": -1})";
-  expect_error<IoError>([&] { data::parse_train_state(meta, "f"); }, {"\"seed\" must be a whole number"});
+  expect_error<IoError>([&] { train::parse_train_state(meta, "f"); }, {"\"seed\" must be a whole number"});
   meta["train"] = R"({"batch": 18446744073709551615})";
-  expect_error<IoError>([&] { data::parse_train_state(meta, "f"); }, {"\"batch\" must be an integer"});
+  expect_error<IoError>([&] { train::parse_train_state(meta, "f"); }, {"\"batch\" must be an integer"});
   meta = good_meta();
   meta["config"] = "{\"format\": [[[[[[]]]]]]}";
-  expect_error<IoError>([&] { data::parse_train_state(meta, "f"); }, {"f (metadata config)"});
+  expect_error<IoError>([&] { train::parse_train_state(meta, "f"); }, {"f (metadata config)"});
 }
 
 TEST(ResumeMetadata, BadStepInAFileNamesTheFileAndField) {
   TempDir d;
-  data::Trainer tr(d.str(), tiny(), small_opts());
+  train::Trainer tr(d.str(), tiny(), small_opts());
   tr.write_log = false;
   tr.save();
   const std::string p = d / "train_state.safetensors";
@@ -377,12 +377,12 @@ TEST(ResumeMetadata, BadStepInAFileNamesTheFileAndField) {
   std::vector<SafeTensorRef> refs;
   for (const auto& [name, t] : f.tensors) refs.push_back({name, t.shape, t.data.data()});
   write_safetensors(p, refs, f.metadata);
-  expect_error<IoError>([&] { data::Trainer::resume(d.str()); }, {p, "metadata \"step\" is \"abc\""});
+  expect_error<IoError>([&] { train::Trainer::resume(d.str()); }, {p, "metadata \"step\" is \"abc\""});
   // A moment tensor missing: named, before the model is allocated.
   refs.erase(std::remove_if(refs.begin(), refs.end(), [](const SafeTensorRef& r) { return r.name == "adamw.v.norm.weight"; }), refs.end());
   f.metadata["step"] = "0";
   write_safetensors(p, refs, f.metadata);
-  expect_error<IoError>([&] { data::Trainer::resume(d.str()); }, {p, "missing tensor \"adamw.v.norm.weight\""});
+  expect_error<IoError>([&] { train::Trainer::resume(d.str()); }, {p, "missing tensor \"adamw.v.norm.weight\""});
 }
 
 // Every state a kill during the first checkpoint can leave: the files save() writes, in its
@@ -390,11 +390,11 @@ TEST(ResumeMetadata, BadStepInAFileNamesTheFileAndField) {
 TEST(Checkpoint, EveryPrefixOfTheFirstSaveIsResumableOrNotStarted) {
   TempDir full;
   {
-    data::Trainer tr(full.str(), tiny(), small_opts());
+    train::Trainer tr(full.str(), tiny(), small_opts());
     tr.write_log = false;
     tr.save();
   }
-  const std::vector<std::string>& files = data::Trainer::checkpoint_files();
+  const std::vector<std::string>& files = train::Trainer::checkpoint_files();
   ASSERT_EQ(files.size(), 3u);
   for (size_t k = 0; k <= files.size(); ++k) {
     SCOPED_TRACE("files kept: " + std::to_string(k));
@@ -405,11 +405,11 @@ TEST(Checkpoint, EveryPrefixOfTheFirstSaveIsResumableOrNotStarted) {
     if (k == 0) {
       EXPECT_FALSE(resumable);
       // Nothing was saved: the run is simply not started (`train` without --resume runs it).
-      expect_error<IoError>([&] { data::Trainer::resume(d.str()); }, {"no resume point", "without --resume"});
+      expect_error<IoError>([&] { train::Trainer::resume(d.str()); }, {"no resume point", "without --resume"});
       continue;
     }
     EXPECT_TRUE(resumable);
-    const data::Trainer t = data::Trainer::resume(d.str());
+    const train::Trainer t = train::Trainer::resume(d.str());
     EXPECT_EQ(t.steps_done(), 0);
     if (k < files.size()) {
       EXPECT_FALSE(fs::exists(d / (files[k] + ".tmp.123.456"))) << "resume removes the leftover";

@@ -20,6 +20,7 @@ namespace diffattn {
 namespace {
 
 using json = nlohmann::json;
+using namespace data;  // HfTokenizer, TokenStreamer, hf_byte_char
 
 std::string data_dir() {
   const char* env = std::getenv("DIFFATTN_TOKENIZER_DATA");

@@ -1,7 +1,7 @@
 """scripts/check_layers.py (docs/DESIGN.md, "Layers"): the repository passes, and each rule
 fails on a tree that breaks it: an include up the stack, a layer's private header included by
 another layer, bench/, fuzz/ or python/ reaching outside its allowed set or into a private
-header that is not named with its reason."""
+header that is not named with its reason, a namespace that does not follow its folder."""
 
 import os
 import subprocess
@@ -40,7 +40,14 @@ def tree(tmp_path, files):
 
 
 def test_a_clean_tree_passes(tmp_path):
-    p = run(tree(tmp_path, {"bench/serve_engine.cpp": '#include "serve/engine.h"\n'}))
+    p = run(tree(tmp_path, {
+        "bench/serve_engine.cpp": '#include "serve/engine.h"\n',
+        # namespaces that follow their folder, a root-namespace layer, nested and Highway ones
+        "src/train/t.cpp": "namespace diffattn::train {\nnamespace {\n}\n}\n",
+        "src/base/b.cpp": "namespace diffattn {\nnamespace hn = hwy::HWY_NAMESPACE;\n}\n",
+        "src/kernels/k.cpp": "namespace diffattn {\nnamespace fused {\n}\n}\nnamespace diffattn::HWY_NAMESPACE {\n}\n",
+        "src/infer/s.cpp": "namespace diffattn::infer::detail {\n}\n",
+    }))
     assert p.returncode == 0, p.stdout
 
 
@@ -54,6 +61,10 @@ def test_a_clean_tree_passes(tmp_path):
     ("bench/b.cpp", '#include "diffattn/explorer/explorer.h"\n', ["allowed set of bench/"]),
     ("src/model/m.cpp", '#include "bench/cases/attn_case.h"\n', ["model includes bench/cases"]),
     ("src/rogue/r.cpp", "", ['layer "rogue" is not in the stack']),
+    ("src/train/t.cpp", "namespace diffattn::data {\n}\n", ["train opens namespace diffattn::data"]),
+    ("include/diffattn/infer/s.h", "namespace diffattn {\n}\n", ["infer opens namespace diffattn "]),
+    ("src/data/d.cpp", "namespace diffattn::data {\n}\nnamespace diffattn::model {\n}\n",
+     ["data opens namespace diffattn::model"]),
 ])
 def test_each_rule_fails_when_broken(tmp_path, path, text, words):
     p = run(tree(tmp_path, {path: text}))

@@ -14,11 +14,9 @@
 #include "diffattn/model/model.h"
 #include "diffattn/model/model_dir.h"
 
-namespace diffattn {
-class HfTokenizer;
-}
-
 namespace diffattn::data {
+
+class HfTokenizer;  // hf_tokenizer.h
 
 // ---- tokenizers ----
 

@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-namespace diffattn {
+namespace diffattn::data {
 
 // GPT-2's bytes_to_unicode: the character (UTF-8) that stands for byte b (0..255) in the token
 // strings of byte-level vocabularies: printable bytes themselves, the others U+0100 on in order.
@@ -90,4 +90,4 @@ class TokenStreamer {
   std::string pending_;
 };
 
-}  // namespace diffattn
+}  // namespace diffattn::data

@@ -34,7 +34,7 @@ struct RetrievalExperimentOptions {
   int64_t noise_samples = 64;         // held-out samples for the attention-noise analysis
   ModelConfig size = model_preset("tiny", nn::AttnKind::Standard);  // the standard model's size
   double init_std = 0.02;             // std of the initial projection weights
-  data::TrainOptions train;           // steps, batch, lr, ...; seq_len is set from the task
+  train::TrainOptions train;           // steps, batch, lr, ...; seq_len is set from the task
   std::vector<nn::AttnKind> kinds = {nn::AttnKind::DiffV1, nn::AttnKind::DiffV2,
                                      nn::AttnKind::Standard};
   std::string out_dir;                // models/<kind>/ and the report go here ("" : nothing saved)

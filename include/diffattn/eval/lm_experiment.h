@@ -60,7 +60,7 @@ struct LmExperimentOptions {
   std::vector<uint64_t> seeds = {1, 2, 3};
   ModelConfig size;                   // the standard model's d_model, n_layers, n_heads, ffn_dim
   double init_std = 0.02;
-  data::TrainOptions train;           // steps, batch, seq_len, adamw; seed set per seed
+  train::TrainOptions train;           // steps, batch, seq_len, adamw; seed set per seed
   int64_t eval_windows = 4;           // windows of seq_len per held-out document
   std::vector<nn::AttnKind> kinds = {nn::AttnKind::DiffV1, nn::AttnKind::DiffV2,
                                      nn::AttnKind::Standard};

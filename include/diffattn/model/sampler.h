@@ -19,7 +19,7 @@ struct SamplerOptions {
   uint64_t seed = 0;
   // The ids that may be drawn: below vocab_limit (0: every logit) and not in `excluded`
   // (sorted). A model's embedding often has more rows than its tokenizer has tokens (a padded
-  // vocabulary): those ids have no text and are never drawn (data::restrict_to_tokens).
+  // vocabulary): those ids have no text and are never drawn (train::restrict_to_tokens).
   int64_t vocab_limit = 0;
   std::vector<int32_t> excluded{};
   // OpenAI's penalties over the ids this sampler has drawn: logit[id] -= count(id) *

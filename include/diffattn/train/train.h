@@ -15,7 +15,11 @@
 #include "diffattn/model/safetensors.h"
 #include "diffattn/model/sampler.h"
 
-namespace diffattn::data {
+namespace diffattn::train {
+
+// The data room's types this room's API takes.
+using data::Dataset;
+using data::Tokenizer;
 
 // ---- generation ----
 struct GenerateOptions {
@@ -149,4 +153,4 @@ class Trainer {
   std::vector<int32_t> tok_, tgt_;
 };
 
-}  // namespace diffattn::data
+}  // namespace diffattn::train
