@@ -81,14 +81,13 @@ struct Histogram {
 struct ChoiceText {
   std::vector<int32_t> ids;
   std::unique_ptr<data::TextStream> stream;  // made on the first token
-  std::string raw;                           // the stream's text of ids[0, raw_ends.size())
-  std::vector<size_t> raw_ends;              // raw's size after each token
+  std::string raw;                           // the stream's text of ids[0, ends.size())
   bool flushed = false;                      // the stream finished (the choice is over)
   std::string text;    // the text to answer (cut at a stop string)
   size_t sent = 0;     // bytes of text already streamed
   bool stopped = false;  // a stop string ended it
   Finish finish = Finish::kNone;
-  // With logprobs: each token's, and where each token's text ends in the decoded text.
+  // With logprobs: each token's; where each token's text ends in raw (advance keeps it).
   std::vector<TokenLogprob> lps;
   std::vector<size_t> ends;
   size_t lp_sent = 0;  // tokens whose log probabilities were streamed
@@ -96,20 +95,17 @@ struct ChoiceText {
   // Passes the ids not yet decoded through the stream; once the choice is over, its last bytes.
   void advance(const data::Tokenizer& tok) {
     if (!stream) stream = tok.stream();
-    while (raw_ends.size() < ids.size()) {
-      raw += stream->push(ids[raw_ends.size()]);
-      raw_ends.push_back(raw.size());
+    while (ends.size() < ids.size()) {
+      raw += stream->push(ids[ends.size()]);
+      ends.push_back(raw.size());
     }
     if (finish != Finish::kNone && !flushed) {
       raw += stream->finish();
-      if (!raw_ends.empty()) raw_ends.back() = raw.size();
+      if (!ends.empty()) ends.back() = raw.size();
       flushed = true;
     }
   }
-  void track(const data::Tokenizer& tok) {
-    advance(tok);
-    ends = raw_ends;
-  }
+  void track(const data::Tokenizer& tok) { advance(tok); }
   // Tokens whose log probabilities go with text[0, end): those whose text ends by `end`; once
   // the choice is over, every token that starts before the answer's end (a stop string may
   // cut one).
