@@ -85,7 +85,7 @@ void Session::sambay_chunk(const Batch& b, const std::vector<int64_t>& rows,
   const int64_t yoco = cfg.yoco_layer();
   const bool contiguous = kv_.contiguous();
   // The self-decoder over every row: the windows from each layer's ring, the full-attention
-  // layer's K/V into the store (gathered with the earlier positions, or the contiguous cache).
+  // layer's K/V into the store (its blocks, or the contiguous cache).
   sambay_layers(0, yoco + 1, T, &mseqs, [&](int64_t l, float* out, const float* an) {
     const SambaYLayer& y = m_.sambay_layer(l);
     if (y.kind == LayerKind::SlidingAttention) {
@@ -99,7 +99,7 @@ void Session::sambay_chunk(const Batch& b, const std::vector<int64_t>& rows,
     } else {
       nn::attn_layer_fwd_paged(out, layer_.attn, an, y.attn, cfg.attn_shape(l), T, nullptr,
                                nullptr, kv_.pools()[0], s.table.data(),
-                               static_cast<int64_t>(s.table.size()), pos0, gathered_);
+                               static_cast<int64_t>(s.table.size()), pos0);
     }
   });
   s.len = pos0 + T;
@@ -116,9 +116,15 @@ void Session::sambay_chunk(const Batch& b, const std::vector<int64_t>& rows,
     run.assign(1, rows.back());
     N = 1;
   }
-  const nn::KVCache& keys = contiguous ? kv_.caches()[0] : gathered_;  // len: pos0 + T
+  // The full-attention layer's keys (pos0 + T): the contiguous cache, or read in its blocks.
   sambay_layers(yoco + 1, cfg.n_layers, N, nullptr, [&](int64_t l, float* out, const float* an) {
-    nn::attn_layer_cross_fwd(out, layer_.attn, an, m_.sambay_layer(l).attn, cfg.attn_shape(l), N, keys);
+    const nn::AttnLayerWeights& w = m_.sambay_layer(l).attn;
+    if (contiguous) {
+      nn::attn_layer_cross_fwd(out, layer_.attn, an, w, cfg.attn_shape(l), N, kv_.caches()[0]);
+    } else {
+      nn::attn_layer_cross_fwd_paged(out, layer_.attn, an, w, cfg.attn_shape(l), N, kv_.pools()[0],
+                                     s.table.data(), static_cast<int64_t>(s.table.size()), pos0 + T);
+    }
   });
   logits_of(x_.data(), N, run, out_row, logits);
 }

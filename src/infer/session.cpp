@@ -186,11 +186,11 @@ void Session::decode_chunk(const Batch& b, const std::vector<int64_t>& rows,
   std::vector<nn::KVPool>& pools = kv_.pools();
   const int64_t table_len = static_cast<int64_t>(s.table.size());
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
-    // The chunk's K/V go into the blocks; its attention reads the earlier ones gathered.
+    // The chunk's K/V go into the blocks; its attention reads every position in them in place.
     m_.layer_infer(l, layer_, x_.data(), T, [&](float* out, const float* an) {
       nn::attn_layer_fwd_paged(out, layer_.attn, an, m_.attn_weights(l), cfg.attn_shape(l), T,
                                cos_.data(), sin_.data(), pools[static_cast<size_t>(l)],
-                               s.table.data(), table_len, pos0, gathered_);
+                               s.table.data(), table_len, pos0);
     });
   }
   s.len = pos0 + T;

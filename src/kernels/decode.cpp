@@ -256,19 +256,34 @@ struct ContiguousKV {
   HWY_INLINE int64_t run(int64_t) const { return std::numeric_limits<int64_t>::max(); }
 };
 
+// One sequence's blocks as a problem addresses them (its k/v at the pools, its strides).
+struct OnePaged {
+  const AttnProblem& p;
+  const fused::KvPages& pages;
+};
+
 template <typename E>
 struct PagedKV {
   const E* k;  // the pools: (n_blocks, bs, key_heads, D), (n_blocks, bs, G, Dv)
   const E* v;
   const int32_t* table;  // this sequence's block ids
   int64_t bs, k_rs, v_rs, k_hs, v_hs, k_block, v_block;
-  PagedKV(const PagedDecodeParams& pp, int64_t b)
+  PagedKV(const PagedAttnParams& pp, int64_t b)
       : k(AsE<E>(pp.k_pool, pp.k16_pool)),
         v(AsE<E>(pp.v_pool, pp.v16_pool)),
         table(pp.block_tables + b * pp.table_stride),
         bs(pp.block_size),
         k_rs(pp.key_heads() * pp.D), v_rs(pp.G * pp.Dv), k_hs(pp.D), v_hs(pp.Dv),
         k_block(pp.block_size * pp.key_heads() * pp.D), v_block(pp.block_size * pp.G * pp.Dv) {}
+  PagedKV(const OnePaged& one, int64_t)
+      : k(AsE<E>(one.p.k, one.p.k16)),
+        v(AsE<E>(one.p.v, one.p.v16)),
+        table(one.pages.table),
+        bs(one.pages.block_size),
+        k_rs(one.p.k_row_stride), v_rs(one.p.v_row_stride),
+        k_hs(one.p.k_head_stride), v_hs(one.p.v_head_stride),
+        k_block(one.pages.block_size * one.p.k_row_stride),
+        v_block(one.pages.block_size * one.p.v_row_stride) {}
   HWY_INLINE const E* krow(int64_t j) const {
     return k + static_cast<int64_t>(table[j / bs]) * k_block + (j % bs) * k_rs;
   }
@@ -535,7 +550,7 @@ int DecodeThreads(const AttnDecodeParams& p, int64_t keys) {
 
 }  // namespace
 
-void FusedDecode(const AttnDecodeParams& p) {
+void FusedDecode(const AttnDecodeParams& p, const fused::KvPages* pages) {
   if (p.B == 0 || p.Tq == 0) return;
   const int threads = DecodeThreads(p, p.B * p.Tk);
   const DecodeLayout f(p, threads);
@@ -546,10 +561,14 @@ void FusedDecode(const AttnDecodeParams& p) {
   for (int64_t b = 0; b < p.B; ++b) w.add_sequence(b, kend, f.nch, f.chunk);
   w.first.push_back(w.slots());
   w.split_groups(p.G, threads);
-  RunDecode<ContiguousKV>(p, f, threads, w, static_cast<const AttnProblem&>(p));
+  if (pages != nullptr) {  // B = 1: the sequence's blocks
+    RunDecode<PagedKV>(p, f, threads, w, OnePaged{p, *pages});
+  } else {
+    RunDecode<ContiguousKV>(p, f, threads, w, static_cast<const AttnProblem&>(p));
+  }
 }
 
-void FusedDecodePaged(const PagedDecodeParams& pp) {
+void FusedDecodePaged(const PagedAttnParams& pp) {
   if (pp.B == 0) return;
   // The call as a decode of B one-row sequences whose keys all count (causal is implied: the
   // new row's key is the last one); q, lam and out are addressed as a forward's, K/V by block.
@@ -559,10 +578,10 @@ void FusedDecodePaged(const PagedDecodeParams& pp) {
   p.noise_share = pp.noise_share;
   p.scale = pp.scale, p.mode = DiffMode::Signed, p.kv_dtype = pp.kv_dtype;
   p.q = pp.q, p.lam = pp.lam, p.out = pp.out;
-  p.q_batch_stride = pp.q_batch_stride, p.q_head_stride = pp.q_head_stride;
-  p.q_row_stride = pp.q_batch_stride;
-  p.o_batch_stride = pp.o_batch_stride, p.o_head_stride = pp.o_head_stride;
-  p.o_row_stride = pp.o_batch_stride;
+  p.q_batch_stride = pp.q_row_stride, p.q_head_stride = pp.q_head_stride;
+  p.q_row_stride = pp.q_row_stride;
+  p.o_batch_stride = pp.o_row_stride, p.o_head_stride = pp.o_head_stride;
+  p.o_row_stride = pp.o_row_stride;
   p.key_chunk = pp.key_chunk;
   int64_t keys = 0;
   for (int64_t b = 0; b < pp.B; ++b) {
@@ -594,8 +613,10 @@ namespace diffattn {
 HWY_EXPORT(FusedDecode);
 HWY_EXPORT(FusedDecodePaged);
 
-void attention_decode_fused(const AttnDecodeParams& p) { HWY_DYNAMIC_DISPATCH(FusedDecode)(p); }
-void attention_decode_paged_fused(const PagedDecodeParams& p) {
+void attention_decode_fused(const AttnDecodeParams& p, const fused::KvPages* pages) {
+  HWY_DYNAMIC_DISPATCH(FusedDecode)(p, pages);
+}
+void attention_decode_paged_fused(const PagedAttnParams& p) {
   HWY_DYNAMIC_DISPATCH(FusedDecodePaged)(p);
 }
 

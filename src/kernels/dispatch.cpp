@@ -41,12 +41,12 @@ Backend env_backend() {
   return b;
 }
 
-std::atomic<uint64_t> g_forward{0}, g_backward{0}, g_decode{0}, g_decode_paged{0};
+std::atomic<uint64_t> g_forward{0}, g_backward{0}, g_decode{0}, g_paged{0};
 
 }  // namespace
 
 KernelCalls kernel_calls() {
-  return {g_forward.load(), g_backward.load(), g_decode.load(), g_decode_paged.load()};
+  return {g_forward.load(), g_backward.load(), g_decode.load(), g_paged.load()};
 }
 
 Backend resolve_backend(Backend requested) {
@@ -73,19 +73,18 @@ bool decode_capable(const AttnParams& p) { return p.maps == 1 || p.mode == DiffM
 // the rows that attend to it) takes such calls. The tiled forward checks the same while it
 // packs V (attention_fwd_fused returns false); one-row decode needs no check. NaN and Inf in q
 // and k need none either: they propagate through the scores.
-bool values_finite(const AttnProblem& p) {
-  const Rows r(p);
+bool values_finite(const AttnProblem& p, const fused::KvPages* pages = nullptr) {
   std::vector<float> row(p.kv_dtype == DType::F32 ? 0 : static_cast<size_t>(p.Dv));
   for (int64_t b = 0; b < p.B; ++b) {
     for (int64_t t = 0; t < p.Tk; ++t) {
+      // row t of batch b: at the batch's strides, or (pages, B = 1) in its block
+      const int64_t at = pages ? pages->row(t) * p.v_row_stride : b * p.v_batch_stride + t * p.v_row_stride;
       for (int64_t g = 0; g < p.G; ++g) {
         const float* x;
         if (p.kv_dtype == DType::F32) {
-          x = r.v(b, t, g);
+          x = p.v + at + g * p.v_head_stride;
         } else {
-          convert_to_f32(row.data(),
-                         p.v16 + b * p.v_batch_stride + t * p.v_row_stride + g * p.v_head_stride,
-                         p.kv_dtype, p.Dv);
+          convert_to_f32(row.data(), p.v16 + at + g * p.v_head_stride, p.kv_dtype, p.Dv);
           x = row.data();
         }
         float z = 0.0f;  // x * 0 is NaN exactly when x is NaN or Inf
@@ -111,12 +110,7 @@ void attention_fwd(const AttnParams& p, Backend backend) {
     if (p.causal && p.Tq > 1 && !values_finite(p)) return attention_fwd_ref(p);
     return attention_decode_fused(AttnDecodeParams(p));
   }
-  if (p.kv_dtype != DType::F32) {  // 16-bit K/V: the tiled forward reads a float32 copy
-    std::vector<float> k, v;
-    const AttnParams f = with_f32_kv(p, k, v);
-    if (!attention_fwd_fused(f)) attention_fwd_ref(f);
-    return;
-  }
+  // (16-bit K/V: the tiled forward widens each tile as it packs it.)
   if (!attention_fwd_fused(p)) attention_fwd_ref(p);  // a non-finite v under a causal mask
 }
 
@@ -130,9 +124,7 @@ void attention_decode(const AttnDecodeParams& p, Backend backend) {
                           std::to_string(p.key_chunk));
   }
   if (!decode_capable(p)) {
-    std::vector<float> k, v;
-    const AttnParams f = p.kv_dtype == DType::F32 ? AttnParams(p) : with_f32_kv(p, k, v);
-    if (!attention_fwd_fused(f)) attention_fwd_ref(f);
+    if (!attention_fwd_fused(p)) attention_fwd_ref(p);
     return;
   }
   if (p.causal && p.Tq > 1 && !values_finite(p)) return attention_fwd_ref(p);
@@ -141,58 +133,106 @@ void attention_decode(const AttnDecodeParams& p, Backend backend) {
 
 namespace {
 
-// The paged call as B reference calls, one per sequence over its blocks gathered into a
-// contiguous (1, len, heads, dim) copy: the oracle of attention_decode_paged.
-void paged_decode_ref(const PagedDecodeParams& pp) {
+// Sequence b of a paged call (its n_b >= 1 rows) as one forward problem over its keys: B = 1,
+// Tq = n_b, Tk = seq_lens[b], causal (bottom-right), q, lam and out at the sequence's first
+// row. K/V are left for the caller: the pools with `pages` (the fused kernels read the blocks in
+// place) or a gathered copy (the reference).
+AttnParams sequence_problem(const PagedAttnParams& pp, int64_t b) {
+  const int64_t r0 = pp.row0(b);
+  AttnParams p;
+  p.B = 1, p.Tq = pp.rows_of(b), p.Tk = pp.seq_lens[b], p.H = pp.H, p.G = pp.G, p.D = pp.D;
+  p.Dv = pp.Dv, p.maps = pp.maps, p.shared_keys = pp.shared_keys;
+  p.lam_per_token = pp.lam_per_token, p.noise_share = pp.noise_share;
+  p.causal = true, p.scale = pp.scale, p.mode = DiffMode::Signed;
+  p.set_contiguous_strides();
+  p.q = pp.q + r0 * pp.q_row_stride;
+  p.q_row_stride = pp.q_row_stride, p.q_head_stride = pp.q_head_stride;
+  p.q_batch_stride = p.Tq * pp.q_row_stride;
+  p.lam = pp.maps == 2 ? pp.lam + (pp.lam_per_token ? r0 * pp.H : 0) : nullptr;
+  p.kv_dtype = pp.kv_dtype;
+  p.out = pp.out + r0 * pp.o_row_stride;
+  p.o_row_stride = pp.o_row_stride, p.o_head_stride = pp.o_head_stride;
+  p.o_batch_stride = p.Tq * pp.o_row_stride;
+  return p;
+}
+
+// Sequence b of a paged call by the reference over its blocks gathered into a contiguous
+// (1, len, heads, dim) copy; paged_ref: every sequence so, the oracle of attention_paged.
+void paged_ref_one(const PagedAttnParams& pp, int64_t b) {
+  if (pp.rows_of(b) == 0) return;
   const int64_t KH = pp.key_heads(), es = static_cast<int64_t>(dtype_size(pp.kv_dtype));
-  const int64_t krow = KH * pp.D, vrow = pp.G * pp.Dv;
-  std::vector<char> k, v;
-  for (int64_t b = 0; b < pp.B; ++b) {
-    const int64_t len = pp.seq_lens[b];
-    k.resize(static_cast<size_t>(std::max<int64_t>(len, 1) * krow * es));
-    v.resize(static_cast<size_t>(std::max<int64_t>(len, 1) * vrow * es));
-    const char* kp = pp.kv_dtype == DType::F32 ? reinterpret_cast<const char*>(pp.k_pool)
-                                               : reinterpret_cast<const char*>(pp.k16_pool);
-    const char* vp = pp.kv_dtype == DType::F32 ? reinterpret_cast<const char*>(pp.v_pool)
-                                               : reinterpret_cast<const char*>(pp.v16_pool);
-    for (int64_t j = 0; j < len; ++j) {
-      const int64_t blk = pp.block_tables[b * pp.table_stride + j / pp.block_size];
-      const int64_t at = blk * pp.block_size + j % pp.block_size;
-      std::memcpy(&k[static_cast<size_t>(j * krow * es)], kp + at * krow * es,
-                  static_cast<size_t>(krow * es));
-      std::memcpy(&v[static_cast<size_t>(j * vrow * es)], vp + at * vrow * es,
-                  static_cast<size_t>(vrow * es));
-    }
-    AttnParams p;
-    p.B = 1, p.Tq = 1, p.Tk = len, p.H = pp.H, p.G = pp.G, p.D = pp.D, p.Dv = pp.Dv;
-    p.maps = pp.maps, p.shared_keys = pp.shared_keys, p.lam_per_token = pp.lam_per_token;
-    p.causal = false, p.scale = pp.scale, p.mode = DiffMode::Signed;
-    p.set_contiguous_strides();
-    p.q = pp.q + b * pp.q_batch_stride;
-    p.q_head_stride = pp.q_head_stride;
-    p.lam = pp.maps == 2 ? pp.lam + (pp.lam_per_token ? b * pp.H : 0) : nullptr;
-    p.kv_dtype = pp.kv_dtype;
-    if (pp.kv_dtype == DType::F32) {
-      p.k = reinterpret_cast<const float*>(k.data());
-      p.v = reinterpret_cast<const float*>(v.data());
-    } else {
-      p.k16 = reinterpret_cast<const uint16_t*>(k.data());
-      p.v16 = reinterpret_cast<const uint16_t*>(v.data());
-    }
-    p.out = pp.out + b * pp.o_batch_stride;
-    p.o_head_stride = pp.o_head_stride;
-    attention_fwd_ref(p);
+  const int64_t krow = KH * pp.D, vrow = pp.G * pp.Dv, len = pp.seq_lens[b];
+  const char* kp = pp.kv_dtype == DType::F32 ? reinterpret_cast<const char*>(pp.k_pool)
+                                             : reinterpret_cast<const char*>(pp.k16_pool);
+  const char* vp = pp.kv_dtype == DType::F32 ? reinterpret_cast<const char*>(pp.v_pool)
+                                             : reinterpret_cast<const char*>(pp.v16_pool);
+  std::vector<char> k(static_cast<size_t>(std::max<int64_t>(len, 1) * krow * es));
+  std::vector<char> v(static_cast<size_t>(std::max<int64_t>(len, 1) * vrow * es));
+  for (int64_t j = 0; j < len; ++j) {
+    const int64_t blk = pp.block_tables[b * pp.table_stride + j / pp.block_size];
+    const int64_t at = blk * pp.block_size + j % pp.block_size;
+    std::memcpy(&k[static_cast<size_t>(j * krow * es)], kp + at * krow * es,
+                static_cast<size_t>(krow * es));
+    std::memcpy(&v[static_cast<size_t>(j * vrow * es)], vp + at * vrow * es,
+                static_cast<size_t>(vrow * es));
   }
+  AttnParams p = sequence_problem(pp, b);
+  if (pp.kv_dtype == DType::F32) {
+    p.k = reinterpret_cast<const float*>(k.data());
+    p.v = reinterpret_cast<const float*>(v.data());
+  } else {
+    p.k16 = reinterpret_cast<const uint16_t*>(k.data());
+    p.v16 = reinterpret_cast<const uint16_t*>(v.data());
+  }
+  // A decode step's row (q_starts null) sees all its keys: causal with Tq = 1 is the same.
+  attention_fwd_ref(p);
+}
+
+void paged_ref(const PagedAttnParams& pp) {
+  for (int64_t b = 0; b < pp.B; ++b) paged_ref_one(pp, b);
+}
+
+// Sequence b's rows by the fused kernels, K/V read from the blocks: the split-KV path for a
+// few rows, the tiled forward (packing each tile from the blocks) for more; the reference where
+// a causal call's values hold a NaN or Inf (as attention_fwd does).
+void paged_sequence_fused(const PagedAttnParams& pp, int64_t b) {
+  AttnParams p = sequence_problem(pp, b);
+  if (pp.kv_dtype == DType::F32) {
+    p.k = pp.k_pool, p.v = pp.v_pool;
+  } else {
+    p.k16 = pp.k16_pool, p.v16 = pp.v16_pool;
+  }
+  // the pools' rows: (key_heads, D) and (G, Dv)
+  p.k_row_stride = pp.key_heads() * pp.D, p.k_head_stride = pp.D;
+  p.v_row_stride = pp.G * pp.Dv, p.v_head_stride = pp.Dv;
+  p.k_batch_stride = p.v_batch_stride = 0;
+  const fused::KvPages pages{pp.block_tables + b * pp.table_stride, pp.block_size};
+  if (p.Tq <= fused::DecodeTiles::kMaxRows) {
+    if (p.Tq > 1 && !values_finite(p, &pages)) return paged_ref_one(pp, b);
+    AttnDecodeParams d(p);
+    d.key_chunk = pp.key_chunk;
+    return attention_decode_fused(d, &pages);
+  }
+  if (!attention_fwd_fused(p, &pages)) paged_ref_one(pp, b);
 }
 
 }  // namespace
 
-void attention_decode_paged(const PagedDecodeParams& p, Backend backend) {
-  const char* op = p.maps == 2 ? "diff_attention_decode_paged" : "attention_decode_paged";
-  g_decode_paged.fetch_add(1, std::memory_order_relaxed);
+void attention_paged(const PagedAttnParams& p, Backend backend) {
+  const char* op = p.maps == 2 ? "diff_attention_paged" : "attention_paged";
+  g_paged.fetch_add(1, std::memory_order_relaxed);
   check_params(p, op);
-  if (resolve_backend(backend) == Backend::Reference) return paged_decode_ref(p);
-  attention_decode_paged_fused(p);
+  if (resolve_backend(backend) == Backend::Reference) return paged_ref(p);
+  bool one_row_each = true;
+  for (int64_t b = 0; b < p.B && one_row_each; ++b) one_row_each = p.rows_of(b) == 1;
+  if (one_row_each) {  // decode steps: one split-KV call over every sequence
+    PagedAttnParams d = p;
+    d.q_starts = nullptr;
+    return attention_decode_paged_fused(d);
+  }
+  for (int64_t b = 0; b < p.B; ++b) {
+    if (p.rows_of(b) > 0) paged_sequence_fused(p, b);
+  }
 }
 
 void attention_bwd(const AttnBwdParams& p, Backend backend) {

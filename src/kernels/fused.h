@@ -16,15 +16,33 @@
 
 namespace diffattn {
 
-// The tiled forward (any Tq): FlashAttention-2 style, both maps per K/V tile.
+namespace fused {
+// One sequence's K/V kept in the blocks of a pool (attention_paged's rows of a sequence, run by
+// the tiled forward or the split-KV path): the problem's k and v (k16, v16) point at the pools'
+// starts, and key row j lies at row table[j / block_size] * block_size + j % block_size of them,
+// at the problem's row and head strides (its batch strides are unused: B = 1).
+struct KvPages {
+  const int32_t* table = nullptr;
+  int64_t block_size = 0;
+  // The pool row of key j.
+  int64_t row(int64_t j) const {
+    return static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
+  }
+};
+}  // namespace fused
+
+// The tiled forward (any Tq): FlashAttention-2 style, both maps per K/V tile. K/V are packed
+// tile by tile from where they lie: contiguous or (pages non-null, B = 1) the blocks of a pool,
+// float32 or 16-bit (widened as they are packed).
 // false (nothing written) for a causal call with more than one query row whose v holds a NaN
 // or Inf: its tile products would spread it to rows that never see that key. The caller runs
 // the reference instead.
-bool attention_fwd_fused(const AttnParams& p);
-// The split-KV forward for a few query rows against a long cache (signed or standard).
-void attention_decode_fused(const AttnDecodeParams& p);
-// The paged decode of B sequences (decode.cpp), params already checked.
-void attention_decode_paged_fused(const PagedDecodeParams& p);
+bool attention_fwd_fused(const AttnParams& p, const fused::KvPages* pages = nullptr);
+// The split-KV forward for a few query rows against a long cache (signed or standard); K/V
+// contiguous or (pages non-null, B = 1) in the blocks of a pool.
+void attention_decode_fused(const AttnDecodeParams& p, const fused::KvPages* pages = nullptr);
+// The paged decode of B one-row sequences (decode.cpp), params already checked.
+void attention_decode_paged_fused(const PagedAttnParams& p);
 // The FlashAttention-2 style backward (signed differential or standard attention).
 void attention_bwd_fused(const AttnBwdParams& p);
 

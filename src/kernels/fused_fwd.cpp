@@ -66,27 +66,83 @@ struct FwdLayout {
 // The keys and values of every K/V tile, packed once per call (every query block of a group
 // reads them): per (b, g, tile) the keys of each key head of the group transposed
 // (nkh, D, Bk), then the values (Bk, Dvp), zero beyond Tk and Dv. O(Tk) memory, a copy of K
-// and V; it saves re-transposing each key tile for every query block.
+// and V; it saves re-transposing each key tile for every query block. The tiles are packed
+// from where K and V lie (PackTile): a contiguous float32 cache by rows at its strides, the
+// blocks of a pool (pages) or a 16-bit cache row by row, widened to float32 as they are read:
+// no gathered or widened copy of the whole cache is made.
 // Returns whether every packed value is finite when the call is causal with more than one query
 // row (else true): the tile products multiply masked weights (0) by V, so a NaN or Inf value
 // would poison rows that never see its key; the dispatcher then takes the reference. The check
 // reads each packed tile while it is in cache, instead of another pass over v.
-bool PackKV(const AttnParams& p, const FwdLayout& f, float* packed, int threads) {
+
+// Keys [j0, j0 + nk) of batch b, group g into dst (one tile), row by row from where they lie:
+// pool rows through pages, 16-bit elements widened. row: (nkh, D) then (Dv) floats of scratch.
+void PackTileRows(const AttnParams& p, const FwdLayout& f, const fused::KvPages* pages, float* dst,
+                  int64_t b, int64_t g, int64_t j0, int64_t nk, float* row) {
+  const int64_t Bk = FwdTiles::kBk;
+  float* const kdst = dst;
+  float* const vdst = dst + f.nkh * p.D * Bk;
+  const bool f32 = p.kv_dtype == DType::F32;
+  for (int64_t t = 0; t < nk; ++t) {
+    const int64_t j = j0 + t;
+    const int64_t k_at = pages ? pages->row(j) * p.k_row_stride : b * p.k_batch_stride + j * p.k_row_stride;
+    const int64_t v_at = pages ? pages->row(j) * p.v_row_stride : b * p.v_batch_stride + j * p.v_row_stride;
+    for (int64_t kl = 0; kl < f.nkh; ++kl) {
+      const int64_t kh = f.nkh == 2 ? 2 * g + kl : g;
+      const int64_t at = k_at + kh * p.k_head_stride;
+      const float* src = p.k + at;
+      if (!f32) {
+        convert_to_f32(row, p.k16 + at, p.kv_dtype, p.D);
+        src = row;
+      }
+      float* kd = kdst + kl * p.D * Bk + t;
+      for (int64_t d = 0; d < p.D; ++d) kd[d * Bk] = src[d];
+    }
+    const int64_t at = v_at + g * p.v_head_stride;
+    float* vd = vdst + t * f.Dvp;
+    if (f32) {
+      std::memcpy(vd, p.v + at, sizeof(float) * static_cast<size_t>(p.Dv));
+    } else {
+      convert_to_f32(vd, p.v16 + at, p.kv_dtype, p.Dv);
+    }
+    std::fill(vd + p.Dv, vd + f.Dvp, 0.0f);
+  }
+  for (int64_t kl = 0; kl < f.nkh; ++kl) {
+    for (int64_t d = 0; d < p.D; ++d) {
+      float* kd = kdst + (kl * p.D + d) * Bk;
+      std::fill(kd + nk, kd + Bk, 0.0f);
+    }
+  }
+  std::fill(vdst + nk * f.Dvp, vdst + Bk * f.Dvp, 0.0f);
+}
+
+bool PackKV(const AttnParams& p, const FwdLayout& f, const fused::KvPages* pages, float* packed,
+            int threads) {
   const Rows r(p);
   const int64_t Bk = FwdTiles::kBk, n = p.B * p.G * f.ntiles;
   const bool check = p.causal && p.Tq > 1;
+  // Contiguous float32 K/V: whole rows at the cache's strides; else row by row (PackTileRows).
+  const bool by_rows = pages != nullptr || p.kv_dtype != DType::F32;
   bool finite = true;
-#pragma omp parallel for num_threads(threads) schedule(static) reduction(&& : finite)
-  for (int64_t x = 0; x < n; ++x) {
-    const int64_t tile = x % f.ntiles, bg = x / f.ntiles, b = bg / p.G, g = bg % p.G;
-    const int64_t j0 = tile * Bk, nk = std::min(Bk, p.Tk - j0);
-    float* dst = packed + x * f.tile_floats;
-    for (int64_t kl = 0; kl < f.nkh; ++kl) {
-      const int64_t kh = f.nkh == 2 ? 2 * g + kl : g;
-      fused::pack_transposed(dst + kl * p.D * Bk, Bk, r.k(b, j0, kh), p.k_row_stride, nk, p.D);
+#pragma omp parallel num_threads(threads) reduction(&& : finite)
+  {
+    float* const row = by_rows ? fused::scratch(7, std::max(p.D, p.Dv)) : nullptr;
+#pragma omp for schedule(static)
+    for (int64_t x = 0; x < n; ++x) {
+      const int64_t tile = x % f.ntiles, bg = x / f.ntiles, b = bg / p.G, g = bg % p.G;
+      const int64_t j0 = tile * Bk, nk = std::min(Bk, p.Tk - j0);
+      float* dst = packed + x * f.tile_floats;
+      if (by_rows) {
+        PackTileRows(p, f, pages, dst, b, g, j0, nk, row);
+      } else {
+        for (int64_t kl = 0; kl < f.nkh; ++kl) {
+          const int64_t kh = f.nkh == 2 ? 2 * g + kl : g;
+          fused::pack_transposed(dst + kl * p.D * Bk, Bk, r.k(b, j0, kh), p.k_row_stride, nk, p.D);
+        }
+        fused::pack_rows(dst + f.nkh * p.D * Bk, f.Dvp, Bk, r.v(b, j0, g), p.v_row_stride, nk, p.Dv);
+      }
+      if (check) finite = AllFinite(dst + f.nkh * p.D * Bk, static_cast<size_t>(Bk * f.Dvp)) && finite;
     }
-    fused::pack_rows(dst + f.nkh * p.D * Bk, f.Dvp, Bk, r.v(b, j0, g), p.v_row_stride, nk, p.Dv);
-    if (check) finite = AllFinite(dst + f.nkh * p.D * Bk, static_cast<size_t>(Bk * f.Dvp)) && finite;
   }
   return finite;
 }
@@ -293,7 +349,7 @@ class FwdItem {
 
 }  // namespace
 
-bool FusedForward(const AttnParams& p) {
+bool FusedForward(const AttnParams& p, const fused::KvPages* pages) {
   if (p.B == 0 || p.Tq == 0) return true;
   const FwdLayout f(p);
   const int64_t items = p.B * p.G * f.nqb;
@@ -302,7 +358,7 @@ bool FusedForward(const AttnParams& p) {
                                    num_threads()),
       items));
   fused::Buffer packed = fused::alloc(p.B * p.G * f.ntiles * f.tile_floats);
-  if (!PackKV(p, f, packed.get(), threads)) return false;
+  if (!PackKV(p, f, pages, packed.get(), threads)) return false;
 #pragma omp parallel num_threads(threads)
   {
     FwdScratch scratch(p, f);
@@ -328,7 +384,9 @@ namespace diffattn {
 HWY_EXPORT(FusedForward);
 HWY_EXPORT(TargetName);
 
-bool attention_fwd_fused(const AttnParams& p) { return HWY_DYNAMIC_DISPATCH(FusedForward)(p); }
+bool attention_fwd_fused(const AttnParams& p, const fused::KvPages* pages) {
+  return HWY_DYNAMIC_DISPATCH(FusedForward)(p, pages);
+}
 
 const char* fused_simd_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 

@@ -372,7 +372,7 @@ void check_params(const AttnBwdParams& p, const char* op) {
   }
 }
 
-void check_params(const PagedDecodeParams& p, const char* op) {
+void check_params(const PagedAttnParams& p, const char* op) {
   if (p.maps != 1 && p.maps != 2) fail(op, "maps must be 1 or 2, got " + std::to_string(p.maps));
   if (p.B < 0) fail(op, "B (sequences) must be >= 0, got " + std::to_string(p.B));
   need_positive(op, "H", p.H);
@@ -399,9 +399,22 @@ void check_params(const PagedDecodeParams& p, const char* op) {
   if (p.key_chunk < 0) {
     fail(op, "key_chunk must be >= 0 (0 picks), got " + std::to_string(p.key_chunk));
   }
-  check_layout(op, "q", false, p.B, 1, p.maps * p.H, p.D, p.q_batch_stride, 0, p.q_head_stride);
-  check_layout(op, "out", true, p.B, 1, p.H, p.Dv, p.o_batch_stride, 0, p.o_head_stride);
   if (p.B == 0) return;
+  // The query rows: q_starts from 0, non-decreasing (read before the layouts use the count).
+  if (p.q_starts != nullptr) {
+    if (p.q_starts[0] != 0) fail(op, "q_starts[0] = " + std::to_string(p.q_starts[0]) + ", not 0");
+    for (int64_t b = 0; b < p.B; ++b) {
+      if (p.q_starts[b + 1] < p.q_starts[b]) {
+        std::ostringstream os;
+        os << "q_starts[" << b + 1 << "] = " << p.q_starts[b + 1] << " is below q_starts[" << b
+           << "] = " << p.q_starts[b] << " (a sequence's rows are q_starts[b] .. q_starts[b + 1] - 1)";
+        fail(op, os.str());
+      }
+    }
+  }
+  const int64_t rows = p.rows();
+  check_layout(op, "q", false, rows, 1, p.maps * p.H, p.D, p.q_row_stride, 0, p.q_head_stride);
+  check_layout(op, "out", true, rows, 1, p.H, p.Dv, p.o_row_stride, 0, p.o_head_stride);
   need_positive(op, "table_stride (entries per block-table row)", p.table_stride);
   need_data(op, "q", p.q, 1);
   need_data(op, "out", p.out, 1);
@@ -424,11 +437,17 @@ void check_params(const PagedDecodeParams& p, const char* op) {
   // The tables: each sequence's length fits its row, and every block it reads is in the pool.
   const int64_t cap = p.table_stride * p.block_size;
   for (int64_t b = 0; b < p.B; ++b) {
-    const int64_t len = p.seq_lens[b];
+    const int64_t len = p.seq_lens[b], n = p.rows_of(b);
     if (len < 0 || len > cap) {
       std::ostringstream os;
       os << "seq_lens[" << b << "] = " << len << " is outside 0.." << cap << " (its block table has "
          << p.table_stride << " entries of " << p.block_size << " positions)";
+      fail(op, os.str());
+    }
+    if (p.q_starts != nullptr && len < n) {
+      std::ostringstream os;
+      os << "seq_lens[" << b << "] = " << len << " is fewer than the sequence's " << n
+         << " query rows (they are its last positions, their keys written already)";
       fail(op, os.str());
     }
     const int64_t used = (len + p.block_size - 1) / p.block_size;

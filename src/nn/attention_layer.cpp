@@ -188,18 +188,20 @@ void check_pool_and_tables(const KVPool& pool, const AttnLayerShape& s, const Pa
   }
 }
 
-// acts.att (B, n_out) = one attention_decode_paged call over the B sequences of a decode step:
-// their query rows q (ldq apart), lambda from acts.lam, keys and values in the pool's blocks.
-void decode_paged(AttnLayerActs& acts, const AttnLayerShape& s, const KVPool& pool,
-                  const PagedSeqs& seqs, const float* q, int64_t ldq) {
-  acts.att.resize(static_cast<size_t>(seqs.B * s.n_out()));
-  PagedDecodeParams p;
+// acts.att (rows, n_out) = one attention_paged call over the sequences: their query rows q
+// (ldq apart; q_starts null: one row per sequence, else as PagedAttnParams::q_starts), lambda
+// from acts.lam, keys and values read in the pool's blocks.
+void paged_attention(AttnLayerActs& acts, const AttnLayerShape& s, const KVPool& pool,
+                     const PagedSeqs& seqs, const float* q, int64_t ldq,
+                     const int64_t* q_starts = nullptr) {
+  PagedAttnParams p;
   p.B = seqs.B, p.H = s.H, p.G = s.G, p.D = s.D, p.Dv = s.Dv(), p.maps = s.maps();
   p.shared_keys = s.kind == AttnKind::DiffV2;
   p.lam_per_token = s.kind == AttnKind::DiffV2;
   p.noise_share = s.noise_share;
   p.scale = 1.0f / std::sqrt(static_cast<float>(s.D));
   p.n_blocks = pool.n_blocks, p.block_size = pool.block_size, p.table_stride = seqs.table_stride;
+  p.q_starts = q_starts;
   p.q = q;
   p.lam = s.maps() == 2 ? acts.lam.data() : nullptr;
   p.kv_dtype = pool.kv_dtype;
@@ -208,9 +210,10 @@ void decode_paged(AttnLayerActs& acts, const AttnLayerShape& s, const KVPool& po
   p.block_tables = seqs.tables;
   p.seq_lens = seqs.lens;
   p.set_contiguous_strides();
-  p.q_batch_stride = ldq;
+  p.q_row_stride = ldq;
+  acts.att.resize(static_cast<size_t>(p.rows() * s.n_out()));
   p.out = acts.att.data();
-  attention_decode_paged(p);
+  attention_paged(p);
 }
 
 // acts.proj (N, n_proj) = the stacked projection of inp (N rows) plus its biases, and acts.lam:
@@ -327,44 +330,28 @@ void attn_layer_decode_paged(float* out, AttnLayerActs& acts, const float* inp,
     append_kv(pool, s, seqs.tables + b * seqs.table_stride, seqs.lens[b] - 1, row);
   }
   // One call over the B sequences: q rows of the projection (stride n_proj), the pool's blocks.
-  decode_paged(acts, s, pool, seqs, proj, np);
+  paged_attention(acts, s, pool, seqs, proj, np);
   output(out, acts, w, s, B);
 }
 
 void attn_layer_fwd_paged(float* out, AttnLayerActs& acts, const float* inp,
                           const AttnLayerWeights& w, const AttnLayerShape& s, int64_t T,
                           const float* cos_t, const float* sin_t, KVPool& pool,
-                          const int32_t* table, int64_t table_len, int64_t pos0,
-                          KVCache& scratch) {
+                          const int32_t* table, int64_t table_len, int64_t pos0) {
   check_pool(pool, s);
   check_table(pool, table, table_len, pos0 + T, 0);
-  // The cached positions, gathered block by block (raw: a 16-bit pool stays 16-bit).
-  if (scratch.B != 1 || scratch.capacity < pos0 + T || scratch.kv_dtype != pool.kv_dtype ||
-      (pool.kv_dtype == DType::F32 ? scratch.k.size() : scratch.k16.size()) !=
-          static_cast<size_t>(scratch.capacity * s.n_k())) {
-    scratch.reset(s, 1, pos0 + T, pool.kv_dtype);
+  const int64_t np = s.n_proj();
+  float* proj = project(acts, inp, w, s, T);
+  if (cos_t) {  // null tables: a model without positional encoding (SambaY)
+    rope_apply(proj, cos_t, sin_t, 1, T, s.q_heads(), s.D, np, T * np, false);
+    rope_apply(proj + s.n_q(), cos_t, sin_t, 1, T, s.k_heads(), s.D, np, T * np, false);
   }
-  // n rows of `row` elements from block position `at` of a pool array to row j0 of the copy.
-  auto copy_rows = [](auto* dst, const auto* src, int64_t j0, int64_t at, int64_t n, int64_t row) {
-    std::memcpy(dst + j0 * row, src + at * row, sizeof(*dst) * static_cast<size_t>(n * row));
-  };
-  const int64_t bs = pool.block_size;
-  for (int64_t j0 = 0; j0 < pos0; j0 += bs) {
-    const int64_t n = std::min(bs, pos0 - j0), at = static_cast<int64_t>(table[j0 / bs]) * bs;
-    if (pool.kv_dtype == DType::F32) {
-      copy_rows(scratch.k.data(), pool.k.get(), j0, at, n, s.n_k());
-      copy_rows(scratch.v.data(), pool.v.get(), j0, at, n, s.n_v());
-    } else {
-      copy_rows(scratch.k16.data(), pool.k16.get(), j0, at, n, s.n_k());
-      copy_rows(scratch.v16.data(), pool.v16.get(), j0, at, n, s.n_v());
-    }
-  }
-  scratch.len = pos0;
-  attn_layer_fwd(out, acts, inp, w, s, 1, T, cos_t, sin_t, &scratch, false);
-  // The chunk's K/V rows (after RoPE, in acts.proj) into the sequence's blocks.
-  for (int64_t t = 0; t < T; ++t) {
-    append_kv(pool, s, table, pos0 + t, acts.proj.data() + t * s.n_proj());
-  }
+  // The chunk's K/V rows into the sequence's blocks, then its T rows against all pos0 + T keys
+  // read from the blocks in place.
+  for (int64_t t = 0; t < T; ++t) append_kv(pool, s, table, pos0 + t, proj + t * np);
+  const int64_t len = pos0 + T, starts[2] = {0, T};
+  paged_attention(acts, s, pool, PagedSeqs{1, table, table_len, &len}, proj, np, starts);
+  output(out, acts, w, s, T);
 }
 
 void attn_layer_cross_fwd(float* out, AttnLayerActs& acts, const float* inp,
@@ -390,8 +377,24 @@ void attn_layer_cross_decode_paged(float* out, AttnLayerActs& acts, const float*
                                    const KVPool& pool, const PagedSeqs& seqs) {
   check_pool_and_tables(pool, s, seqs);
   const float* q = project_q(acts, inp, w, s, seqs.B);
-  decode_paged(acts, s, pool, seqs, q, s.n_q());
+  paged_attention(acts, s, pool, seqs, q, s.n_q());
   output(out, acts, w, s, seqs.B);
+}
+
+void attn_layer_cross_fwd_paged(float* out, AttnLayerActs& acts, const float* inp,
+                                const AttnLayerWeights& w, const AttnLayerShape& s, int64_t T,
+                                const KVPool& pool, const int32_t* table, int64_t table_len,
+                                int64_t len) {
+  if (s.kind != AttnKind::DiffV1 || len < T) {
+    throw InvalidArgument("cross attention: a diff_v1 layer over one sequence's " +
+                          std::to_string(len) + " keys for " + std::to_string(T) + " queries");
+  }
+  check_pool(pool, s);
+  check_table(pool, table, table_len, len, 0);
+  const float* q = project_q(acts, inp, w, s, T);
+  const int64_t starts[2] = {0, T};
+  paged_attention(acts, s, pool, PagedSeqs{1, table, table_len, &len}, q, s.n_q(), starts);
+  output(out, acts, w, s, T);
 }
 
 void attn_layer_window(float* out, AttnLayerActs& acts, const float* inp,

@@ -18,7 +18,7 @@
 // The decode steps of a step run as one Session::decode call, a batch of one row per decoding
 // sequence: every matrix product (attention projections, FFN, output head) is over the batch,
 // so each weight is read once per step, and each layer's attention is one
-// attention_decode_paged call over all the decoding sequences, of different lengths, reading
+// attention_paged call over all the decoding sequences, of different lengths, reading
 // K/V in place from their blocks (no gather copy). A prompt chunk (a Session::decode call of
 // the sequence's rows) writes its K/V into the sequence's blocks; its attention gathers the
 // sequence's earlier positions into a contiguous copy and runs the tiled forward (prompt chunks

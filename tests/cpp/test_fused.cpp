@@ -346,16 +346,23 @@ struct PagedCase {
   std::vector<uint16_t> k16, v16;
   std::vector<int32_t> tables;
   std::vector<int64_t> lens;
+  // Query rows per sequence (its last positions), and q_starts; empty: one row each (decode).
+  std::vector<int64_t> rows, starts;
   int64_t n_blocks = 0, stride = 0;
 
   PagedCase(const AttnCase& v, int64_t block_size, DType dtype,
-            const std::vector<int64_t>& lengths, uint32_t seed)
-      : var(v), bs(block_size), dt(dtype), lens(lengths) {
+            const std::vector<int64_t>& lengths, uint32_t seed,
+            const std::vector<int64_t>& query_rows = {})
+      : var(v), bs(block_size), dt(dtype), lens(lengths), rows(query_rows) {
     const int64_t B = static_cast<int64_t>(lens.size()), KH = key_heads();
     const int64_t krow = KH * v.D, vrow = v.G * v.Dv;
+    if (!rows.empty()) {
+      starts.assign(1, 0);
+      for (const int64_t n : rows) starts.push_back(starts.back() + n);
+    }
     std::vector<float> shared_lam;
     for (int64_t b = 0; b < B; ++b) {
-      Problem pr = problem_of(v.with_lengths(1, lens[static_cast<size_t>(b)]),
+      Problem pr = problem_of(v.with_lengths(n_rows(b), lens[static_cast<size_t>(b)]),
                               seed + 10 * static_cast<uint32_t>(b));
       if (v.maps == 2 && !v.lam_per_token) {  // one lambda (H) for the whole call
         if (b == 0) shared_lam = pr.lam;
@@ -409,10 +416,14 @@ struct PagedCase {
     }
   }
   int64_t key_heads() const { return var.sizes().key_heads(); }
+  int64_t n_rows(int64_t b) const { return rows.empty() ? 1 : rows[static_cast<size_t>(b)]; }
+  int64_t total_rows() const { return rows.empty() ? static_cast<int64_t>(lens.size()) : starts.back(); }
+  int64_t row0(int64_t b) const { return rows.empty() ? b : starts[static_cast<size_t>(b)]; }
 
-  PagedDecodeParams params(std::vector<float>& out) const {
-    PagedDecodeParams p;
+  PagedAttnParams params(std::vector<float>& out) const {
+    PagedAttnParams p;
     p.B = static_cast<int64_t>(lens.size());
+    p.q_starts = rows.empty() ? nullptr : starts.data();
     p.H = var.H, p.G = var.G, p.D = var.D, p.Dv = var.Dv, p.maps = var.maps;
     p.shared_keys = var.shared_keys, p.lam_per_token = var.lam_per_token;
     p.scale = 1.0f / std::sqrt(static_cast<float>(var.D));
@@ -428,9 +439,14 @@ struct PagedCase {
     p.block_tables = tables.data();
     p.seq_lens = lens.data();
     p.set_contiguous_strides();
-    out.assign(static_cast<size_t>(p.B * var.H * var.Dv), NAN);
+    out.assign(static_cast<size_t>(total_rows() * var.H * var.Dv), NAN);
     p.out = out.data();
     return p;
+  }
+  // Sequence b's rows of a paged call's out.
+  std::vector<float> rows_of(const std::vector<float>& out, int64_t b) const {
+    const int64_t n = var.H * var.Dv;
+    return {out.begin() + row0(b) * n, out.begin() + (row0(b) + n_rows(b)) * n};
   }
 
   // Sequence b alone through the contiguous split-KV decode (attention_decode), K/V as the
@@ -467,12 +483,12 @@ std::pair<std::vector<float>, std::vector<float>> one_and_two_threads(const Page
                                                                       int64_t key_chunk) {
   const int saved = num_threads();
   std::vector<float> one, two;
-  PagedDecodeParams p1 = pc.params(one), p2 = pc.params(two);
+  PagedAttnParams p1 = pc.params(one), p2 = pc.params(two);
   p1.key_chunk = p2.key_chunk = key_chunk;
   set_num_threads(1);
-  attention_decode_paged(p1);
+  attention_paged(p1);
   set_num_threads(2);
-  attention_decode_paged(p2);
+  attention_paged(p2);
   set_num_threads(saved);
   return {std::move(one), std::move(two)};
 }
@@ -495,9 +511,9 @@ TEST(FusedDecodePaged, MatchesEachSequenceAloneForEveryVariantDtypeAndBlockSize)
         for (const int64_t chunk : {0, 128}) {
           SCOPED_TRACE("key_chunk " + std::to_string(chunk));
           std::vector<float> out;
-          PagedDecodeParams p = pc.params(out);
+          PagedAttnParams p = pc.params(out);
           p.key_chunk = chunk;
-          attention_decode_paged(p);
+          attention_paged(p);
           for (int64_t b = 0; b < B; ++b) {
             SCOPED_TRACE("sequence " + std::to_string(b) + " of length " +
                          std::to_string(pc.lens[static_cast<size_t>(b)]));
@@ -529,7 +545,7 @@ TEST(FusedDecodePaged, OneAndTwoThreadsAndTheReferenceBackend) {
     const std::vector<float> nb = bench::naive_fwd(pc.rounded[b].params());
     naive.insert(naive.end(), nb.begin(), nb.end());
   }
-  attention_decode_paged(pc.params(ref), Backend::Reference);
+  attention_paged(pc.params(ref), Backend::Reference);
   expect_close("1 thread", one, ref, naive);
   expect_close("2 threads", two, ref, naive);
   const auto [c1, c2] = one_and_two_threads(pc, 64);
@@ -567,20 +583,20 @@ TEST(FusedDecodePaged, StridedQueryAndOutput) {
   const PagedCase pc(kPagedVariants[1], 16, DType::F32, {5, 40, 33}, 73);
   const int64_t B = 3, qh = 2 * pc.var.H, D = pc.var.D, H = pc.var.H, Dv = pc.var.Dv;
   std::vector<float> want;
-  attention_decode_paged(pc.params(want));
+  attention_paged(pc.params(want));
   const int64_t qrow = qh * D + 11, orow = H * (Dv + 3) + 5;
   std::vector<float> q(static_cast<size_t>(B * qrow), NAN), out(static_cast<size_t>(B * orow), -7.0f);
   for (int64_t b = 0; b < B; ++b) {
     std::copy_n(&pc.q[static_cast<size_t>(b * qh * D)], qh * D, &q[static_cast<size_t>(b * qrow)]);
   }
   std::vector<float> unused;
-  PagedDecodeParams p = pc.params(unused);
+  PagedAttnParams p = pc.params(unused);
   p.q = q.data();
-  p.q_batch_stride = qrow;
+  p.q_row_stride = qrow;
   p.out = out.data();
-  p.o_batch_stride = orow;
+  p.o_row_stride = orow;
   p.o_head_stride = Dv + 3;
-  attention_decode_paged(p);
+  attention_paged(p);
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
       for (int64_t d = 0; d < Dv; ++d) {
@@ -596,9 +612,9 @@ TEST(FusedDecodePaged, StridedQueryAndOutput) {
 TEST(FusedDecodePaged, RefusesBadParamsNamingTheField) {
   const PagedCase pc(kPagedVariants[0], 16, DType::F32, {5, 40, 33}, 74);
   std::vector<float> out;
-  auto refused = [&](const PagedDecodeParams& p, const std::string& what) {
+  auto refused = [&](const PagedAttnParams& p, const std::string& what) {
     try {
-      attention_decode_paged(p);
+      attention_paged(p);
       ADD_FAILURE() << "accepted: " << what;
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
@@ -606,7 +622,7 @@ TEST(FusedDecodePaged, RefusesBadParamsNamingTheField) {
   };
   std::vector<int32_t> tables = pc.tables;
   tables[static_cast<size_t>(1 * pc.stride + 2)] = static_cast<int32_t>(pc.n_blocks);
-  PagedDecodeParams p = pc.params(out);
+  PagedAttnParams p = pc.params(out);
   p.block_tables = tables.data();
   refused(p, "block_tables[1][2]");
   tables = pc.tables;
@@ -643,9 +659,166 @@ TEST(FusedDecodePaged, RefusesBadParamsNamingTheField) {
   refused(p, "not divisible");
   // The table entries past a sequence's length are never read (they hold -1 here).
   p = pc.params(out);
-  EXPECT_NO_THROW(attention_decode_paged(p));
+  EXPECT_NO_THROW(attention_paged(p));
   p.B = 0;  // nothing to do
-  EXPECT_NO_THROW(attention_decode_paged(p));
+  EXPECT_NO_THROW(attention_paged(p));
+}
+
+// ---- paged attention with many query rows per sequence (prompt chunks) ----
+
+// attention_paged's split-KV path takes a sequence's rows up to this many (the kernels'
+// DecodeTiles::kMaxRows), the tiled forward more.
+constexpr int64_t kSplitKvRows = 4;
+
+// Sequence b alone as a contiguous problem, K/V as the pool holds them (16-bit: the same 16-bit
+// values, read as attention_fwd reads a 16-bit cache): its out (n_rows, H, Dv). With
+// `decode` the split-KV path at key_chunk (what attention_paged takes for <= 4 rows), else
+// the tiled forward (for more).
+std::vector<float> contiguous_rows(const PagedCase& pc, int64_t b, bool decode, int64_t key_chunk) {
+  const Problem& pr = pc.seqs[static_cast<size_t>(b)];
+  AttnDecodeParams p(pc.rounded[static_cast<size_t>(b)].params());
+  std::optional<bench::Kv16> kv;
+  if (pc.dt != DType::F32) {
+    kv.emplace(pr.k, pr.v, pc.dt, /*keep_rounded=*/false);
+    kv->use_in(p);
+  }
+  std::vector<float> out(static_cast<size_t>(pc.n_rows(b) * pc.var.H * pc.var.Dv), NAN);
+  p.out = out.data();
+  p.key_chunk = key_chunk;
+  if (decode) {
+    attention_decode(p);
+  } else {
+    EXPECT_GT(p.Tq, kSplitKvRows);
+    attention_fwd(p);
+  }
+  return out;
+}
+
+// Sequences with 1, 2, 4 (the split-KV path) and 5, 37, 70 (the tiled forward) query rows at the
+// end of histories that cross blocks and K/V tiles, in one call with a decode step beside them:
+// each sequence's rows against the reference and the naive float32 computation of the
+// sequence alone (the fused-kernel tolerance), and bit for bit what the contiguous kernel
+// computes on the same keys (the tiled forward packs the same tiles from the blocks; the
+// split-KV path reads the same rows when block ends fall on its 16-key tiles).
+TEST(FusedPaged, PromptChunksReadTheBlocksInPlaceForEveryVariantDtypeAndBlockSize) {
+  const std::vector<int64_t> lens = {1, 9, 300, 70, 40, 21, 133};
+  const std::vector<int64_t> rows = {1, 2, 37, 70, 4, 5, 1};
+  for (const AttnCase& var : kPagedVariants) {
+    for (const DType dt : {DType::F32, DType::BF16, DType::F16}) {
+      for (const int64_t bs : {16, 7}) {
+        SCOPED_TRACE(var.name + " " + dtype_name(dt) + " block " + std::to_string(bs));
+        const PagedCase pc(var, bs, dt, lens, 91, rows);
+        std::vector<float> out;
+        PagedAttnParams p = pc.params(out);
+        p.key_chunk = 64;
+        attention_paged(p);
+        for (int64_t b = 0; b < static_cast<int64_t>(lens.size()); ++b) {
+          SCOPED_TRACE("sequence " + std::to_string(b) + ": " + std::to_string(pc.n_rows(b)) +
+                       " rows of " + std::to_string(lens[static_cast<size_t>(b)]));
+          const Problem& r = pc.rounded[static_cast<size_t>(b)];
+          const std::vector<float> got = pc.rows_of(out, b);
+          expect_close("out", got, testing::run_fwd(r, Backend::Reference).out,
+                       bench::naive_fwd(r.params()));
+          const bool decode = pc.n_rows(b) <= kSplitKvRows;
+          if (decode && bs % 16 != 0) continue;
+          const std::vector<float> alone = contiguous_rows(pc, b, decode, 64);
+          EXPECT_EQ(std::memcmp(got.data(), alone.data(), got.size() * sizeof(float)), 0)
+              << "not bit for bit the contiguous " << (decode ? "split-KV decode" : "tiled forward");
+        }
+      }
+    }
+  }
+}
+
+// The reference backend (the oracle: each sequence gathered) against the fused one, on one and
+// two threads; and a grouped noise map (noise_share 2, Motif-2's layout: the map-2 query rows of
+// a run of pairs are copies) read once by the fused paths.
+TEST(FusedPaged, PromptChunksOnOneAndTwoThreadsAndTheReferenceBackend) {
+  const AttnCase wide{"v1_8_pairs", 2, 1, 1, 1, 8, 2, 16, 32, false, false, true};
+  for (const AttnCase& var : {kPagedVariants[0], kPagedVariants[1], wide}) {
+    for (const int64_t ns : {1, 2}) {
+      if (ns == 2 && var.H != 8) continue;
+      SCOPED_TRACE(var.name + " noise_share " + std::to_string(ns));
+      PagedCase pc(var, 16, DType::BF16, {260, 3, 100}, 92, {200, 3, 1});
+      const int64_t nh = 2 * var.H;
+      for (int64_t row = 0; row < pc.total_rows() && ns > 1; ++row) {
+        for (int64_t h = 0; h < var.H; ++h) {  // map-2 rows: the run's first pair's
+          std::copy_n(&pc.q[static_cast<size_t>((row * nh + 2 * (h - h % ns) + 1) * var.D)], var.D,
+                      &pc.q[static_cast<size_t>((row * nh + 2 * h + 1) * var.D)]);
+        }
+      }
+      std::vector<float> ref, one, two;
+      PagedAttnParams pr = pc.params(ref), p1 = pc.params(one), p2 = pc.params(two);
+      p1.noise_share = p2.noise_share = ns;
+      attention_paged(pr, Backend::Reference);
+      const int saved = num_threads();
+      set_num_threads(1);
+      attention_paged(p1);
+      set_num_threads(2);
+      attention_paged(p2);
+      set_num_threads(saved);
+      if (ns > 1) {  // the copies changed q: the per-sequence problems no longer hold it
+        const double tol = 1e-5 * (1 + max_abs(ref));
+        EXPECT_LE(max_diff(one, ref), tol);
+        EXPECT_LE(max_diff(two, ref), tol);
+        continue;
+      }
+      std::vector<float> naive;
+      for (size_t b = 0; b < pc.lens.size(); ++b) {
+        const std::vector<float> nb = bench::naive_fwd(pc.rounded[b].params());
+        naive.insert(naive.end(), nb.begin(), nb.end());
+      }
+      expect_close("1 thread", one, ref, naive);
+      expect_close("2 threads", two, ref, naive);
+    }
+  }
+}
+
+// A NaN value in a chunk's last position reaches only the rows that see it (its own row): the
+// rows before it stay finite, on both paths, as attention_fwd's causal calls have it.
+TEST(FusedPaged, ANonFiniteValueReachesOnlyTheRowsThatSeeIt) {
+  for (const int64_t n : {3, 20}) {
+    SCOPED_TRACE(std::to_string(n) + " rows");
+    PagedCase pc(kPagedVariants[0], 16, DType::F32, {50}, 93, {n});
+    const int64_t vrow = pc.var.G * pc.var.Dv, last = 49;
+    const int64_t at = pc.tables[static_cast<size_t>(last / 16)] * 16 + last % 16;
+    pc.vpool[static_cast<size_t>(at * vrow)] = NAN;
+    std::vector<float> out;
+    attention_paged(pc.params(out));
+    const int64_t per = pc.var.H * pc.var.Dv;
+    for (int64_t t = 0; t + 1 < n; ++t) {
+      for (int64_t i = 0; i < per; ++i) {
+        ASSERT_TRUE(std::isfinite(out[static_cast<size_t>(t * per + i)])) << "row " << t;
+      }
+    }
+    EXPECT_TRUE(std::isnan(out[static_cast<size_t>((n - 1) * per)]));
+  }
+}
+
+// q_starts is checked before anything is read, naming the entry.
+TEST(FusedPaged, RefusesBadQueryStarts) {
+  const PagedCase pc(kPagedVariants[0], 16, DType::F32, {5, 40, 33}, 94, {2, 8, 1});
+  std::vector<float> out;
+  auto refused = [&](const PagedAttnParams& p, const std::string& what) {
+    try {
+      attention_paged(p);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  std::vector<int64_t> starts = pc.starts;
+  PagedAttnParams p = pc.params(out);
+  p.q_starts = starts.data();
+  starts[0] = 1;
+  refused(p, "q_starts[0] = 1");
+  starts = pc.starts;
+  starts[2] = 1;  // sequence 1 would have -1 rows
+  refused(p, "q_starts[2] = 1 is below q_starts[1]");
+  starts = {0, 6, 14, 15};  // sequence 0: 6 rows, 5 positions
+  refused(p, "seq_lens[0] = 5 is fewer than the sequence's 6 query rows");
+  starts = pc.starts;
+  EXPECT_NO_THROW(attention_paged(p));
 }
 
 // ---- strided views: a fused QKV buffer and a KV cache with spare capacity ----

@@ -30,10 +30,10 @@ class Session {
   //     advanced here), within the blocks of its table and the model's max_seq_len.
   //   - Sequences with one row are decode steps, batched: every matrix product (attention
   //     projections, FFN, output head) runs once over those rows, and each layer's attention
-  //     is one attention_decode_paged call over all of them, reading the blocks in place.
+  //     is one attention_paged call over all of them, reading the blocks in place.
   //   - A sequence with several rows is a prompt chunk, run after the decode steps, one
-  //     sequence at a time: its attention gathers the sequence's cached positions into a
-  //     contiguous copy and runs the tiled forward (nn::attn_layer_fwd_paged).
+  //     sequence at a time: its attention reads the sequence's positions in its blocks in
+  //     place (nn::attn_layer_fwd_paged: the tiled forward packs each K/V tile from them).
   //   - A contiguous store's one sequence: its rows, one or many, against the whole cache
   //     (nn::attn_layer_fwd).
   // Each row's logits equal a contiguous-cache forward of that sequence alone up to the order
@@ -74,7 +74,6 @@ class Session {
   std::vector<float> x_, cos_, sin_, picked_, normed_, rstd_, head_out_;
   std::vector<int32_t> toks_, tables_;
   std::vector<int64_t> lens_;
-  nn::KVCache gathered_;  // a prompt chunk's cached positions, contiguous
   // SambaY
   nn::MambaActs mamba_;
   // A decode step's sequences: their states, a Mamba layer's view of them, their rings.

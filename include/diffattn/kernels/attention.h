@@ -79,8 +79,8 @@ struct AttnProblem {
   // K and V stored in 16 bits (a BF16 or F16 KV cache; every computation stays float32):
   // kv_dtype != F32 reads k16 and v16 instead of k and v (which stay null), with the same
   // shapes and element strides. The forward and decode take it (the split-KV decode reads
-  // it directly, the tiled forward and the reference from a float32 copy); the backward and
-  // attention_probs refuse it.
+  // it directly, the tiled forward widens each K/V tile as it packs it, the reference reads a
+  // float32 copy); the backward and attention_probs refuse it.
   DType kv_dtype = DType::F32;
   const uint16_t* k16 = nullptr;  // (B, Tk, kv_key_heads(), D) when kv_dtype != F32
   const uint16_t* v16 = nullptr;  // (B, Tk, G, Dv) when kv_dtype != F32
@@ -150,21 +150,23 @@ struct AttnDecodeParams : AttnParams {
   explicit AttnDecodeParams(const AttnParams& fwd) : AttnParams(fwd) {}
 };
 
-// Paged decode: B sequences of different lengths, one new query row each, against K/V kept in
-// fixed-size blocks of one pool (a serving engine's KV memory). Key j of sequence b is row
-// j % block_size of block block_tables[b * table_stride + j / block_size]; sequence b sees its
-// keys [0, seq_lens[b]) (the new row's own key is the last of them: causal is implied). The
-// blocks of a sequence need not be contiguous or in order; the kernel reads them in place (no
-// gather copy). Signed differential attention (V1: separate keys, V2: shared keys and lambda
+// Paged attention: B sequences of different lengths, each with its newest query rows (one for a
+// decode step, many for a prompt chunk), against K/V kept in fixed-size blocks of one pool (a
+// serving engine's KV memory). Key j of sequence b is row j % block_size of block
+// block_tables[b * table_stride + j / block_size]; sequence b holds seq_lens[b] keys, and its
+// n_b query rows are its last n_b positions: row i (0 <= i < n_b) sees keys
+// [0, seq_lens[b] - n_b + i] (causal, bottom-right: each row's own key is written already).
+// The blocks of a sequence need not be contiguous or in order; the kernels read them in place
+// (no gather copy). Signed differential attention (V1: separate keys, V2: shared keys and lambda
 // per token) and standard attention; out is written, no lse or o2.
-struct PagedDecodeParams {
+struct PagedAttnParams {
   // ---- sizes ----
   int64_t B = 0;               // sequences
   int64_t H = 0, G = 0;        // pairs (maps == 2) or heads (maps == 1); key/value heads
   int64_t D = 0, Dv = 0;       // query/key and value head sizes
   int maps = 2;
   bool shared_keys = false;    // maps == 2: G key heads read by both maps (V2) instead of 2G
-  bool lam_per_token = false;  // lam is (B, H) rather than (H)
+  bool lam_per_token = false;  // lam is (rows, H) rather than (H)
   int64_t noise_share = 1;     // as AttnProblem::noise_share (maps == 2)
   float scale = 0.0f;          // multiplies q.k; must be set (no default from D here)
   int64_t n_blocks = 0;        // blocks in the pool
@@ -172,28 +174,37 @@ struct PagedDecodeParams {
   int64_t table_stride = 0;    // entries per row of block_tables (the longest table)
 
   // ---- inputs ----
-  const float* q = nullptr;    // (B, maps*H, D), strided by q_batch_stride, q_head_stride
-  const float* lam = nullptr;  // (H) or (B, H); unused when maps == 1
+  // The query rows of every sequence, in sequence order: sequence b's are rows
+  // q_starts[b] .. q_starts[b + 1] - 1 (q_starts: (B + 1), from 0, non-decreasing). Null: one
+  // row per sequence (a decode step; row b is sequence b's).
+  const int64_t* q_starts = nullptr;
+  const float* q = nullptr;    // (rows, maps*H, D), strided by q_row_stride, q_head_stride
+  const float* lam = nullptr;  // (H) or (rows, H); unused when maps == 1
   DType kv_dtype = DType::F32;
   const float* k_pool = nullptr;       // (n_blocks, block_size, key_heads(), D), kv_dtype F32
   const float* v_pool = nullptr;       // (n_blocks, block_size, G, Dv), kv_dtype F32
   const uint16_t* k16_pool = nullptr;  // the same shapes when kv_dtype is BF16 or F16
   const uint16_t* v16_pool = nullptr;
   const int32_t* block_tables = nullptr;  // (B, table_stride): pool block ids
-  const int64_t* seq_lens = nullptr;      // (B): keys each sequence sees, 0..table_stride*block_size
+  const int64_t* seq_lens = nullptr;      // (B): keys each sequence holds, its rows' included:
+                                          //   n_b..table_stride*block_size
   // Element strides of q and out (the last dimension is contiguous); set_contiguous_strides()
   // sets the row-major ones (maps*H*D, D) and (H*Dv, Dv).
-  int64_t q_batch_stride = 0, q_head_stride = 0;
-  int64_t o_batch_stride = 0, o_head_stride = 0;
+  int64_t q_row_stride = 0, q_head_stride = 0;
+  int64_t o_row_stride = 0, o_head_stride = 0;
 
-  float* out = nullptr;        // (B, H, Dv)
-  int64_t key_chunk = 0;       // keys per split; 0 picks from the lengths and the thread count
+  float* out = nullptr;        // (rows, H, Dv)
+  int64_t key_chunk = 0;       // keys per split of the split-KV path; 0 picks from the lengths
+                               //   and the thread count
 
   int64_t key_heads() const { return (maps == 2 && !shared_keys) ? 2 * G : G; }
   int64_t group_size() const { return H / G; }
+  int64_t rows() const { return q_starts ? q_starts[B] : B; }
+  int64_t row0(int64_t b) const { return q_starts ? q_starts[b] : b; }
+  int64_t rows_of(int64_t b) const { return q_starts ? q_starts[b + 1] - q_starts[b] : 1; }
   void set_contiguous_strides() {
-    q_head_stride = D, q_batch_stride = maps * H * D;
-    o_head_stride = Dv, o_batch_stride = H * Dv;
+    q_head_stride = D, q_row_stride = maps * H * D;
+    o_head_stride = Dv, o_row_stride = H * Dv;
   }
 };
 
@@ -226,7 +237,7 @@ void check_lambda(const AttnProblem& p, const char* op);
 // took the decode path by themselves): a way to show that a backward given the saved
 // statistics runs no forward.
 struct KernelCalls {
-  uint64_t forward = 0, backward = 0, decode = 0, decode_paged = 0;
+  uint64_t forward = 0, backward = 0, decode = 0, paged = 0;
 };
 KernelCalls kernel_calls();
 
@@ -238,16 +249,21 @@ void attention_bwd(const AttnBwdParams& p, Backend backend = Backend::Auto);
 // rows against at least 256 keys; this entry point takes it for any shape. Clamp mode (two
 // passes) runs the tiled forward instead.
 void attention_decode(const AttnDecodeParams& p, Backend backend = Backend::Auto);
-// Paged decode over B sequences in one call: the split-KV decode parallel over (sequence,
-// key-head group, key split), each K/V row read from its block. The arithmetic of a sequence
-// is attention_decode's on the same keys with the same key_chunk whenever block_size is a
-// multiple of 16 (bit for bit); otherwise its P V sums split at block ends (float32 rounding).
-// Backend::Reference gathers each sequence and runs the reference (the oracle).
-void attention_decode_paged(const PagedDecodeParams& p, Backend backend = Backend::Auto);
-// Checks a paged decode's params: sizes, strides, pointers, every sequence's length against
-// its table and every block id it uses against the pool (reads block_tables and seq_lens, not
-// q, K, V or lambda). attention_decode_paged calls it; InvalidArgument names the field.
-void check_params(const PagedDecodeParams& p, const char* op);
+// Paged attention over B sequences in one call, every K/V row read from its block in place.
+// A call of one row per sequence (a decode step) is the split-KV decode parallel over
+// (sequence, key-head group, key split); its arithmetic for a sequence is attention_decode's on
+// the same keys with the same key_chunk whenever block_size is a multiple of 16 (bit for bit),
+// otherwise its P V sums split at block ends (float32 rounding). A sequence with several rows
+// runs as attention_fwd would on its keys gathered (causal, bottom-right): the split-KV path for
+// at most 4 rows, the tiled forward (which packs each K/V tile straight from the blocks, a 16-bit
+// pool widened as it packs) for more. Backend::Reference gathers each sequence and runs the
+// reference (the oracle).
+void attention_paged(const PagedAttnParams& p, Backend backend = Backend::Auto);
+// Checks a paged call's params: sizes, strides, pointers, q_starts, every sequence's length
+// against its rows and its table, and every block id it uses against the pool (reads q_starts,
+// block_tables and seq_lens, not q, K, V or lambda). attention_paged calls it;
+// InvalidArgument names the field.
+void check_params(const PagedAttnParams& p, const char* op);
 
 // The fused kernels written by Highway for several instruction sets, chosen at run time on
 // the first call: the name of the one this CPU runs ("AVX3" = AVX-512, "AVX2", "EMU128", ...).

@@ -139,7 +139,7 @@ struct PagedSeqs {
 // One decode step of B sequences of different lengths in a paged pool: inp (B, C) (already
 // normalised) -> out (B, C). The projections are one product over the B rows (weights read
 // once), RoPE at each sequence's own position (cos_rows/sin_rows (B, D/2)), each new K/V row
-// written into its sequence's block, and one attention_decode_paged call over all B sequences,
+// written into its sequence's block, and one attention_paged call over all B sequences,
 // reading the blocks in place. Row b equals attn_layer_fwd(B = 1, T = 1) on sequence b with a
 // contiguous cache up to the order of the sums (the products; the split-KV decode's, where
 // the contiguous call of a short F32 cache takes the tiled forward).
@@ -149,14 +149,13 @@ void attn_layer_decode_paged(float* out, AttnLayerActs& acts, const float* inp,
                              const PagedSeqs& seqs);
 
 // A prompt chunk of one sequence into its blocks: inp (T, C) at positions pos0 .. pos0 + T - 1
-// -> out (T, C). The sequence's pos0 cached positions are gathered from its blocks (table:
-// table_len ids) into `scratch`, a contiguous cache, the chunk runs as attn_layer_fwd with it
-// (the tiled forward), and the chunk's new K/V rows are written into the blocks.
+// -> out (T, C). The chunk's K/V rows are written into the sequence's blocks (table: table_len
+// ids), then its T query rows attend to all pos0 + T positions read from the blocks in place
+// (one attention_paged call: no gathered copy of the history).
 void attn_layer_fwd_paged(float* out, AttnLayerActs& acts, const float* inp,
                           const AttnLayerWeights& w, const AttnLayerShape& s, int64_t T,
                           const float* cos_t, const float* sin_t, KVPool& pool,
-                          const int32_t* table, int64_t table_len, int64_t pos0,
-                          KVCache& scratch);
+                          const int32_t* table, int64_t table_len, int64_t pos0);
 
 // Cross attention (SambaY's cross-decoder, arXiv:2507.06607): the layer's own queries (w.proj
 // and w.proj_bias hold only the q rows) against another layer's keys and values. One sequence's
@@ -169,6 +168,12 @@ void attn_layer_cross_fwd(float* out, AttnLayerActs& acts, const float* inp,
 void attn_layer_cross_decode_paged(float* out, AttnLayerActs& acts, const float* inp,
                                    const AttnLayerWeights& w, const AttnLayerShape& s,
                                    const KVPool& pool, const PagedSeqs& seqs);
+// One sequence's T query rows (its last T of len positions, causal bottom-right) against its
+// blocks of another layer's pool (table: table_len ids), read in place.
+void attn_layer_cross_fwd_paged(float* out, AttnLayerActs& acts, const float* inp,
+                                const AttnLayerWeights& w, const AttnLayerShape& s, int64_t T,
+                                const KVPool& pool, const int32_t* table, int64_t table_len,
+                                int64_t len);
 
 // Sliding-window attention without positional encoding (SambaY): a query at position i sees
 // the keys of positions i - W < j <= i, W = ring->capacity. A sequence's rows [row0, row0 + n)
