@@ -164,7 +164,6 @@ namespace {
 // The pools of every layer, after the sizes are checked and the whole store is known to fit.
 std::vector<nn::KVPool> make_pools(const Model& m, int64_t n_blocks, int64_t block_size,
                                    DType kv_dtype) {
-  BlockAllocator::check_sizes(n_blocks, block_size);
   const ModelConfig& cfg = m.config();
   const int64_t n = KvStore::kv_layers(cfg), first = cfg.recurrent() ? cfg.yoco_layer() : 0;
   double bytes = 0;
@@ -183,10 +182,26 @@ std::vector<nn::KVPool> make_pools(const Model& m, int64_t n_blocks, int64_t blo
   return pools;
 }
 
+// The allocator's sizes checked before the pools are made.
+int64_t checked_blocks(int64_t n_blocks, int64_t block_size) {
+  BlockAllocator::check_sizes(n_blocks, block_size);
+  return n_blocks;
+}
+
+// A contiguous store's capacity: at least 1, at most the model's context.
+int64_t contiguous_capacity(const ModelConfig& cfg, int64_t capacity) {
+  if (capacity < 1) {
+    throw InvalidArgument("KV store: a contiguous cache needs a capacity >= 1, got " +
+                          std::to_string(capacity));
+  }
+  return std::min(capacity, cfg.max_seq_len);
+}
+
 }  // namespace
 
 KvStore::KvStore(const Model& m, int64_t n_blocks, int64_t block_size, DType kv_dtype)
-    : cfg_(&m.config()), kv_dtype_(kv_dtype), pools_(make_pools(m, n_blocks, block_size, kv_dtype)),
+    : cfg_(&m.config()), kv_dtype_(kv_dtype),
+      pools_(make_pools(m, checked_blocks(n_blocks, block_size), block_size, kv_dtype)),
       alloc_(std::in_place, n_blocks, block_size) {}
 
 double KvStore::sequence_bytes(const ModelConfig& cfg, int64_t positions, DType kv_dtype) {
@@ -245,20 +260,13 @@ void KvStore::reset_recurrent(Seq& s) {
   }
 }
 
-KvStore::KvStore(const Model& m, Contiguous c, DType kv_dtype) : cfg_(&m.config()), kv_dtype_(kv_dtype) {
-  const ModelConfig& cfg = m.config();
-  if (c.capacity < 1) {
-    throw InvalidArgument("KV store: a contiguous cache needs a capacity >= 1, got " +
-                          std::to_string(c.capacity));
-  }
-  const int64_t capacity = std::min(c.capacity, cfg.max_seq_len);
-  const int64_t n = kv_layers(cfg), first = cfg.recurrent() ? cfg.yoco_layer() : 0;
-  caches_.resize(static_cast<size_t>(n));
-  for (int64_t l = 0; l < n; ++l) {
-    caches_[static_cast<size_t>(l)].reset(cfg.attn_shape(first + l), 1, capacity, kv_dtype);
-  }
+KvStore::KvStore(const Model& m, Contiguous c, DType kv_dtype)
+    : cfg_(&m.config()), kv_dtype_(kv_dtype),
+      pools_(make_pools(m, 1, contiguous_capacity(m.config(), c.capacity), kv_dtype)),
+      contiguous_(true) {
   open_.assign(1, 1);
   seqs_.emplace_back();
+  seqs_.back().table.assign(1, 0);  // the one block
   reset_recurrent(seqs_.back());
 }
 
@@ -294,11 +302,7 @@ void KvStore::copy_rows(int32_t src, int32_t dst, int64_t n) {
 }
 
 int64_t KvStore::capacity(int32_t id) const {
-  if (contiguous()) {
-    seq(id);  // throws for an id that is not the one sequence
-    return caches_[0].capacity;
-  }
-  return static_cast<int64_t>(seq(id).table.size()) * alloc_->block_size();
+  return static_cast<int64_t>(seq(id).table.size()) * block_size();
 }
 
 int32_t KvStore::open() {

@@ -1,8 +1,7 @@
 // Session::decode for a recurrent model: Phi-4-mini-flash's SambaY hybrid
 // (docs/models/phi4flash.md). Per sequence the KvStore keeps the Mamba layers' conv and scan
-// states, a ring of W positions per sliding-window layer and, in its one pool (or contiguous
-// cache), the full-attention layer's keys and values (YOCO), which every cross-attention layer
-// reads. The self-decoder (layers up to the full-attention one) runs every row; the
+// states, a ring of W positions per sliding-window layer and, in its blocks of the one pool,
+// the full-attention layer's keys and values (YOCO), which every cross-attention layer reads. The self-decoder (layers up to the full-attention one) runs every row; the
 // cross-decoder only the rows whose logits are wanted: it has no state of its own, so a prompt
 // chunk whose logits nobody wants stops there, and one that wants its last row's runs one row
 // (arXiv:2507.06607; vLLM's V0 port does the same).
@@ -83,19 +82,13 @@ void Session::sambay_chunk(const Batch& b, const std::vector<int64_t>& rows,
   m_.embed(x_.data(), toks_.data(), T);
   const std::vector<nn::MambaSeq> mseqs{{0, T, s.rec.conv.data(), s.rec.ssm.data()}};
   const int64_t yoco = cfg.yoco_layer();
-  const bool contiguous = kv_.contiguous();
   // The self-decoder over every row: the windows from each layer's ring, the full-attention
-  // layer's K/V into the store (its blocks, or the contiguous cache).
+  // layer's K/V into the sequence's blocks.
   sambay_layers(0, yoco + 1, T, &mseqs, [&](int64_t l, float* out, const float* an) {
     const SambaYLayer& y = m_.sambay_layer(l);
     if (y.kind == LayerKind::SlidingAttention) {
       const std::vector<nn::WindowSeq> w{{0, T, pos0, &s.rec.rings[static_cast<size_t>(state_index(l))]}};
       nn::attn_layer_window(out, layer_.attn, an, y.attn, cfg.attn_shape(l), T, w, window_);
-    } else if (contiguous) {
-      nn::KVCache& cache = kv_.caches()[0];
-      cache.len = pos0;
-      nn::attn_layer_fwd(out, layer_.attn, an, y.attn, cfg.attn_shape(l), 1, T, nullptr, nullptr,
-                         &cache, false);
     } else {
       nn::attn_layer_fwd_paged(out, layer_.attn, an, y.attn, cfg.attn_shape(l), T, nullptr,
                                nullptr, kv_.pools()[0], s.table.data(),
@@ -116,15 +109,11 @@ void Session::sambay_chunk(const Batch& b, const std::vector<int64_t>& rows,
     run.assign(1, rows.back());
     N = 1;
   }
-  // The full-attention layer's keys (pos0 + T): the contiguous cache, or read in its blocks.
+  // The full-attention layer's keys (pos0 + T), read in the sequence's blocks.
   sambay_layers(yoco + 1, cfg.n_layers, N, nullptr, [&](int64_t l, float* out, const float* an) {
-    const nn::AttnLayerWeights& w = m_.sambay_layer(l).attn;
-    if (contiguous) {
-      nn::attn_layer_cross_fwd(out, layer_.attn, an, w, cfg.attn_shape(l), N, kv_.caches()[0]);
-    } else {
-      nn::attn_layer_cross_fwd_paged(out, layer_.attn, an, w, cfg.attn_shape(l), N, kv_.pools()[0],
-                                     s.table.data(), static_cast<int64_t>(s.table.size()), pos0 + T);
-    }
+    nn::attn_layer_cross_fwd_paged(out, layer_.attn, an, m_.sambay_layer(l).attn, cfg.attn_shape(l),
+                                   N, kv_.pools()[0], s.table.data(),
+                                   static_cast<int64_t>(s.table.size()), pos0 + T);
   });
   logits_of(x_.data(), N, run, out_row, logits);
 }

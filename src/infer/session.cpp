@@ -62,13 +62,14 @@ void Session::decode(const Batch& b, float* logits) {
       }
     }
     const int64_t end = s.len + static_cast<int64_t>(rows.size());
-    const int64_t used = kv_.contiguous() ? 0 : (end + kv_.block_size() - 1) / kv_.block_size();
+    const int64_t used = (end + kv_.block_size() - 1) / kv_.block_size();
     for (int64_t j = 0; j < std::min<int64_t>(used, static_cast<int64_t>(s.table.size())); ++j) {
       const int32_t blk = s.table[static_cast<size_t>(j)];
-      if (blk < 0 || blk >= kv_.blocks().total()) {
+      const int64_t total = kv_.pools()[0].n_blocks;
+      if (blk < 0 || blk >= total) {
         throw InvalidArgument("Session::decode: sequence " + std::to_string(order[k]) + "'s block " +
                               std::to_string(blk) + " is outside the pool of " +
-                              std::to_string(kv_.blocks().total()));
+                              std::to_string(total));
       }
     }
     if (end > cap) {
@@ -86,15 +87,6 @@ void Session::decode(const Batch& b, float* logits) {
     }
   }
   const bool rec = m_.config().recurrent();
-  if (kv_.contiguous()) {
-    // the one sequence
-    if (rec) {
-      sambay_chunk(b, rows_of[0], out_row, logits);
-    } else {
-      decode_contiguous(b, rows_of[0], out_row, logits);
-    }
-    return;
-  }
   std::vector<int64_t> singles;
   for (size_t k = 0; k < order.size(); ++k) {
     if (rows_of[k].size() == 1) singles.push_back(rows_of[k][0]);
@@ -161,7 +153,7 @@ void Session::decode_rows(const Batch& b, const std::vector<int64_t>& rows,
 }
 
 // A run of rows at positions pos0, pos0 + 1, ...: their RoPE table (cos_, sin_) and their
-// embeddings (x_), shared by prompt chunks and the contiguous store.
+// embeddings (x_): a prompt chunk's.
 void Session::embed_run(const Batch& b, const std::vector<int64_t>& rows, int64_t pos0) {
   const ModelConfig& cfg = m_.config();
   const int64_t T = static_cast<int64_t>(rows.size()), C = cfg.d_model;
@@ -191,27 +183,6 @@ void Session::decode_chunk(const Batch& b, const std::vector<int64_t>& rows,
       nn::attn_layer_fwd_paged(out, layer_.attn, an, m_.attn_weights(l), cfg.attn_shape(l), T,
                                cos_.data(), sin_.data(), pools[static_cast<size_t>(l)],
                                s.table.data(), table_len, pos0);
-    });
-  }
-  s.len = pos0 + T;
-  logits_of(x_.data(), T, rows, out_row, logits);
-}
-
-void Session::decode_contiguous(const Batch& b, const std::vector<int64_t>& rows,
-                                const std::vector<int64_t>& out_row, float* logits) {
-  const ModelConfig& cfg = m_.config();
-  const int64_t T = static_cast<int64_t>(rows.size());
-  const int64_t pos0 = b.pos[static_cast<size_t>(rows[0])];
-  KvStore::Seq& s = kv_.seq(0);
-  embed_run(b, rows, pos0);
-  std::vector<nn::KVCache>& caches = kv_.caches();
-  for (int64_t l = 0; l < cfg.n_layers; ++l) {
-    // The rows' K/V appended at the cache's end, attention against the whole cache.
-    nn::KVCache& cache = caches[static_cast<size_t>(l)];
-    cache.len = pos0;
-    m_.layer_infer(l, layer_, x_.data(), T, [&](float* out, const float* an) {
-      nn::attn_layer_fwd(out, layer_.attn, an, m_.attn_weights(l), cfg.attn_shape(l), 1, T,
-                         cos_.data(), sin_.data(), &cache, false);
     });
   }
   s.len = pos0 + T;

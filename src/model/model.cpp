@@ -228,7 +228,7 @@ void Model::layer_fwd(int64_t l, LayerActs& a, const float* x_in, float* x_out, 
                       int64_t T, const float* cos_t, const float* sin_t, bool save) {
   layer_body(l, a, x_in, x_out, B * T, [&](float* out, const float* an) {
     nn::attn_layer_fwd(out, a.attn, an, attn_weights(l), cfg_.attn_shape(l), B, T, cos_t, sin_t,
-                       nullptr, save);
+                       save);
   });
 }
 

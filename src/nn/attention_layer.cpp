@@ -272,33 +272,14 @@ void output(float* out, AttnLayerActs& acts, const AttnLayerWeights& w, const At
 
 void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
                     const AttnLayerWeights& w, const AttnLayerShape& s, int64_t B, int64_t T,
-                    const float* cos_t, const float* sin_t, KVCache* cache, bool save_stats) {
+                    const float* cos_t, const float* sin_t, bool save_stats) {
   const int64_t BT = B * T, np = s.n_proj();
   float* proj = project(acts, inp, w, s, BT);
   if (cos_t) {  // null tables: a model without positional encoding (SambaY)
     rope_apply(proj, cos_t, sin_t, B, T, s.q_heads(), s.D, np, T * np, false);
     rope_apply(proj + s.n_q(), cos_t, sin_t, B, T, s.k_heads(), s.D, np, T * np, false);
   }
-
-
-  if (cache) {
-    if (cache->len + T > cache->capacity) {
-      throw InvalidArgument("attention layer: the KV cache holds " +
-                            std::to_string(cache->capacity) + " positions; " +
-                            std::to_string(cache->len) + " used, " + std::to_string(T) +
-                            " more asked for");
-    }
-    for (int64_t b = 0; b < B; ++b) {
-      for (int64_t t = 0; t < T; ++t) {
-        const float* row = proj + (b * T + t) * np;
-        const int64_t at = b * cache->capacity + cache->len + t;
-        append_kv(*cache, s, at, row);
-      }
-    }
-    cache->len += T;
-  }
-
-  AttnParams p = make_params(s, B, T, proj, acts.lam.data(), cache);
+  AttnParams p = make_params(s, B, T, proj, acts.lam.data(), nullptr);
   acts.att.resize(static_cast<size_t>(BT * s.n_out()));
   p.out = acts.att.data();
   if (save_stats) {
@@ -351,24 +332,6 @@ void attn_layer_fwd_paged(float* out, AttnLayerActs& acts, const float* inp,
   for (int64_t t = 0; t < T; ++t) append_kv(pool, s, table, pos0 + t, proj + t * np);
   const int64_t len = pos0 + T, starts[2] = {0, T};
   paged_attention(acts, s, pool, PagedSeqs{1, table, table_len, &len}, proj, np, starts);
-  output(out, acts, w, s, T);
-}
-
-void attn_layer_cross_fwd(float* out, AttnLayerActs& acts, const float* inp,
-                          const AttnLayerWeights& w, const AttnLayerShape& s, int64_t T,
-                          const KVCache& kv) {
-  if (s.kind != AttnKind::DiffV1 || kv.B != 1 || kv.len < T) {
-    throw InvalidArgument("cross attention: a diff_v1 layer over one sequence's " +
-                          std::to_string(kv.len) + " keys for " + std::to_string(T) + " queries");
-  }
-  const float* q = project_q(acts, inp, w, s, T);
-  // make_params reads q rows n_proj apart: a queries-only projection is n_q apart.
-  AttnParams p = make_params(s, 1, T, q, acts.lam.data(), &kv);
-  p.q_row_stride = s.n_q();
-  p.q_batch_stride = T * s.n_q();
-  acts.att.resize(static_cast<size_t>(T * s.n_out()));
-  p.out = acts.att.data();
-  attention_fwd(p);
   output(out, acts, w, s, T);
 }
 

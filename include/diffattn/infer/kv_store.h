@@ -1,7 +1,7 @@
 // The KV store of inference: one pool of fixed-size blocks per layer (nn::KVPool), the block
 // allocator with its prefix cache, and each open sequence's block table and length. Position j
 // of a sequence is row j % block_size of block table[j / block_size] in every pool. A contiguous
-// cache is a store of one sequence (one nn::KVCache per layer, no blocks).
+// cache is a store of one sequence whose one block holds its whole capacity (no allocator).
 #pragma once
 
 #include <cstdint>
@@ -84,9 +84,10 @@ class KvStore {
   // InvalidArgument for sizes out of BlockAllocator's range or a store that would not fit in
   // the machine's memory, before anything is allocated.
   KvStore(const Model& m, int64_t n_blocks, int64_t block_size, DType kv_dtype = DType::F32);
-  // A contiguous store: one sequence (id 0, open from the start) of up to `capacity` positions
-  // (at most the model's max_seq_len) in one nn::KVCache per layer: one generation's cache,
-  // run by the tiled forward against the whole cache for any number of rows. It has no blocks (blocks() throws) and holds no other sequence.
+  // A contiguous store: one sequence (id 0, open from the start, its table {0}) of up to
+  // `capacity` positions (at most the model's max_seq_len) in a pool of one block of that many
+  // positions per layer: one generation's cache, run by the same paged attention as a paged
+  // store's. It has no allocator (blocks() throws) and holds no other sequence.
   struct Contiguous {
     int64_t capacity = 0;
   };
@@ -121,15 +122,15 @@ class KvStore {
   // Positions the sequence can hold: its table's blocks, or the contiguous capacity.
   int64_t capacity(int32_t id) const;
 
-  bool contiguous() const { return !caches_.empty(); }
+  bool contiguous() const { return contiguous_; }
   BlockAllocator& blocks();
   const BlockAllocator& blocks() const;
-  std::vector<nn::KVPool>& pools() { return pools_; }        // paged: one per layer
-  std::vector<nn::KVCache>& caches() { return caches_; }     // contiguous: one per layer
+  std::vector<nn::KVPool>& pools() { return pools_; }  // one per layer with K/V
   // Copies positions [0, n) of block src to block dst in every layer's pool (a paged store;
   // both blocks allocated, n <= block_size).
   void copy_rows(int32_t src, int32_t dst, int64_t n);
-  int64_t block_size() const { return alloc_ ? alloc_->block_size() : 0; }
+  // Positions per block (a contiguous store: its capacity).
+  int64_t block_size() const { return pools_.empty() ? 0 : pools_[0].block_size; }
   // The layers with K/V in the store: every layer, or a recurrent model's one full-attention
   // layer (SambaY's YOCO layer, whose keys and values its cross layers read).
   static int64_t kv_layers(const ModelConfig& cfg) { return cfg.recurrent() ? 1 : cfg.n_layers; }
@@ -138,7 +139,7 @@ class KvStore {
   static double sequence_bytes(const ModelConfig& cfg, int64_t positions, DType kv_dtype);
   // The bytes sequence id's recurrent state holds (0 for other models): what was allocated.
   int64_t recurrent_bytes(int32_t id) const;
-  int64_t n_layers() const { return static_cast<int64_t>(contiguous() ? caches_.size() : pools_.size()); }
+  int64_t n_layers() const { return static_cast<int64_t>(pools_.size()); }
   DType kv_dtype() const { return kv_dtype_; }
 
  private:
@@ -148,7 +149,7 @@ class KvStore {
   // The pools first: a pool that cannot fit is refused (with its size) before anything else.
   std::vector<nn::KVPool> pools_;  // one per layer, (n_blocks, block_size, ...) each
   std::optional<BlockAllocator> alloc_;  // paged stores only
-  std::vector<nn::KVCache> caches_;       // contiguous stores only: (1, capacity, ...) each
+  bool contiguous_ = false;
   std::vector<Seq> seqs_;
   std::vector<uint8_t> open_;  // (seqs_.size()) 1: id in use
 };

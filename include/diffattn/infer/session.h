@@ -34,8 +34,7 @@ class Session {
   //   - A sequence with several rows is a prompt chunk, run after the decode steps, one
   //     sequence at a time: its attention reads the sequence's positions in its blocks in
   //     place (nn::attn_layer_fwd_paged: the tiled forward packs each K/V tile from them).
-  //   - A contiguous store's one sequence: its rows, one or many, against the whole cache
-  //     (nn::attn_layer_fwd).
+  //   - A contiguous store's one sequence is a paged sequence of one block: the same paths.
   // Each row's logits equal a contiguous-cache forward of that sequence alone up to the order
   // of the sums. Throws InvalidArgument (nothing run) for a malformed batch.
   void decode(const Batch& batch, float* logits);
@@ -50,7 +49,7 @@ class Session {
   // RoPE table and embeddings of a run of rows at consecutive positions from pos0.
   void embed_run(const Batch& batch, const std::vector<int64_t>& rows, int64_t pos0);
   // A recurrent (SambaY) model's rows (infer/sambay.cpp): the decode steps of one-row
-  // sequences batched, or one sequence's chunk (paged or the contiguous store's).
+  // sequences batched, or one sequence's chunk.
   void sambay_rows(const Batch& batch, const std::vector<int64_t>& rows,
                    const std::vector<int64_t>& out_row, float* logits);
   void sambay_chunk(const Batch& batch, const std::vector<int64_t>& rows,
@@ -59,9 +58,6 @@ class Session {
   // (`mixer(l, out, normed)` runs the attention kinds; Mamba and GMU run here on seqs').
   void sambay_layers(int64_t l0, int64_t l1, int64_t N, const std::vector<nn::MambaSeq>* mseqs,
                      const std::function<void(int64_t, float*, const float*)>& mixer);
-  // The rows of a contiguous store's one sequence.
-  void decode_contiguous(const Batch& batch, const std::vector<int64_t>& rows,
-                         const std::vector<int64_t>& out_row, float* logits);
   // The logits of the rows of x (N, C) that want them: x's row k is batch row rows[k], whose
   // logits go to row out_row[rows[k]] of logits (-1: not wanted).
   void logits_of(const float* x, int64_t N, const std::vector<int64_t>& rows,

@@ -98,14 +98,13 @@ struct KVCache {
 double v1_lambda(const AttnLayerWeights& w, const AttnLayerShape& s, double* e1 = nullptr,
                  double* e2 = nullptr);
 
-// out (B, T, C) = attention layer of inp (B, T, C) (already normalised), causal. Positions of
-// the T rows start at pos0; cos_t/sin_t (T, D/2) their RoPE angles. With a cache, the new
-// keys/values are appended at cache->len and attention runs against the whole cache (prefill
-// when cache->len == 0, decode after); without, against the T rows themselves.
-// save_stats: keep lse and o2 for a backward (training); inference leaves them out.
+// out (B, T, C) = attention layer of inp (B, T, C) (already normalised), causal, each batch's T
+// rows against themselves (training, evaluation: inference runs through a KV store's blocks,
+// attn_layer_fwd_paged). cos_t/sin_t (T, D/2): the rows' RoPE angles.
+// save_stats: keep lse and o2 for a backward (training).
 void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
                     const AttnLayerWeights& w, const AttnLayerShape& s, int64_t B, int64_t T,
-                    const float* cos_t, const float* sin_t, KVCache* cache, bool save_stats);
+                    const float* cos_t, const float* sin_t, bool save_stats);
 
 // The paged KV store of one layer (serving): n_blocks blocks of block_size positions shared by
 // many sequences, each holding a table of block ids (serve::BlockAllocator hands them out).
@@ -158,13 +157,10 @@ void attn_layer_fwd_paged(float* out, AttnLayerActs& acts, const float* inp,
                           const int32_t* table, int64_t table_len, int64_t pos0);
 
 // Cross attention (SambaY's cross-decoder, arXiv:2507.06607): the layer's own queries (w.proj
-// and w.proj_bias hold only the q rows) against another layer's keys and values. One sequence's
-// T query rows are its last T positions of kv (kv.len keys, causal bottom-right); diff_v1 only.
-void attn_layer_cross_fwd(float* out, AttnLayerActs& acts, const float* inp,
-                          const AttnLayerWeights& w, const AttnLayerShape& s, int64_t T,
-                          const KVCache& kv);
-// The decode step of B sequences against their blocks of another layer's pool (seqs.lens: the
-// keys each sees, its new token's included, written by that layer already).
+// and w.proj_bias hold only the q rows) against another layer's keys and values; diff_v1 only.
+// attn_layer_cross_decode_paged: the decode step of B sequences against their blocks of another
+// layer's pool (seqs.lens: the keys each sees, its new token's included, written by that layer
+// already).
 void attn_layer_cross_decode_paged(float* out, AttnLayerActs& acts, const float* inp,
                                    const AttnLayerWeights& w, const AttnLayerShape& s,
                                    const KVPool& pool, const PagedSeqs& seqs);
