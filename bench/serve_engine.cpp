@@ -1,7 +1,7 @@
 // The serving engine without HTTP (a benchmark, not a test): N sequences submitted at once to
 // serve::Engine, each a short prompt and --max-tokens sampled tokens, timed to the last token.
 // Reports aggregate generated tokens/s per N, and the same N sequences decoded one after another
-// with train::generate_ids (one sequence at a time, the model's own KV cache) for reference.
+// with infer::generate_ids (one sequence at a time, a contiguous store of its own) for reference.
 //   build/bench/bench_serve_engine MODEL_DIR [max_tokens=128] [N,N,...=1,4,16,64] [engine]
 // (a fourth argument "engine" skips the one-at-a-time runs: for profiling the engine alone)
 #include <chrono>
@@ -72,11 +72,11 @@ int main(int argc, char** argv) {
       const auto t1 = Clock::now();
       int64_t alone_tokens = 0;
       for (int64_t i = 0; i < n; ++i) {
-        train::GenerateOptions go;
+        infer::GenerateOptions go;
         go.max_new = max_tokens;
         go.sampler.temperature = 0.8;
         go.sampler.seed = static_cast<uint64_t>(i);
-        alone_tokens += static_cast<int64_t>(train::generate_ids(m, prompt(i), go).size());
+        alone_tokens += static_cast<int64_t>(infer::generate_ids(m, prompt(i), go).size());
       }
       const double alone_s = std::chrono::duration<double>(Clock::now() - t1).count();
       std::printf("%8lld %16.1f %22.1f %8.2f\n", static_cast<long long>(n), tokens / engine_s,

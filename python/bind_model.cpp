@@ -186,14 +186,14 @@ void bind_model(py::module_& m) {
           "generate",
           [](Model& self, const std::vector<int32_t>& prompt, int64_t max_new, double temperature,
              uint64_t seed, const std::vector<int32_t>& stop_ids, const std::string& kv_dtype) {
-            train::GenerateOptions o;
+            infer::GenerateOptions o;
             o.max_new = max_new;
             o.sampler.temperature = temperature;
             o.sampler.seed = seed;
             o.stop_ids = stop_ids;
             o.kv_dtype = parse_dtype(kv_dtype, "kv_dtype");
             py::gil_scoped_release nogil;
-            return train::generate_ids(self, prompt, o);
+            return infer::generate_ids(self, prompt, o);
           },
           py::arg("prompt_ids"), py::arg("max_new"), py::arg("temperature") = 0.0,
           py::arg("seed") = 0, py::arg("stop_ids") = std::vector<int32_t>{},

@@ -88,14 +88,14 @@ int bench_decode(const Model& m, int64_t prompt_len, int64_t n, double load_s, D
   for (int64_t i = 0; i < prompt_len; ++i) prompt[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % V);
   // The generation loop `generate` and Python run (one sequence in a contiguous store),
   // greedy; the first token marks the end of the prefill.
-  train::GenerateOptions o;
+  infer::GenerateOptions o;
   o.max_new = n + 1;
-  o.sampler = SamplerOptions{0.0, 0, 1.0, 0};
+  o.sampler = infer::SamplerOptions{0.0, 0, 1.0, 0};
   o.kv_dtype = kv_dtype;
   const auto t0 = std::chrono::steady_clock::now();
   auto t1 = t0;
   bool first = true;
-  train::generate_ids(m, prompt, o, [&](int32_t) {
+  infer::generate_ids(m, prompt, o, [&](int32_t) {
     if (first) t1 = std::chrono::steady_clock::now();
     first = false;
     return true;
@@ -189,7 +189,7 @@ int run_generate(const std::vector<std::string>& argv) {
       from_flags([&] { return data::parse_tokenizer_choice(a.str("--tokenizer"), "--tokenizer"); });
   const int64_t bench_steps = a.integer("--bench", 0, int64_t{1} << 40);
   const int64_t bench_prompt = a.integer("--bench-prompt", 1, int64_t{1} << 24);
-  train::GenerateOptions o;
+  infer::GenerateOptions o;
   o.max_new = a.integer("--max-new", 0, int64_t{1} << 40);
   o.sampler.temperature = a.number("--temperature", 0, 1e30);
   o.sampler.top_k = a.integer("--top-k", 0, int64_t{1} << 40);

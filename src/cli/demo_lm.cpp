@@ -88,7 +88,7 @@ void demo_language_model(std::ostream& os, int section, int64_t steps) {
   }
   os << "\n";
 
-  train::GenerateOptions g;
+  infer::GenerateOptions g;
   g.max_new = 160;
   g.sampler.temperature = 0.7;
   g.sampler.top_k = 40;

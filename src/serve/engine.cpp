@@ -144,7 +144,7 @@ std::shared_ptr<Sequence> Engine::submit(SeqRequest r) {
                           std::to_string(alloc_.total()) + " of " +
                           std::to_string(alloc_.block_size()) + " positions)");
   }
-  Sampler check(r.sampler);  // throws on bad sampler options, before anything is queued
+  infer::Sampler check(r.sampler);  // throws on bad sampler options, before anything is queued
   (void)check;
   if (r.grammar && (!r.masker || r.masker->vocab_size() != V)) {
     throw InvalidArgument("constrained output needs a token masker over the model's " + std::to_string(V) + " ids");
@@ -328,7 +328,7 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
       }
       r->seq = seq;
       r->req = std::move(req);
-      r->sampler = std::make_unique<Sampler>(r->req.sampler);
+      r->sampler = std::make_unique<infer::Sampler>(r->req.sampler);
       if (r->req.grammar) r->matcher.emplace(*r->req.grammar);
       running.push_back(std::move(r));
       waiting_.pop_front();

@@ -44,7 +44,7 @@
 #include "diffattn/infer/kv_store.h"
 #include "diffattn/infer/session.h"
 #include "diffattn/model/model.h"
-#include "diffattn/model/sampler.h"
+#include "diffattn/infer/sampler.h"
 
 namespace diffattn::serve {
 
@@ -72,7 +72,7 @@ TokenLogprob logprob_of(const float* logits, int64_t V, double T, int32_t id, in
 struct SeqRequest {
   std::vector<int32_t> prompt;
   int64_t max_tokens = 16;
-  SamplerOptions sampler;
+  infer::SamplerOptions sampler;
   std::vector<int32_t> stop_ids;
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
   // >= 0: each generated token's log probability with that many top ones: the log-softmax of
@@ -177,7 +177,7 @@ class Engine {
     uint64_t key = infer::BlockAllocator::kRootKey;  // the key of its last registered block
     int64_t generated = 0;
     int32_t last = -1;      // the token to feed next (after the prefill)
-    std::unique_ptr<Sampler> sampler;
+    std::unique_ptr<infer::Sampler> sampler;
     std::optional<grammar::Matcher> matcher;  // constrained output
     std::vector<uint8_t> mask;
   };

@@ -230,7 +230,7 @@ class Server {
   std::unique_ptr<ChatTemplate> chat_;
   std::unique_ptr<ApiError> chat_error_;
   std::vector<int32_t> stop_ids_;
-  SamplerOptions sampling_;  // the ids that may be drawn (vocab_limit, excluded)
+  infer::SamplerOptions sampling_;  // the ids that may be drawn (vocab_limit, excluded)
   std::string name_;
   int64_t created_ = 0;
   std::unique_ptr<Engine> engine_;

@@ -20,11 +20,14 @@
 #include "diffattn/model/model.h"
 #include "diffattn/model/optimizer.h"
 #include "diffattn/model/safetensors.h"
-#include "diffattn/model/sampler.h"
+#include "diffattn/infer/sampler.h"
 #include "one_sequence.h"
 
 namespace diffattn {
 namespace {
+
+using infer::Sampler;
+using infer::SamplerOptions;
 
 ModelConfig tiny(nn::AttnKind kind, bool tie = false) {
   ModelConfig c;

@@ -1,6 +1,6 @@
 // The serving engine and the OpenAI request layer (src/serve/) and the inference room under it
 // (src/infer/): the KV block allocator, Session::decode over paged and contiguous stores (against the full forward), the
-// continuous-batching scheduler against train::generate_ids (the oracle: one sequence alone in a
+// continuous-batching scheduler against infer::generate_ids (the oracle: one sequence alone in a
 // cache of its own), chunked prefill, waiting for blocks, the bounded queue, cancellation, request
 // parsing and chat templates (the engine of src/tokenize, here through the server's wrapper)
 // against hand-written expected strings.
@@ -384,11 +384,11 @@ TEST_P(EngineKinds, BatchedSequencesMatchGenerateAlone) {
       r.sampler.temperature = i % 2 == 0 ? 0.0 : 0.9;
       r.sampler.seed = 100 + static_cast<uint64_t>(i);
       reqs.push_back(r);
-      train::GenerateOptions go;
+      infer::GenerateOptions go;
       go.max_new = r.max_tokens;
       go.sampler = r.sampler;
       go.kv_dtype = dt;
-      wants.push_back(train::generate_ids(ref, r.prompt, go));
+      wants.push_back(infer::generate_ids(ref, r.prompt, go));
     }
     Engine e(m, eo);
     std::vector<std::shared_ptr<Sequence>> seqs;
@@ -469,10 +469,10 @@ TEST(Engine, StopIdsEndASequenceWithoutEmittingThem) {
   r.prompt = prompt_of(5, 1, 61);
   r.max_tokens = 30;
   r.sampler.temperature = 0;
-  train::GenerateOptions go;
+  infer::GenerateOptions go;
   go.max_new = 30;
   go.sampler = r.sampler;
-  const std::vector<int32_t> free_run = train::generate_ids(ref, r.prompt, go);
+  const std::vector<int32_t> free_run = infer::generate_ids(ref, r.prompt, go);
   ASSERT_GE(free_run.size(), 4u);
   r.stop_ids = {free_run[3]};
   Engine e(m, EngineOptions{});
@@ -515,10 +515,10 @@ TEST(Engine, LogprobsOfTokensAndOfThePrompt) {
   r.sampler.temperature = 0;
   r.logprobs = 2;
   r.prompt_logprobs = true;
-  train::GenerateOptions go;
+  infer::GenerateOptions go;
   go.max_new = 5;
   go.sampler = r.sampler;
-  const std::vector<int32_t> want = train::generate_ids(ref, r.prompt, go);
+  const std::vector<int32_t> want = infer::generate_ids(ref, r.prompt, go);
   Engine e(m, EngineOptions{});
   auto seq = e.submit(r);
   std::vector<int32_t> got;
@@ -610,10 +610,10 @@ TEST(Engine, PrefixCacheGivesTheSameTokensAndCountsItsHits) {
   prompts.push_back(prompt_of(16, 0, V));  // two blocks, the beginning of prompts[0]
   std::vector<std::vector<int32_t>> want;
   for (const auto& p : prompts) {
-    train::GenerateOptions go;
+    infer::GenerateOptions go;
     go.max_new = 6;
     go.sampler.temperature = 0;
-    want.push_back(train::generate_ids(ref, p, go));
+    want.push_back(infer::generate_ids(ref, p, go));
   }
   for (const bool cache : {true, false}) {
     Model m = tiny_model(nn::AttnKind::DiffV1, 9);
@@ -669,10 +669,10 @@ TEST(Engine, FullPoolQueuesThenRefusesBeyondTheQueue) {
   r.prompt = prompt_of(10, 2, 61);
   r.max_tokens = 25;
   r.sampler.temperature = 0;
-  train::GenerateOptions go;
+  infer::GenerateOptions go;
   go.max_new = 25;
   go.sampler = r.sampler;
-  const std::vector<int32_t> want = train::generate_ids(ref, r.prompt, go);
+  const std::vector<int32_t> want = infer::generate_ids(ref, r.prompt, go);
   // The engine's thread may admit the first at once (then two more fit the queue) or not yet
   // (then the third submission finds the queue full): count refusals, not their position.
   std::vector<std::shared_ptr<Sequence>> seqs;
@@ -717,10 +717,10 @@ TEST(Engine, CancelFreesTheBlocksAndOthersGoOn) {
   r.prompt = prompt_of(6, 4, 61);
   r.max_tokens = 80;
   r.sampler.temperature = 0;
-  train::GenerateOptions go;
+  infer::GenerateOptions go;
   go.max_new = 80;
   go.sampler = r.sampler;
-  const std::vector<int32_t> want = train::generate_ids(ref, r.prompt, go);
+  const std::vector<int32_t> want = infer::generate_ids(ref, r.prompt, go);
   Engine e(m, eo);
   auto a = e.submit(r);
   auto b = e.submit(r);

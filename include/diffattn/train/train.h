@@ -13,27 +13,18 @@
 #include "diffattn/model/model.h"
 #include "diffattn/model/optimizer.h"
 #include "diffattn/model/safetensors.h"
-#include "diffattn/model/sampler.h"
+#include "diffattn/infer/generate.h"
+#include "diffattn/infer/sampler.h"
 
 namespace diffattn::train {
 
-// The data room's types this room's API takes.
+// The data and infer rooms' types this room's API takes.
 using data::Dataset;
 using data::Tokenizer;
+using infer::GenerateOptions;
+using infer::SamplerOptions;
 
-// ---- generation ----
-struct GenerateOptions {
-  int64_t max_new = 200;  // new tokens; fewer if the model's max_seq_len is reached
-  SamplerOptions sampler;
-  std::vector<int32_t> stop_ids;  // generation ends at any of these (not part of the output)
-  DType kv_dtype = DType::F32;  // the KV cache's storage (F32, BF16 or F16)
-};
-
-// Prefills prompt ids through the KV cache, then decodes one token at a time; on_token (if
-// given) sees each new id and may return false to stop. Returns the new ids (without a stop id).
-std::vector<int32_t> generate_ids(const Model& m, const std::vector<int32_t>& prompt,
-                                  const GenerateOptions& o,
-                                  const std::function<bool(int32_t)>& on_token = {});
+// ---- generation (the loop itself: infer/generate.h) ----
 // The ids a model directory's generation ends at: generation_config.json's eos_token_id (a
 // number or a list) when the file exists, else the tokenizer's end-of-sequence id, else none.
 // An eos_token_id the model cannot produce (not below model_vocab) is an IoError naming the file

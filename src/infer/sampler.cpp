@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "diffattn/base/error.h"
-#include "diffattn/model/sampler.h"
+#include "diffattn/infer/sampler.h"
 
-namespace diffattn {
+namespace diffattn::infer {
 
 Sampler::Sampler(const SamplerOptions& o) : o_(o), rng_(o.seed) {
   if (!(o.temperature >= 0) || !std::isfinite(o.temperature)) {
@@ -167,4 +167,4 @@ int32_t Sampler::draw(const float* logits, int64_t V, const uint8_t* allowed) {
   return idx_[n - 1];
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::infer

@@ -10,7 +10,7 @@
 
 #include "diffattn/base/rng.h"
 
-namespace diffattn {
+namespace diffattn::infer {
 
 struct SamplerOptions {
   double temperature = 1.0;  // 0: greedy (argmax)
@@ -56,4 +56,4 @@ class Sampler {
   int64_t last_v_ = 0;
 };
 
-}  // namespace diffattn
+}  // namespace diffattn::infer
