@@ -38,7 +38,7 @@ py::array_t<double> doubles(const std::vector<double>& v) {
   return a;
 }
 
-py::dict stats(const SnrStats& s) {
+py::dict stats(const eval::SnrStats& s) {
   py::dict d;
   d["snr"] = s.snr;
   d["snr_std"] = s.snr_std;
@@ -47,9 +47,9 @@ py::dict stats(const SnrStats& s) {
   return d;
 }
 
-SnrConfig snr_config(int64_t length, int64_t head_dim, double signal, double noise,
+eval::SnrConfig snr_config(int64_t length, int64_t head_dim, double signal, double noise,
                      double independent, double lam, int trials, uint64_t seed) {
-  SnrConfig c;
+  eval::SnrConfig c;
   c.length = length;
   c.head_dim = head_dim;
   c.signal = signal;
@@ -146,10 +146,10 @@ Returns (out (B, Tq, H, Dv), probs (B, H, maps, Tq, Tk), weights (B, H, Tq, Tk))
       "snr",
       [](int64_t length, int64_t head_dim, double signal, double noise, double independent,
          double lam, int trials, uint64_t seed, bool sweeps) {
-        SnrResult r;
+        eval::SnrResult r;
         {
           py::gil_scoped_release nogil;
-          r = run_snr(snr_config(length, head_dim, signal, noise, independent, lam, trials, seed), sweeps);
+          r = eval::run_snr(snr_config(length, head_dim, signal, noise, independent, lam, trials, seed), sweeps);
         }
         py::dict d;
         d["standard"] = stats(r.standard);
@@ -160,13 +160,13 @@ Returns (out (B, Tq, H, Dv), probs (B, H, maps, Tq, Tk), weights (B, H, Tq, Tk))
         d["example_position"] = r.example_position;
         if (sweeps) {
           py::list ls, ns;
-          for (const SnrLambdaPoint& p : r.lambda_sweep) {
+          for (const eval::SnrLambdaPoint& p : r.lambda_sweep) {
             py::dict e = stats(p.diff);
             e["lambda"] = p.lambda;
             e["ratio"] = p.ratio;
             ls.append(e);
           }
-          for (const SnrNoisePoint& p : r.noise_sweep) {
+          for (const eval::SnrNoisePoint& p : r.noise_sweep) {
             py::dict e;
             e["noise"] = p.noise;
             e["standard"] = stats(p.standard);
@@ -192,7 +192,7 @@ standard, and with sweeps=True the lambda and noise sweeps.)doc");
       "snr_trials",
       [](int64_t length, int64_t head_dim, double signal, double noise, double independent,
          double lam, int trials, uint64_t seed) {
-        const SnrTrials t = snr_trials(snr_config(length, head_dim, signal, noise, independent, lam, trials, seed));
+        const eval::SnrTrials t = eval::snr_trials(snr_config(length, head_dim, signal, noise, independent, lam, trials, seed));
         py::dict d;
         d["snr_standard"] = doubles(t.snr_standard);
         d["snr_diff"] = doubles(t.snr_diff);
@@ -210,7 +210,7 @@ standard, and with sweeps=True the lambda and noise sweeps.)doc");
   m.def(
       "textbook_views",
       [](double lam, const std::string& mode, bool causal) {
-        const AttentionViews v = textbook_views(static_cast<float>(lam), mode_of(mode, "textbook_views"), causal);
+        const eval::AttentionViews v = eval::textbook_views(static_cast<float>(lam), mode_of(mode, "textbook_views"), causal);
         py::dict d;
         d["tokens"] = v.tokens;
         for (auto [name, data] : {std::pair{"map1", &v.map1}, std::pair{"map2", &v.map2},
@@ -227,7 +227,7 @@ standard, and with sweeps=True the lambda and noise sweeps.)doc");
   m.def(
       "exercise2",
       [] {
-        const Exercise2 e = exercise2();
+        const eval::Exercise2 e = eval::exercise2();
         py::dict d;
         d["loss_signed"] = e.loss_signed;
         d["loss_clamp"] = e.loss_clamp;
@@ -243,7 +243,7 @@ standard, and with sweeps=True the lambda and noise sweeps.)doc");
       "format_tensors",
       [](const py::dict& config) {
         py::list out;
-        for (const TensorSpec& t : format_tensors(arch_of(config))) {
+        for (const eval::TensorSpec& t : eval::format_tensors(arch_of(config))) {
           out.append(py::make_tuple(t.name, py::tuple(py::cast(t.shape)), t.component));
         }
         return out;
@@ -255,7 +255,7 @@ n_heads, n_kv_heads, head_dim, tie_embeddings) as (name, shape, component) tuple
   m.def(
       "account",
       [](const py::dict& config, int64_t context, double kv_bytes) {
-        const Accounting a = account(arch_of(config), context, kv_bytes);
+        const eval::Accounting a = eval::account(arch_of(config), context, kv_bytes);
         py::dict d;
         d["params"] = a.params;
         d["params_by_component"] = a.params_by_component;

@@ -58,7 +58,6 @@ ROOT_NAMESPACE_OK = {
     'base': 'the project-wide vocabulary (errors, files, dtypes) every layer names unqualified',
     'kernels': 'not moved yet: the operator API (attention_fwd, AttnParams, ...) is diffattn::',
     'model': 'not moved yet: Model, ModelConfig and the checkpoint functions are diffattn::',
-    'eval': 'not moved yet: the evidence functions are diffattn:: (textbook is diffattn::textbook)',
 }
 NAMESPACE = re.compile(r'^namespace ([A-Za-z_][\w:]*) *\{', re.M)
 IGNORED_NAMESPACES = {'hwy', 'hn', 'detail', 'jinja', 'HWY_NAMESPACE'}

@@ -15,9 +15,9 @@ namespace diffattn::cli {
 
 namespace {
 
-constexpr int T = textbook::kTokens;
+constexpr int T = eval::textbook::kTokens;
 
-std::vector<std::string> words() { return {textbook::kWords.begin(), textbook::kWords.end()}; }
+std::vector<std::string> words() { return {eval::textbook::kWords.begin(), eval::textbook::kWords.end()}; }
 
 // The example through the operator: out (T, Dv) and, from the saved lse, the maps (T, T).
 struct ExampleRun {
@@ -28,9 +28,9 @@ ExampleRun run_diff(float lam, DiffMode mode) {
   const float lam_arr[1] = {lam};
   AttnOptions opts;
   opts.mode = mode;
-  AttnParams p = diff_attn_params({textbook::kQ.data(), {1, T, 2, 2}},
-                                  {textbook::kK.data(), {1, T, 2, 2}},
-                                  {textbook::kV.data(), {1, T, 1, 4}}, {lam_arr, {1}}, opts);
+  AttnParams p = diff_attn_params({eval::textbook::kQ.data(), {1, T, 2, 2}},
+                                  {eval::textbook::kK.data(), {1, T, 2, 2}},
+                                  {eval::textbook::kV.data(), {1, T, 1, 4}}, {lam_arr, {1}}, opts);
   ExampleRun r;
   r.out.resize(T * 4);
   std::vector<float> lse(2 * T);
@@ -45,9 +45,9 @@ ExampleRun run_diff(float lam, DiffMode mode) {
 }
 
 ExampleRun run_standard() {
-  AttnParams p = attn_params({textbook::kQ.data(), {1, T, 1, 4}},
-                             {textbook::kK.data(), {1, T, 1, 4}},
-                             {textbook::kV.data(), {1, T, 1, 4}}, AttnOptions{});
+  AttnParams p = attn_params({eval::textbook::kQ.data(), {1, T, 1, 4}},
+                             {eval::textbook::kK.data(), {1, T, 1, 4}},
+                             {eval::textbook::kV.data(), {1, T, 1, 4}}, AttnOptions{});
   ExampleRun r;
   r.out.resize(T * 4);
   std::vector<float> lse(T);
@@ -68,17 +68,17 @@ std::vector<float> weights(const ExampleRun& r, float lam, DiffMode mode) {
 }
 
 void worked_example(std::ostream& os) {
-  const float lam = textbook::kLambda;
+  const float lam = eval::textbook::kLambda;
   const std::vector<std::string> tok = words();
   const std::vector<std::string> dims{"d0", "d1", "d2", "d3"};
   os << "== 1. The textbook's worked example: \"The cat sat on mat\", lambda = 0.4 ==\n\n"
         "Q and K are 5x4: columns 0-1 drive map 1, columns 2-3 map 2 (two sub-heads of size\n"
         "D = 2, scale 1/sqrt(2)); V is 5x4 and shared by both maps.\n\n";
-  print_matrix(os, "Q", tok, dims, textbook::kQ.data(), 1);
+  print_matrix(os, "Q", tok, dims, eval::textbook::kQ.data(), 1);
   os << '\n';
-  print_matrix(os, "K", tok, dims, textbook::kK.data(), 1);
+  print_matrix(os, "K", tok, dims, eval::textbook::kK.data(), 1);
   os << '\n';
-  print_matrix(os, "V", tok, dims, textbook::kV.data(), 1);
+  print_matrix(os, "V", tok, dims, eval::textbook::kV.data(), 1);
 
   const ExampleRun clamp = run_diff(lam, DiffMode::Clamp);
   const ExampleRun std_run = run_standard();

@@ -15,12 +15,12 @@ namespace diffattn::cli {
 
 namespace {
 
-constexpr int T = textbook::kTokens;
+constexpr int T = eval::textbook::kTokens;
 
-std::vector<std::string> words() { return {textbook::kWords.begin(), textbook::kWords.end()}; }
+std::vector<std::string> words() { return {eval::textbook::kWords.begin(), eval::textbook::kWords.end()}; }
 
 void two(std::ostream& os) {
-  const Exercise2 e = exercise2();
+  const eval::Exercise2 e = eval::exercise2();
   os << "== Exercise 2: gradient of sum(output) with respect to lambda (lambda = 0.4) ==\n\n";
   print_table(os, {"operator", "sum(output)", "d/d lambda", "finite difference"},
               {{"signed (the paper; library backward)", fixed(e.loss_signed),
@@ -42,14 +42,14 @@ void two(std::ostream& os) {
 }
 
 void three(std::ostream& os) {
-  const Exercise3 e = exercise3();
+  const eval::Exercise3 e = eval::exercise3();
   const std::vector<std::string> tok = words();
   os << "\n== Exercise 3: a three-way split A1 - 0.3 A2 - 0.2 A3 ==\n\n"
         "Map 1 reads columns 0-1 of Q and K and map 2 columns 2-3, as in the two-way example; map\n"
         "3 reads columns 1-2 (the middle pair, which straddles both halves), scale 1/sqrt(2).\n"
         "Computed by the k-way reference (src/kernels/kway_ref.cpp).\n\n";
   print_matrix(os, "Map 3: A3 = softmax(Q[:,1:3] K[:,1:3]^T / sqrt(2))", tok, tok, e.map3.data());
-  const SplitSummary& s3 = e.splits[2];
+  const eval::SplitSummary& s3 = e.splits[2];
   os << '\n';
   print_matrix(os, "Three-way, clamp mode: max(A1 - 0.3 A2 - 0.2 A3, 0) renormalised", tok, tok,
                s3.clamp.data());
@@ -57,7 +57,7 @@ void three(std::ostream& os) {
   print_matrix(os, "Three-way, signed: A1 - 0.3 A2 - 0.2 A3", tok, tok, s3.signed_w.data());
   os << "\nSparsity against the two-way split:\n";
   std::vector<std::vector<std::string>> rows;
-  for (const SplitSummary& s : e.splits) {
+  for (const eval::SplitSummary& s : e.splits) {
     rows.push_back({s.name, std::to_string(s.zeros_clamp) + " / 25", fixed(s.max_clamp),
                     std::to_string(s.negatives_signed) + " / 25", fixed(s.negative_mass),
                     fixed(s.row_sum_signed)});
@@ -65,7 +65,7 @@ void three(std::ostream& os) {
   print_table(os, {"split", "zeros (clamp)", "max weight (clamp)", "negative (signed)",
                    "negative mass (signed)", "signed row sum"},
               rows);
-  const SplitSummary &s2 = e.splits[0], &s25 = e.splits[1];
+  const eval::SplitSummary &s2 = e.splits[0], &s25 = e.splits[1];
   os << "\nThe three-way split gives " << s3.zeros_clamp << " exact zeros in clamp mode against "
      << s2.zeros_clamp << " for the two-way\nsplit at lambda = 0.4 and " << s25.zeros_clamp
      << " at lambda = 0.5 (the same total subtraction, 0.3 + 0.2); in signed mode\n"
@@ -82,7 +82,7 @@ void three(std::ostream& os) {
 }
 
 void four(std::ostream& os) {
-  const Exercise4 e = exercise4();
+  const eval::Exercise4 e = eval::exercise4();
   const std::vector<std::string> tok = words();
   os << "\n== Exercise 4: causal masking applied to both maps (lambda = 0.4) ==\n\n";
   print_matrix(os, "Map 1, causal", tok, tok, e.signed_views.map1.data());
@@ -113,7 +113,7 @@ void four(std::ostream& os) {
 }
 
 void five(std::ostream& os) {
-  const Exercise5 e = exercise5();
+  const eval::Exercise5 e = eval::exercise5();
   os << "\n== Exercise 5: the FLOPs behind \"6.8B DIFF matches 11B standard\" ==\n\n"
      << "DIFF V1 at " << e.diff.config.n_layers << " layers (" << fixed(e.diff.params / 1e9, 3)
      << "B parameters)\nagainst standard at " << e.standard.config.n_layers << " layers ("
@@ -144,10 +144,10 @@ int run_exercises(const std::vector<std::string>& argv) {
     const std::string dir = args.str("--out");
     std::vector<std::string> written;
     auto add = [&](const std::vector<std::string>& w) { written.insert(written.end(), w.begin(), w.end()); };
-    add(export_views(textbook_views(textbook::kLambda, DiffMode::Clamp, false), dir, "textbook_clamp"));
-    add(export_views(textbook_views(textbook::kLambda, DiffMode::Signed, false), dir, "textbook_signed"));
-    add(export_views(textbook_views(textbook::kLambda, DiffMode::Signed, true), dir, "textbook_causal_signed"));
-    const Exercise3 e3 = exercise3();
+    add(eval::export_views(eval::textbook_views(eval::textbook::kLambda, DiffMode::Clamp, false), dir, "textbook_clamp"));
+    add(eval::export_views(eval::textbook_views(eval::textbook::kLambda, DiffMode::Signed, false), dir, "textbook_signed"));
+    add(eval::export_views(eval::textbook_views(eval::textbook::kLambda, DiffMode::Signed, true), dir, "textbook_causal_signed"));
+    const eval::Exercise3 e3 = eval::exercise3();
     viz::HeatmapSpec spec;
     spec.row_labels = spec.col_labels = words();
     spec.title = "Three-way split, signed: A1 - 0.3 A2 - 0.2 A3";

@@ -120,7 +120,7 @@ int run_lm(const std::vector<std::string>& argv) {
       .option("--eval-windows", "N", "4", "windows of --seq-len per held-out document")
       .option("--max-docs", "N", "0", "read at most N documents of each split (0: all)");
   if (!a.parse(argv)) return 0;
-  LmExperimentOptions o;
+  eval::LmExperimentOptions o;
   o.corpus_dir = a.str("--corpus");
   o.seeds.clear();
   for (int64_t s : int_list("--seeds", a.str("--seeds"))) {
@@ -147,10 +147,10 @@ int run_lm(const std::vector<std::string>& argv) {
   o.max_docs = a.integer("--max-docs", 0, int64_t{1} << 40);
   const std::string out = a.str("--out");
   if (out.empty()) throw UsageError("--out DIR must not be empty");
-  LmExperimentResult r = run_lm_experiment(o, [](const std::string& s) { std::cout << s << std::endl; });
-  const std::vector<std::string> files = write_lm_report(r, out);
+  eval::LmExperimentResult r = eval::run_lm_experiment(o, [](const std::string& s) { std::cout << s << std::endl; });
+  const std::vector<std::string> files = eval::write_lm_report(r, out);
   std::cout << "\n";
-  for (const LmPaired& p : r.paired) {
+  for (const eval::LmPaired& p : r.paired) {
     std::cout << nn::attn_kind_name(p.a) << " - " << nn::attn_kind_name(p.b) << ": " << fixed(p.pooled.mean, 4)
               << " nats per byte, 95% interval over documents [" << fixed(p.pooled.lo, 4) << ", "
               << fixed(p.pooled.hi, 4) << "]\n";
@@ -201,7 +201,7 @@ int run_experiment(const std::vector<std::string>& argv) {
   if (a.str("name") != "retrieval") {
     throw UsageError("unknown experiment \"" + a.str("name") + "\"; the experiments are: retrieval, lm");
   }
-  RetrievalExperimentOptions o;
+  eval::RetrievalExperimentOptions o;
   apply_task_options(a, o.task);
   o.task.min_context = a.integer("--min-context");
   if (o.task.min_context >= o.task.context) o.task.min_context = 0;
@@ -237,7 +237,7 @@ int run_experiment(const std::vector<std::string>& argv) {
 
   from_flags([&] { o.task.validate(); });
   if (a.given("--seeds")) {
-    std::vector<RetrievalExperimentResult> runs;
+    std::vector<eval::RetrievalExperimentResult> runs;
     const std::string root = o.out_dir;
     const std::vector<int64_t> seeds = int_list("--seeds", a.str("--seeds"));
     for (size_t i = 0; i < seeds.size(); ++i) {
@@ -251,22 +251,22 @@ int run_experiment(const std::vector<std::string>& argv) {
       o.paired_init = true;
       o.out_dir = root + "/seed-" + std::to_string(s);
       std::cout << "seed " << s << ":\n";
-      runs.push_back(run_retrieval_experiment(o, [](const std::string& line) { std::cout << line << std::endl; }));
-      write_retrieval_report(runs.back(), o.out_dir);
+      runs.push_back(eval::run_retrieval_experiment(o, [](const std::string& line) { std::cout << line << std::endl; }));
+      eval::write_retrieval_report(runs.back(), o.out_dir);
     }
-    for (const std::string& f : write_retrieval_seed_summary(runs, root)) std::cout << "wrote " << f << "\n";
+    for (const std::string& f : eval::write_retrieval_seed_summary(runs, root)) std::cout << "wrote " << f << "\n";
     return 0;
   }
   std::cout << "Multi-needle retrieval: " << data::RetrievalTask(o.task).describe() << ", " << num_threads()
             << " thread(s)\n"
             << "sample: " << data::make_retrieval_sample(o.task, 0).text() << "\n";
-  RetrievalExperimentResult r = run_retrieval_experiment(o, [](const std::string& s) { std::cout << s << std::endl; });
+  eval::RetrievalExperimentResult r = eval::run_retrieval_experiment(o, [](const std::string& s) { std::cout << s << std::endl; });
   std::cout << "\n";
-  print_retrieval_tables(std::cout, r);
-  const std::vector<std::string> files = write_retrieval_report(r, o.out_dir);
+  eval::print_retrieval_tables(std::cout, r);
+  const std::vector<std::string> files = eval::write_retrieval_report(r, o.out_dir);
   std::cout << "\nwrote the report and " << files.size() - 1 << " pictures/arrays into " << o.out_dir << "/:\n";
   for (const std::string& f : files) std::cout << "  " << f << "\n";
-  for (const RetrievalModelResult& m : r.models) std::cout << "  " << m.dir << "/ (model)\n";
+  for (const eval::RetrievalModelResult& m : r.models) std::cout << "  " << m.dir << "/ (model)\n";
   return 0;
 }
 
@@ -292,18 +292,18 @@ int run_analyze(const std::vector<std::string>& argv) {
   data::RetrievalSpec spec = data::read_retrieval_spec(dir).value_or(data::RetrievalSpec{});
   apply_task_options(a, spec);
   spec.min_context = 0;
-  spec = heldout(spec);
-  const NoiseAnalysis r = analyze_noise(m, spec, samples);
+  spec = eval::heldout(spec);
+  const eval::NoiseAnalysis r = eval::analyze_noise(m, spec, samples);
   const bool pair = r.kind != nn::AttnKind::Standard;
   std::cout << nn::attn_kind_name(r.kind) << " model " << dir << ": " << plural(r.samples, "held-out context") << " of "
             << plural(spec.context, "token") << ", " << plural(r.rows, "answer row") << ", answer accuracy " << fixed(100 * r.accuracy, 1)
             << "%\n";
   std::vector<std::vector<std::string>> rows;
-  auto add = [&](const std::string& layer, const char* map, const NoiseStats& s, double lam) {
+  auto add = [&](const std::string& layer, const char* map, const eval::NoiseStats& s, double lam) {
     rows.push_back({layer, map, fixed(s.answer, 3), fixed(s.noise, 3), fixed(s.noise_abs, 3),
                     std::isnan(lam) ? std::string("-") : fixed(lam, 3)});
   };
-  for (const NoiseLayer& l : r.layers) {
+  for (const eval::NoiseLayer& l : r.layers) {
     add(std::to_string(l.layer), pair ? "A1 - lambda A2" : "softmax", l.main, l.lambda);
     if (pair) add(std::to_string(l.layer), "A1 alone", l.map1, std::nan(""));
   }

@@ -79,7 +79,7 @@ int run_maps(const std::vector<std::string>& argv) {
   // The flags that need no model first: a bad one is a usage error whatever DIR holds.
   const data::TokenizerChoice choice =
       from_flags([&] { return data::parse_tokenizer_choice(a.str("--tokenizer"), "--tokenizer"); });
-  MapOptions mo;
+  eval::MapOptions mo;
   if (a.given("--lambda")) mo.lambda = a.number("--lambda");
   mo.mode = from_flags([&] { return parse_diff_mode(a.str("--mode"), "--mode"); });
   int64_t layer = a.integer("--layer");
@@ -103,22 +103,22 @@ int run_maps(const std::vector<std::string>& argv) {
   const std::string kind = nn::attn_kind_name(m.config().attention);
   const std::string who = head < 0 ? std::string("mean of ") + std::to_string(heads) + " heads"
                                    : std::string("head ") + std::to_string(head);
-  AttentionViews v;
+  eval::AttentionViews v;
   std::string stem;
   if (a.on("--mean-layers")) {
-    std::vector<AttentionViews> per;
-    for (int64_t l = 0; l < L; ++l) per.push_back(head_views(layer_maps(m, l, 0, mo), head, p.labels));
-    v = mean_views(per);
+    std::vector<eval::AttentionViews> per;
+    for (int64_t l = 0; l < L; ++l) per.push_back(eval::head_views(eval::layer_maps(m, l, 0, mo), head, p.labels));
+    v = eval::mean_views(per);
     v.title = kind + " model, mean of " + std::to_string(L) + " layers, " + who;
     stem = head < 0 ? "mean_layers_mean_heads" : "mean_layers_head" + std::to_string(head);
   } else {
-    v = head_views(layer_maps(m, layer, 0, mo), head, p.labels);
+    v = eval::head_views(eval::layer_maps(m, layer, 0, mo), head, p.labels);
     v.title = kind + " model, layer " + std::to_string(layer) + ", " + who;
     stem = "layer" + std::to_string(layer) + (head < 0 ? "_mean_heads" : "_head" + std::to_string(head));
   }
   v.mode = mo.mode;
   const std::string out = a.str("--out");
-  const std::vector<std::string> written = export_views(v, out, stem);
+  const std::vector<std::string> written = eval::export_views(v, out, stem);
 
   std::cout << v.title << ", " << plural(T, "token");
   if (!v.map1.empty()) {

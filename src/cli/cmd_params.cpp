@@ -88,10 +88,10 @@ std::string shape_line(const ModelConfig& c) {
 void report(std::ostream& os, const std::string& title, const ModelConfig& b, int64_t T,
             double bytes, bool match_ffn) {
   ModelConfig bm = b;
-  if (match_ffn) bm.ffn_dim = v2_matched_ffn(b);
-  const Accounting st = account(b, T, bytes);
-  const Accounting v1 = account(diff_v1_of(b), T, bytes);
-  const Accounting v2 = account(diff_v2_of(bm), T, bytes);
+  if (match_ffn) bm.ffn_dim = eval::v2_matched_ffn(b);
+  const eval::Accounting st = eval::account(b, T, bytes);
+  const eval::Accounting v1 = eval::account(eval::diff_v1_of(b), T, bytes);
+  const eval::Accounting v2 = eval::account(eval::diff_v2_of(bm), T, bytes);
   os << "== " << title << " ==\n"
      << "d_model " << b.d_model << ", vocab " << b.vocab_size
      << (b.tie_embeddings ? " (tied embeddings)" : " (untied lm_head)") << "\n"
@@ -102,7 +102,7 @@ void report(std::ostream& os, const std::string& title, const ModelConfig& b, in
 
   std::vector<std::vector<std::string>> rows;
   for (const char* comp : {"embeddings", "attention", "lambda", "norms", "ffn", "head"}) {
-    auto get = [comp](const Accounting& a) {
+    auto get = [comp](const eval::Accounting& a) {
       auto it = a.params_by_component.find(comp);
       return it == a.params_by_component.end() ? int64_t{0} : it->second;
     };
@@ -141,14 +141,14 @@ void report(std::ostream& os, const std::string& title, const ModelConfig& b, in
 }
 
 void exercise_five(std::ostream& os) {
-  const Exercise5 e = exercise5();
+  const eval::Exercise5 e = eval::exercise5();
   os << "== Textbook Exercise 5: \"6.8B DIFF = 11B standard\" in FLOPs (d_model 4096, "
      << e.context << " tokens) ==\n\n"
      << "The premise is the paper's claim (its model-size scaling fit, Ye et al. 2024), taken\n"
      << "as given, not verified here. Shapes of the 7B example (32 heads of 128, ffn 11008, vocab\n"
      << "32000); layers chosen so the parameter counts come closest to 6.8B and 11B.\n\n";
   std::vector<std::vector<std::string>> rows;
-  auto row = [&](const std::string& name, const Accounting& a, double seq) {
+  auto row = [&](const std::string& name, const eval::Accounting& a, double seq) {
     rows.push_back({name, std::to_string(a.config.n_layers), count(a.params),
                     flops(a.linear_flops_per_token + a.attn_flops_per_token), flops(seq),
                     ratio(seq, e.standard_seq_flops)});
@@ -203,13 +203,13 @@ int run_params(const std::vector<std::string>& argv) {
                           "--kv-heads", "--tie"}) {
       if (args.given(o)) throw UsageError(std::string(o) + " cannot be used with --model (the size is the model's)");
     }
-    const ModelConfig c = read_model_config(args.str("--model"));
+    const ModelConfig c = eval::read_model_config(args.str("--model"));
     if (!args.given("--context")) T = c.max_seq_len;
     report(std::cout, args.str("--model") + " (" + nn::attn_kind_name(c.attention) + ") and its other versions",
-           base_of(c), T, bytes, match);
+           eval::base_of(c), T, bytes, match);
     return 0;
   }
-  ModelConfig b = example_7b();
+  ModelConfig b = eval::example_7b();
   b.vocab_size = args.integer("--vocab", 1, kBig);
   b.d_model = args.integer("--d-model", 1, kBig);
   b.n_layers = args.integer("--layers", 1, kBig);

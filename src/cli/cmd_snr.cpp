@@ -25,7 +25,7 @@ std::string num(double v) {
 
 std::string pct(double v) { return fixed(100.0 * v, 0) + "%"; }
 
-void write_plots(const SnrResult& r, const std::string& dir) {
+void write_plots(const eval::SnrResult& r, const std::string& dir) {
   viz::make_dirs(dir);
   std::vector<std::string> written;
   {
@@ -34,7 +34,7 @@ void write_plots(const SnrResult& r, const std::string& dir) {
     s.name = "standard (median SNR)";
     s.dashed = true;
     s.markers = false;
-    for (const SnrLambdaPoint& p : r.lambda_sweep) {
+    for (const eval::SnrLambdaPoint& p : r.lambda_sweep) {
       d.x.push_back(p.lambda);
       d.y.push_back(p.diff.snr);
       s.x.push_back(p.lambda);
@@ -54,7 +54,7 @@ void write_plots(const SnrResult& r, const std::string& dir) {
     viz::Series d, s;
     d.name = "differential, lambda " + num(r.config.lambda);
     s.name = "standard";
-    for (const SnrNoisePoint& p : r.noise_sweep) {
+    for (const eval::SnrNoisePoint& p : r.noise_sweep) {
       d.x.push_back(p.noise);
       d.y.push_back(p.diff.found);
       s.x.push_back(p.noise);
@@ -121,7 +121,7 @@ int run_snr_cmd(const std::vector<std::string>& argv) {
       .option("--plot", "DIR", "", "write snr_lambda.png, snr_noise.png, snr_weights.png/.npy here")
       .flag("--no-sweeps", "only the configured setting, no lambda/noise sweeps");
   if (!args.parse(argv)) return 0;
-  SnrConfig c;
+  eval::SnrConfig c;
   c.length = args.integer("--length");
   c.head_dim = args.integer("--head-dim");
   c.signal = args.number("--signal");
@@ -132,8 +132,8 @@ int run_snr_cmd(const std::vector<std::string>& argv) {
   c.seed = static_cast<uint64_t>(args.integer("--seed"));
   const bool sweeps = !args.on("--no-sweeps");
   if (args.given("--plot") && !sweeps) throw UsageError("--plot needs the sweeps (drop --no-sweeps)");
-  // The command reads no file: what run_snr refuses is a flag's value (a usage error).
-  const SnrResult r = from_flags([&] { return run_snr(c, sweeps); });
+  // The command reads no file: what eval::run_snr refuses is a flag's value (a usage error).
+  const eval::SnrResult r = from_flags([&] { return eval::run_snr(c, sweeps); });
 
   std::cout << "== Signal-to-noise: N = " << c.length << ", D = " << c.head_dim << ", signal "
             << num(c.signal) << ", noise " << num(c.noise) << ", independent "
@@ -150,7 +150,7 @@ int run_snr_cmd(const std::vector<std::string>& argv) {
 
   std::cout << "\nLambda sweep (same draws):\n";
   std::vector<std::vector<std::string>> rows;
-  for (const SnrLambdaPoint& p : r.lambda_sweep) {
+  for (const eval::SnrLambdaPoint& p : r.lambda_sweep) {
     rows.push_back({fixed(p.lambda, 2), num(p.diff.snr), num(p.diff.snr_std), num(p.ratio),
                     pct(p.diff.found)});
   }
@@ -159,7 +159,7 @@ int run_snr_cmd(const std::vector<std::string>& argv) {
 
   std::cout << "\nNoise sweep (common-mode amplitude; lambda " << num(c.lambda) << "):\n";
   rows.clear();
-  for (const SnrNoisePoint& p : r.noise_sweep) {
+  for (const eval::SnrNoisePoint& p : r.noise_sweep) {
     rows.push_back({fixed(p.noise, 2), num(p.standard.snr), pct(p.standard.found),
                     num(p.diff.snr), pct(p.diff.found)});
   }
@@ -174,7 +174,7 @@ int run_snr_cmd(const std::vector<std::string>& argv) {
 
   std::cout << "\nHow much the two maps' noise differs (independent amplitude):\n";
   rows.clear();
-  for (const SnrIndependentPoint& p : r.independent_sweep) {
+  for (const eval::SnrIndependentPoint& p : r.independent_sweep) {
     rows.push_back({fixed(p.independent, 2), num(p.ratio_at_lambda), fixed(p.best_lambda, 2),
                     num(p.ratio_at_best)});
   }

@@ -13,7 +13,7 @@
 namespace diffattn::cli {
 
 void demo_retrieval(std::ostream& os, int section, const std::string& out_dir, int64_t steps) {
-  RetrievalExperimentOptions o;  // the task's defaults: context 32..64, 4 needles, 2 queried
+  eval::RetrievalExperimentOptions o;  // the task's defaults: context 32..64, 4 needles, 2 queried
   o.task.min_context = 32;
   o.lengths = {32, 48, 64, 96};
   o.eval_samples = 128;
@@ -38,10 +38,10 @@ void demo_retrieval(std::ostream& os, int section, const std::string& out_dir, i
      << o.train.steps << " steps of " << o.train.batch << " contexts each, " << num_threads()
      << " thread(s). A training sample:\n  " << sample.text() << "\n\n";
   const auto t0 = std::chrono::steady_clock::now();
-  RetrievalExperimentResult r = run_retrieval_experiment(o, [&](const std::string& s) { os << s << std::endl; });
+  eval::RetrievalExperimentResult r = eval::run_retrieval_experiment(o, [&](const std::string& s) { os << s << std::endl; });
   os << "\n";
-  print_retrieval_tables(os, r);
-  const std::vector<std::string> files = write_retrieval_report(r, out_dir);
+  eval::print_retrieval_tables(os, r);
+  const std::vector<std::string> files = eval::write_retrieval_report(r, out_dir);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   os << "\n(" << fixed(secs, 0) << " s in all.)\nThe report, its plots and heatmaps: " << out_dir << "/report.md";
   for (const std::string& f : files) {

@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-namespace diffattn {
+namespace diffattn::eval {
 
 namespace {
 
@@ -122,7 +122,7 @@ double sequence_flops(const Accounting& a, int64_t T) {
   return t * a.linear_flops_per_token + a.attn_flops_per_key * t * (t + 1) / 2;
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::eval
 
 #include <cmath>
 #include <sys/stat.h>
@@ -131,7 +131,7 @@ double sequence_flops(const Accounting& a, int64_t T) {
 #include "diffattn/model/checkpoint.h"
 #include "diffattn/model/config.h"
 
-namespace diffattn {
+namespace diffattn::eval {
 
 ModelConfig read_model_config(const std::string& path) {
   struct stat st {};
@@ -144,4 +144,4 @@ ModelConfig read_model_config(const std::string& path) {
   return ModelConfig::from_json(text, file);
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::eval

@@ -9,7 +9,7 @@
 #include "diffattn/kernels/attention.h"
 #include "diffattn/kernels/kway.h"
 
-namespace diffattn {
+namespace diffattn::eval {
 
 namespace {
 
@@ -170,9 +170,9 @@ Exercise4 exercise4() {
   return e;
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::eval
 
-namespace diffattn {
+namespace diffattn::eval {
 
 Exercise5 exercise5() {
   Exercise5 e;
@@ -204,4 +204,4 @@ Exercise5 exercise5() {
   return e;
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::eval

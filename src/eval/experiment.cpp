@@ -16,7 +16,7 @@
 #include "diffattn/model/checkpoint.h"
 #include "diffattn/viz/viz.h"
 
-namespace diffattn {
+namespace diffattn::eval {
 
 namespace {
 
@@ -508,4 +508,4 @@ std::vector<std::string> write_retrieval_seed_summary(const std::vector<Retrieva
   return {mpath, jpath};
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::eval

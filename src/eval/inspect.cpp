@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstring>
 
-namespace diffattn {
+namespace diffattn::eval {
 
 namespace {
 
@@ -295,4 +295,4 @@ NoiseAnalysis analyze_noise(Model& m, const data::RetrievalSpec& spec, int64_t s
   return r;
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::eval

@@ -17,7 +17,7 @@
 #include "diffattn/eval/experiment.h"
 #include "diffattn/viz/viz.h"
 
-namespace diffattn {
+namespace diffattn::eval {
 
 namespace {
 
@@ -537,4 +537,4 @@ std::vector<std::string> write_lm_report(const LmExperimentResult& r, const std:
   return {mpath, jpath, ppath, tpath};
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::eval

@@ -11,7 +11,7 @@
 #include "diffattn/base/rng.h"
 #include "diffattn/kernels/attention.h"
 
-namespace diffattn {
+namespace diffattn::eval {
 
 namespace {
 
@@ -284,4 +284,4 @@ SnrResult run_snr(const SnrConfig& config, bool sweeps) {
   return res;
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::eval

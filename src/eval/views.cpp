@@ -10,7 +10,7 @@
 #include "diffattn/eval/textbook.h"
 #include "diffattn/viz/viz.h"
 
-namespace diffattn {
+namespace diffattn::eval {
 
 AttentionViews views_of(const std::vector<std::string>& tokens, const float* q, const float* k,
                         const float* v, int64_t D, int64_t Dv, float lambda, DiffMode mode,
@@ -140,4 +140,4 @@ std::vector<std::string> export_views(const AttentionViews& v, const std::string
   return written;
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::eval

@@ -137,7 +137,7 @@ int64_t int_field(const json& j, const char* key, int64_t def, int64_t lo, int64
 std::string example_prompt(const std::string& dir, int64_t max_tokens) {
   const std::optional<data::RetrievalSpec> task = data::read_retrieval_spec(dir);
   if (!task) return "The cat sat on the mat. The cat sat on the";
-  data::RetrievalSpec s = heldout(*task);
+  data::RetrievalSpec s = eval::heldout(*task);
   s.min_context = 0;
   s.context = std::min(s.context, max_tokens - s.queries * s.query_len());
   try {
@@ -229,14 +229,14 @@ json model_views(const json& req, float lambda, bool lambda_given, DiffMode mode
   const int64_t head = int_field(req, "head", 0, -1, c.n_heads - 1);
   std::vector<std::string> labels;
   for (int32_t id : ids) labels.push_back(token_label(lm.tok->decode({id})));
-  MapOptions mo;
+  eval::MapOptions mo;
   mo.mode = mode;
   if (lambda_given) mo.lambda = lambda;
-  AttentionViews v;
+  eval::AttentionViews v;
   {
     std::lock_guard<std::mutex> g(lm.lock);
     lm.model.forward(ids.data(), nullptr, 1, static_cast<int64_t>(ids.size()));
-    v = head_views(layer_maps(lm.model, layer, 0, mo), head, labels);
+    v = eval::head_views(eval::layer_maps(lm.model, layer, 0, mo), head, labels);
   }
   return {{"source", "model"},
           {"model", idx},
@@ -309,17 +309,17 @@ json views(const std::string& body) {
     if (!req["causal"].is_boolean()) throw BadRequest{"\"causal\" must be true or false"};
     causal = req["causal"].get<bool>();
   }
-  AttentionViews v;
+  eval::AttentionViews v;
   if (source == "random") {
     const int64_t length = int_field(req, "length", 12, 1, kMaxLength);
     const int64_t head_dim = int_field(req, "head_dim", 4, 1, kMaxHeadDim);
     const int64_t seed = int_field(req, "seed", 0, 0, int64_t{1} << 53);
-    v = random_views(length, head_dim, static_cast<uint64_t>(seed), lambda, mode, causal);
+    v = eval::random_views(length, head_dim, static_cast<uint64_t>(seed), lambda, mode, causal);
   } else {
     for (const char* k : {"length", "head_dim", "seed"}) {
       if (req.contains(k)) throw BadRequest{std::string("\"") + k + "\" applies to source \"random\" only"};
     }
-    v = textbook_views(lambda, mode, causal);
+    v = eval::textbook_views(lambda, mode, causal);
   }
   return {{"source", v.source},
           {"tokens", v.tokens},

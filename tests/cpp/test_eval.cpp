@@ -78,7 +78,7 @@ TEST(KWay, BadShapesNameTheTensor) {
 }
 
 TEST(Exercises, GradientOfLambdaAgreesWithFiniteDifferences) {
-  const Exercise2 e = exercise2();
+  const eval::Exercise2 e = eval::exercise2();
   EXPECT_NEAR(e.dlam_signed, e.dlam_signed_fd, 1e-3);
   EXPECT_NEAR(e.dlam_clamp, e.dlam_clamp_fd, 1e-4);
   // -(5 + sum of A2's "mat" column): 4 x 0.1904 + 0.1811 from the textbook's map 2.
@@ -87,16 +87,16 @@ TEST(Exercises, GradientOfLambdaAgreesWithFiniteDifferences) {
 }
 
 TEST(Exercises, ThreeWaySplitAndCausalMask) {
-  const Exercise3 e3 = exercise3();
+  const eval::Exercise3 e3 = eval::exercise3();
   ASSERT_EQ(e3.splits.size(), 3u);
   EXPECT_EQ(e3.splits[0].zeros_clamp, 2);  // the textbook's two exact zeros
-  for (const SplitSummary& s : e3.splits) {
+  for (const eval::SplitSummary& s : e3.splits) {
     double lam_sum = 0;
     for (size_t m = 1; m < s.coef.size(); ++m) lam_sum -= s.coef[m];
     EXPECT_NEAR(s.row_sum_signed, 1.0 - lam_sum, 1e-6) << s.name;
     EXPECT_EQ(s.zeros_clamp, s.negatives_signed) << s.name;  // clamping zeroes the negatives
   }
-  const Exercise4 e4 = exercise4();
+  const eval::Exercise4 e4 = eval::exercise4();
   for (float s : e4.signed_row_sums) EXPECT_NEAR(s, 0.6, 1e-6);
   EXPECT_NEAR(e4.signed_views.diff[0], 0.6, 1e-6);  // "The" sees only itself
   EXPECT_NEAR(e4.clamp_views.diff[0], 1.0, 1e-6);
@@ -104,29 +104,29 @@ TEST(Exercises, ThreeWaySplitAndCausalMask) {
 }
 
 TEST(Snr, OperatorOutputIsTheSignalWeightAndLambdaZeroIsStandard) {
-  SnrConfig c;
+  eval::SnrConfig c;
   c.length = 300;
   c.trials = 5;
   c.seed = 9;
   c.lambda = 0.0;
-  const SnrTrials t = snr_trials(c);
+  const eval::SnrTrials t = eval::snr_trials(c);
   for (int b = 0; b < c.trials; ++b) {
     EXPECT_NEAR(t.snr_diff[b], t.snr_standard[b], 1e-5 * t.snr_standard[b]);
     EXPECT_NEAR(t.weight_diff[b], t.weight_standard[b], 1e-6);
   }
   c.lambda = 0.8;
-  const SnrResult r = run_snr(c, false);
+  const eval::SnrResult r = eval::run_snr(c, false);
   EXPECT_EQ(r.example_standard.size(), 300u);
   EXPECT_GT(r.diff.snr, r.standard.snr);  // this construction's common noise partly cancels
   c.length = 1;
-  EXPECT_THROW(run_snr(c), InvalidArgument);
+  EXPECT_THROW(eval::run_snr(c), InvalidArgument);
 }
 
 TEST(Accounting, VersionsCountFormatTensors) {
-  ModelConfig b = example_7b();
+  ModelConfig b = eval::example_7b();
   b.n_kv_heads = 8;
-  const Accounting st = account(b, 4096, 2), v1 = account(diff_v1_of(b), 4096, 2),
-                   v2 = account(diff_v2_of(b), 4096, 2);
+  const eval::Accounting st = eval::account(b, 4096, 2), v1 = eval::account(eval::diff_v1_of(b), 4096, 2),
+                   v2 = eval::account(eval::diff_v2_of(b), 4096, 2);
   EXPECT_EQ(v1.params - st.params, b.n_layers * 6 * b.head_dim);
   EXPECT_EQ(v2.params - st.params, b.n_layers * (b.n_heads * b.head_dim * b.d_model + b.n_heads * b.d_model));
   EXPECT_EQ(st.kv_cache_bytes_per_token, v1.kv_cache_bytes_per_token);
@@ -134,10 +134,10 @@ TEST(Accounting, VersionsCountFormatTensors) {
   EXPECT_EQ(v1.decode_read_bytes_two_pass, 1.5 * v1.decode_read_bytes_fused);
   ModelConfig odd = b;
   odd.n_kv_heads = 1;
-  EXPECT_THROW(diff_v1_of(odd), InvalidArgument);
+  EXPECT_THROW(eval::diff_v1_of(odd), InvalidArgument);
   ModelConfig m = b;
-  m.ffn_dim = v2_matched_ffn(b);
-  EXPECT_LT(std::abs(account(diff_v2_of(m), 1, 2).params - st.params), 3 * b.d_model * b.n_layers);
+  m.ffn_dim = eval::v2_matched_ffn(b);
+  EXPECT_LT(std::abs(eval::account(eval::diff_v2_of(m), 1, 2).params - st.params), 3 * b.d_model * b.n_layers);
 }
 
 TEST(Accounting, ConfigJsonIsStrict) {
@@ -146,9 +146,9 @@ TEST(Accounting, ConfigJsonIsStrict) {
     "n_kv_heads": 1, "head_dim": 16, "rope_theta": 10000.0, "norm_eps": 1e-5, "tie_embeddings": false})";
   const ModelConfig c = ModelConfig::from_json(ok, "m/config.json");
   EXPECT_EQ(c.attention, nn::AttnKind::DiffV1);
-  EXPECT_EQ(base_of(c).n_heads, 4);
-  EXPECT_EQ(base_of(c).n_kv_heads, 2);
-  EXPECT_EQ(format_tensors(c).size(), tensor_table(c).size());
+  EXPECT_EQ(eval::base_of(c).n_heads, 4);
+  EXPECT_EQ(eval::base_of(c).n_kv_heads, 2);
+  EXPECT_EQ(eval::format_tensors(c).size(), tensor_table(c).size());
   auto error_of = [](const std::string& text) {
     try {
       ModelConfig::from_json(text, "m/config.json");
@@ -173,13 +173,13 @@ TEST(Accounting, ReadsHuggingFaceConfigs) {
   write_file_atomic(dir + "/config.json", R"({"model_type": "diffllama", "vocab_size": 300,
     "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
     "num_attention_heads": 8, "num_key_value_heads": 4, "tie_word_embeddings": true})");
-  const ModelConfig c = read_model_config(dir);
+  const ModelConfig c = eval::read_model_config(dir);
   EXPECT_EQ(c.attention, nn::AttnKind::DiffV1);
   EXPECT_EQ(c.n_heads, 4);
   EXPECT_EQ(c.n_kv_heads, 2);
   EXPECT_EQ(c.head_dim, 16);
-  EXPECT_EQ(base_of(c).n_heads, 8);
-  EXPECT_EQ(account(c, 16, 2).params, count_params(c));
+  EXPECT_EQ(eval::base_of(c).n_heads, 8);
+  EXPECT_EQ(eval::account(c, 16, 2).params, count_params(c));
 }
 
 TEST(ExplorerApi, ComputesTheViewsAndNamesBadFields) {
@@ -243,8 +243,8 @@ void write_fake_corpus(const std::string& dir) {
   }
 }
 
-diffattn::LmExperimentOptions tiny_lm(const std::string& corpus) {
-  diffattn::LmExperimentOptions o;
+diffattn::eval::LmExperimentOptions tiny_lm(const std::string& corpus) {
+  diffattn::eval::LmExperimentOptions o;
   o.corpus_dir = corpus;
   o.size.d_model = 16;
   o.size.n_layers = 2;
@@ -270,24 +270,24 @@ TEST(LmExperiment, PairedInitSharesEveryCommonTensor) {
   size.max_seq_len = 16;
   std::vector<diffattn::Model> ms;
   for (AttnKind k : {AttnKind::DiffV1, AttnKind::DiffV2, AttnKind::Standard}) {
-    ms.emplace_back(diffattn::version_of_size(size, k));
-    diffattn::paired_init(ms.back(), 5);
+    ms.emplace_back(diffattn::eval::version_of_size(size, k));
+    diffattn::eval::paired_init(ms.back(), 5);
   }
   std::vector<const diffattn::Model*> p{&ms[0], &ms[1], &ms[2]};
-  const int64_t shared = diffattn::check_pairing(p);
+  const int64_t shared = diffattn::eval::check_pairing(p);
   EXPECT_GE(shared, 2 * 9 + 2);  // per layer: norms, k/v/out, V1 and standard's q and SwiGLU; embed, norm
   EXPECT_EQ(ms[0].weight_f32("layers.1.attn.q_proj.weight"), ms[2].weight_f32("layers.1.attn.q_proj.weight"));
   EXPECT_EQ(ms[1].weight_f32("embed_tokens.weight"), ms[2].weight_f32("embed_tokens.weight"));
   const std::vector<float> norm = ms[1].weight_f32("layers.0.attn_norm.weight");
   EXPECT_EQ(norm, std::vector<float>(norm.size(), 1.0f));
-  diffattn::Model other(diffattn::version_of_size(size, AttnKind::Standard));
-  diffattn::paired_init(other, 6);
+  diffattn::Model other(diffattn::eval::version_of_size(size, AttnKind::Standard));
+  diffattn::eval::paired_init(other, 6);
   EXPECT_NE(other.weight_f32("embed_tokens.weight"), ms[2].weight_f32("embed_tokens.weight"));
   ms[1].params[static_cast<size_t>(ms[1].tensor("layers.0.attn.k_proj.weight").offset)] += 1e-6f;
   EXPECT_THROW(
       {
         try {
-          diffattn::check_pairing(p);
+          diffattn::eval::check_pairing(p);
         } catch (const diffattn::InvalidArgument& e) {
           EXPECT_NE(std::string(e.what()).find("k_proj"), std::string::npos);
           throw;
@@ -297,27 +297,27 @@ TEST(LmExperiment, PairedInitSharesEveryCommonTensor) {
 }
 
 TEST(LmExperiment, IntervalsAndBuckets) {
-  const diffattn::Interval c = diffattn::t_interval({1.0, 2.0, 3.0});
+  const diffattn::eval::Interval c = diffattn::eval::t_interval({1.0, 2.0, 3.0});
   EXPECT_DOUBLE_EQ(c.mean, 2.0);
   EXPECT_NEAR(c.lo, 2.0 - 4.303 / std::sqrt(3.0), 1e-12);
-  EXPECT_TRUE(std::isnan(diffattn::t_interval({1.0}).lo));
-  EXPECT_NEAR(diffattn::t975(1000), 1.962, 1e-3);
+  EXPECT_TRUE(std::isnan(diffattn::eval::t_interval({1.0}).lo));
+  EXPECT_NEAR(diffattn::eval::t975(1000), 1.962, 1e-3);
   using B = std::vector<std::pair<int64_t, int64_t>>;
-  EXPECT_EQ(diffattn::position_buckets(1024), (B{{0, 8}, {8, 64}, {64, 256}, {256, 1024}}));
-  EXPECT_EQ(diffattn::position_buckets(16), (B{{0, 8}, {8, 16}}));
+  EXPECT_EQ(diffattn::eval::position_buckets(1024), (B{{0, 8}, {8, 64}, {64, 256}, {256, 1024}}));
+  EXPECT_EQ(diffattn::eval::position_buckets(16), (B{{0, 8}, {8, 16}}));
 }
 
 TEST(LmExperiment, TinyRunEndToEndIsPairedSeededAndReported) {
   diffattn::testing::TempDir dir("lm_experiment");
   write_fake_corpus(dir.str());
-  const diffattn::LmExperimentOptions o = tiny_lm(dir.str());
-  const diffattn::LmExperimentResult r = diffattn::run_lm_experiment(o);
+  const diffattn::eval::LmExperimentOptions o = tiny_lm(dir.str());
+  const diffattn::eval::LmExperimentResult r = diffattn::eval::run_lm_experiment(o);
   ASSERT_EQ(r.seeds.size(), 3u);
   EXPECT_GT(r.shared_tensors, 0);
   EXPECT_EQ(r.buckets.size(), 2u);
-  for (const diffattn::LmSeedResult& s : r.seeds) {
+  for (const diffattn::eval::LmSeedResult& s : r.seeds) {
     ASSERT_EQ(s.models.size(), 3u);
-    for (const diffattn::LmModelResult& m : s.models) {
+    for (const diffattn::eval::LmModelResult& m : s.models) {
       EXPECT_EQ(m.loss_curve.size(), 3u);
       EXPECT_EQ(m.doc_loss.size(), 4u);
       EXPECT_TRUE(std::isfinite(m.loss_doc_mean));
@@ -327,18 +327,18 @@ TEST(LmExperiment, TinyRunEndToEndIsPairedSeededAndReported) {
   ASSERT_EQ(r.paired.size(), 3u);
   EXPECT_EQ(r.paired[0].b, diffattn::nn::AttnKind::DiffV2);  // V1 - V2, then both against standard
   EXPECT_EQ(r.paired[1].b, diffattn::nn::AttnKind::Standard);
-  for (const diffattn::LmPaired& p : r.paired) {
-    for (const diffattn::Interval& c : p.per_seed) EXPECT_TRUE(c.lo <= c.mean && c.mean <= c.hi);
+  for (const diffattn::eval::LmPaired& p : r.paired) {
+    for (const diffattn::eval::Interval& c : p.per_seed) EXPECT_TRUE(c.lo <= c.mean && c.mean <= c.hi);
     EXPECT_TRUE(p.pooled.lo <= p.pooled.mean && p.pooled.mean <= p.pooled.hi);
     EXPECT_EQ(p.by_bucket.size(), 2u);
   }
   // seeded: seed 2 alone trains to the same losses as in the three-seed run
-  diffattn::LmExperimentOptions o2 = o;
+  diffattn::eval::LmExperimentOptions o2 = o;
   o2.seeds = {2};
-  const diffattn::LmExperimentResult r2 = diffattn::run_lm_experiment(o2);
+  const diffattn::eval::LmExperimentResult r2 = diffattn::eval::run_lm_experiment(o2);
   EXPECT_EQ(r2.seeds[0].models[0].loss_curve, r.seeds[1].models[0].loss_curve);
   EXPECT_EQ(r2.seeds[0].models[2].doc_loss, r.seeds[1].models[2].doc_loss);
-  const std::vector<std::string> files = diffattn::write_lm_report(r, dir / "report");
+  const std::vector<std::string> files = diffattn::eval::write_lm_report(r, dir / "report");
   ASSERT_EQ(files.size(), 4u);
   EXPECT_EQ(diffattn::read_file(files[2]).substr(1, 3), "PNG");
   const std::string md = diffattn::read_file(files[0]);
@@ -353,11 +353,11 @@ TEST(LmExperiment, TinyRunEndToEndIsPairedSeededAndReported) {
 
 TEST(LmExperiment, CorpusErrorsNameTheFile) {
   diffattn::testing::TempDir dir("lm_corpus");
-  EXPECT_THROW(diffattn::read_lm_corpus(dir / "none"), diffattn::IoError);
+  EXPECT_THROW(diffattn::eval::read_lm_corpus(dir / "none"), diffattn::IoError);
   diffattn::write_file_atomic(dir / "train.jsonl", "{\"source\": \"a\"}\n");
   diffattn::write_file_atomic(dir / "heldout.jsonl", "");
   try {
-    diffattn::read_lm_corpus(dir.str());
+    diffattn::eval::read_lm_corpus(dir.str());
     FAIL() << "no error";
   } catch (const diffattn::IoError& e) {
     EXPECT_NE(std::string(e.what()).find("train.jsonl line 1"), std::string::npos) << e.what();
@@ -365,11 +365,11 @@ TEST(LmExperiment, CorpusErrorsNameTheFile) {
 }
 
 TEST(RetrievalSeeds, WilsonIntervalAndSummary) {
-  const auto [lo, hi] = diffattn::wilson_interval(5, 10);
+  const auto [lo, hi] = diffattn::eval::wilson_interval(5, 10);
   EXPECT_NEAR(lo, 0.2366, 1e-4);
   EXPECT_NEAR(hi, 0.7634, 1e-4);
-  EXPECT_DOUBLE_EQ(diffattn::wilson_interval(0, 10).first, 0.0);
-  diffattn::RetrievalExperimentOptions o;
+  EXPECT_DOUBLE_EQ(diffattn::eval::wilson_interval(0, 10).first, 0.0);
+  diffattn::eval::RetrievalExperimentOptions o;
   o.task.context = 32;
   o.task.min_context = 0;
   o.lengths = {32};
@@ -379,13 +379,13 @@ TEST(RetrievalSeeds, WilsonIntervalAndSummary) {
   o.train.steps = 2;
   o.train.batch = 2;
   o.paired_init = true;
-  std::vector<diffattn::RetrievalExperimentResult> runs;
+  std::vector<diffattn::eval::RetrievalExperimentResult> runs;
   for (uint64_t seed : {1u, 2u}) {
     o.task.seed = seed;
-    runs.push_back(diffattn::run_retrieval_experiment(o));
+    runs.push_back(diffattn::eval::run_retrieval_experiment(o));
   }
   diffattn::testing::TempDir dir("retrieval_seeds");
-  const std::vector<std::string> files = diffattn::write_retrieval_seed_summary(runs, dir.str());
+  const std::vector<std::string> files = diffattn::eval::write_retrieval_seed_summary(runs, dir.str());
   ASSERT_EQ(files.size(), 2u);
   const nlohmann::json j = nlohmann::json::parse(diffattn::read_file(files[1]));
   EXPECT_DOUBLE_EQ(j["chance"].get<double>(), 1.0 / static_cast<double>(o.task.needles));

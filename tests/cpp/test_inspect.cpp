@@ -148,13 +148,13 @@ TEST(Retrieval, TaskBatchesPadOnTheRightWithUnscoredTargets) {
 TEST(Noise, SharesOfHandMadeRows) {
   // Softmax row over 5 keys: context = keys 0..2, answer span = key 1, keys 3..4 the query's own.
   const float w[5] = {0.1f, 0.2f, 0.3f, 0.25f, 0.15f};
-  NoiseStats s = row_noise(w, 5, 3, 1, 2);
+  eval::NoiseStats s = eval::row_noise(w, 5, 3, 1, 2);
   EXPECT_NEAR(s.answer, 0.2, 1e-7);
   EXPECT_NEAR(s.noise, 0.4, 1e-7);
   EXPECT_NEAR(s.noise_abs, 0.4, 1e-7);
   // A signed differential row: negative noise cancels positive noise; |w| does not.
   const float d[4] = {-0.1f, 0.5f, 0.2f, 0.4f};
-  s = row_noise(d, 4, 3, 1, 2);
+  s = eval::row_noise(d, 4, 3, 1, 2);
   EXPECT_NEAR(s.answer, 0.5 / 1.2, 1e-7);
   EXPECT_NEAR(s.noise, 0.1 / 1.2, 1e-7);
   EXPECT_NEAR(s.noise_abs, 0.3 / 1.2, 1e-7);
@@ -167,7 +167,7 @@ ModelConfig tiny(nn::AttnKind kind) {
   z.n_heads = 4;
   z.ffn_dim = 48;
   z.max_seq_len = 64;
-  return version_of_size(z, kind, 128);
+  return eval::version_of_size(z, kind, 128);
 }
 
 // Dense softmax of map m of pair/head h, row i, from the views layer_attention gives, in double.
@@ -204,7 +204,7 @@ TEST_P(MapsOfKind, AgreeWithADenseRecomputationAndTheOutput) {
   m.forward(tok.data(), nullptr, B, T);
   for (int64_t l = 0; l < 2; ++l) {
     const int64_t b = 1;
-    const LayerMaps mp = layer_maps(m, l, b);
+    const eval::LayerMaps mp = eval::layer_maps(m, l, b);
     AttnBwdParams p = m.layer_attention(l).params;
     p.q += b * p.q_batch_stride;
     p.k += b * p.k_batch_stride;
@@ -257,9 +257,9 @@ TEST_P(MapsOfKind, AgreeWithADenseRecomputationAndTheOutput) {
   }
   // A lambda given replaces the learned one in the differential map only.
   if (GetParam() != nn::AttnKind::Standard) {
-    MapOptions o;
+    eval::MapOptions o;
     o.lambda = 0.25;
-    const LayerMaps a = layer_maps(m, 1, 0), g = layer_maps(m, 1, 0, o);
+    const eval::LayerMaps a = eval::layer_maps(m, 1, 0), g = eval::layer_maps(m, 1, 0, o);
     EXPECT_EQ(a.map1, g.map1);
     for (size_t k = 0; k < g.diff.size(); ++k) ASSERT_NEAR(g.diff[k], g.map1[k] - 0.25f * g.map2[k], 1e-6);
   }
@@ -274,11 +274,11 @@ TEST(Noise, AnalysisOfAnUntrainedModelIsConsistent) {
   for (nn::AttnKind kind : {nn::AttnKind::Standard, nn::AttnKind::DiffV1}) {
     Model m(tiny(kind));
     m.init_weights(1);
-    const NoiseAnalysis r = analyze_noise(m, s, 6, 4);
+    const eval::NoiseAnalysis r = eval::analyze_noise(m, s, 6, 4);
     EXPECT_EQ(r.samples, 6);
     EXPECT_EQ(r.rows, 12);
     ASSERT_EQ(r.layers.size(), 2u);
-    for (const NoiseLayer& l : r.layers) {
+    for (const eval::NoiseLayer& l : r.layers) {
       EXPECT_GT(l.main.answer, 0.0);
       EXPECT_GE(l.main.noise_abs + 1e-12, std::abs(l.main.noise));
       EXPECT_LE(l.main.answer + l.main.noise_abs, 1.0 + 1e-9);

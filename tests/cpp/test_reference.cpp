@@ -16,7 +16,7 @@ namespace {
 
 using testing::Problem;
 
-constexpr int T = textbook::kTokens;
+constexpr int T = eval::textbook::kTokens;
 
 // The textbook's numbers (Chapter 14.15, include/diffattn/eval/textbook.h), 4 decimals.
 constexpr float kA1[T][T] = {{0.1237f, 0.2509f, 0.2509f, 0.1237f, 0.2509f},
@@ -59,7 +59,7 @@ constexpr float kOutStd[T][4] = {{0.2254f, 0.4135f, 0.2964f, 0.2964f},
 // Half a unit in the 4th decimal, plus float rounding.
 constexpr float kTol4 = 0.5e-4f + 1e-6f;
 
-Problem textbook_problem(DiffMode mode, float lam = textbook::kLambda) {
+Problem textbook_problem(DiffMode mode, float lam = eval::textbook::kLambda) {
   Problem pr;
   pr.B = 1;
   pr.Tq = pr.Tk = T;
@@ -67,9 +67,9 @@ Problem textbook_problem(DiffMode mode, float lam = textbook::kLambda) {
   pr.D = 2;
   pr.Dv = 4;
   pr.mode = mode;
-  pr.q.assign(textbook::kQ.begin(), textbook::kQ.end());
-  pr.k.assign(textbook::kK.begin(), textbook::kK.end());
-  pr.v.assign(textbook::kV.begin(), textbook::kV.end());
+  pr.q.assign(eval::textbook::kQ.begin(), eval::textbook::kQ.end());
+  pr.k.assign(eval::textbook::kK.begin(), eval::textbook::kK.end());
+  pr.v.assign(eval::textbook::kV.begin(), eval::textbook::kV.end());
   pr.lam = {lam};
   return pr;
 }
@@ -87,8 +87,8 @@ TEST(Textbook, ClampModeReproducesEveryStep) {
   const std::vector<float> a1 = probs(pr, f, 0), a2 = probs(pr, f, 1);
   for (int i = 0; i < T; ++i) {
     std::vector<float> d(T), w(T);
-    diff_row_weights(&a1[i * T], &a2[i * T], textbook::kLambda, DiffMode::Signed, T, d.data());
-    diff_row_weights(&a1[i * T], &a2[i * T], textbook::kLambda, DiffMode::Clamp, T, w.data());
+    diff_row_weights(&a1[i * T], &a2[i * T], eval::textbook::kLambda, DiffMode::Signed, T, d.data());
+    diff_row_weights(&a1[i * T], &a2[i * T], eval::textbook::kLambda, DiffMode::Clamp, T, w.data());
     float row_sum = 0;
     for (int j = 0; j < T; ++j) {
       SCOPED_TRACE("row " + std::to_string(i) + " col " + std::to_string(j));
@@ -103,9 +103,9 @@ TEST(Textbook, ClampModeReproducesEveryStep) {
   }
   // The two exact zeros of the book: cat->on and sat->on.
   std::vector<float> w(T);
-  diff_row_weights(&a1[1 * T], &a2[1 * T], textbook::kLambda, DiffMode::Clamp, T, w.data());
+  diff_row_weights(&a1[1 * T], &a2[1 * T], eval::textbook::kLambda, DiffMode::Clamp, T, w.data());
   EXPECT_EQ(w[3], 0.0f);
-  diff_row_weights(&a1[2 * T], &a2[2 * T], textbook::kLambda, DiffMode::Clamp, T, w.data());
+  diff_row_weights(&a1[2 * T], &a2[2 * T], eval::textbook::kLambda, DiffMode::Clamp, T, w.data());
   EXPECT_EQ(w[3], 0.0f);
 }
 
@@ -116,11 +116,11 @@ TEST(Textbook, SignedModeIsTheBooksDifferentialMapTimesV) {
     for (int c = 0; c < 4; ++c) {
       // (A1 - 0.4 A2) V from the book's rounded D matrix.
       double expect = 0;
-      for (int j = 0; j < T; ++j) expect += kDiff[i][j] * textbook::kV[j * 4 + c];
+      for (int j = 0; j < T; ++j) expect += kDiff[i][j] * eval::textbook::kV[j * 4 + c];
       EXPECT_NEAR(f.out[i * 4 + c], expect, 3e-4) << "row " << i << " col " << c;
       // and, exactly, out = A1 V - lam A2 V with A2 V saved as o2
       double a2v = 0;
-      for (int j = 0; j < T; ++j) a2v += kA2[i][j] * textbook::kV[j * 4 + c];
+      for (int j = 0; j < T; ++j) a2v += kA2[i][j] * eval::textbook::kV[j * 4 + c];
       EXPECT_NEAR(f.o2[i * 4 + c], a2v, 3e-4);
     }
   }
@@ -133,9 +133,9 @@ TEST(Textbook, StandardAttentionMatchesChapterOne) {
   pr.Tq = pr.Tk = T;
   pr.H = pr.G = 1;
   pr.D = pr.Dv = 4;
-  pr.q.assign(textbook::kQ.begin(), textbook::kQ.end());
-  pr.k.assign(textbook::kK.begin(), textbook::kK.end());
-  pr.v.assign(textbook::kV.begin(), textbook::kV.end());
+  pr.q.assign(eval::textbook::kQ.begin(), eval::textbook::kQ.end());
+  pr.k.assign(eval::textbook::kK.begin(), eval::textbook::kK.end());
+  pr.v.assign(eval::textbook::kV.begin(), eval::textbook::kV.end());
   const testing::FwdResult f = testing::run_fwd(pr);
   const std::vector<float> a = probs(pr, f, 0);
   for (int i = 0; i < T; ++i) {

@@ -17,7 +17,7 @@
 #include "diffattn/base/error.h"
 #include "diffattn/model/config.h"
 
-namespace diffattn {
+namespace diffattn::eval {
 
 // Sizes are ModelConfigs, the one description of a model (max_seq_len plays no part here).
 // A standard model and its differential versions, as the paper and the V2 write-up derive them:
@@ -63,12 +63,12 @@ Accounting account(const ModelConfig& c, int64_t context, double bytes_per_value
 // contexts 1..T.
 double sequence_flops(const Accounting& a, int64_t T);
 
-}  // namespace diffattn
+}  // namespace diffattn::eval
 
-namespace diffattn {
+namespace diffattn::eval {
 
 // The config of a config.json file or a model directory (diffattn's, or a Hugging Face Llama /
 // DiffLlama one, read as the model it loads as). Errors name the key and the file.
 ModelConfig read_model_config(const std::string& path);
 
-}  // namespace diffattn
+}  // namespace diffattn::eval

@@ -7,7 +7,7 @@
 
 #include "diffattn/eval/views.h"
 
-namespace diffattn {
+namespace diffattn::eval {
 
 // Exercise 2: d(sum of the output)/d lambda at lambda = 0.4, and its sign.
 struct Exercise2 {
@@ -48,11 +48,11 @@ struct Exercise4 {
 };
 Exercise4 exercise4();
 
-}  // namespace diffattn
+}  // namespace diffattn::eval
 
 #include "diffattn/eval/accounting.h"
 
-namespace diffattn {
+namespace diffattn::eval {
 
 // Exercise 5: the paper's "6.8B DIFF matches an 11B Transformer" taken as given, what it
 // implies for FLOPs at d_model 4096 on a 4096-token sequence. Both models are shaped like the
@@ -66,4 +66,4 @@ struct Exercise5 {
 };
 Exercise5 exercise5();
 
-}  // namespace diffattn
+}  // namespace diffattn::eval

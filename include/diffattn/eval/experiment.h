@@ -16,7 +16,7 @@
 #include "diffattn/eval/inspect.h"
 #include "diffattn/train/train.h"
 
-namespace diffattn {
+namespace diffattn::eval {
 
 // The model of kind `kind` of a standard size (its d_model, n_layers, n_heads, ffn_dim and
 // max_seq_len, as the presets describe sizes): DIFF V1 pairs its heads (n_heads / 2 pairs of
@@ -95,4 +95,4 @@ std::vector<std::string> write_retrieval_seed_summary(const std::vector<Retrieva
 // 95% Wilson score interval of k successes in n trials: {lo, hi}.
 std::pair<double, double> wilson_interval(double k, double n);
 
-}  // namespace diffattn
+}  // namespace diffattn::eval

@@ -13,7 +13,7 @@
 #include "diffattn/eval/views.h"
 #include "diffattn/model/model.h"
 
-namespace diffattn {
+namespace diffattn::eval {
 
 // The maps of one layer for one sequence of the model's last forward(). H is the layer's
 // number of pairs (DIFF) or heads (standard).
@@ -92,4 +92,4 @@ NoiseAnalysis analyze_noise(Model& m, const data::RetrievalSpec& spec, int64_t s
 NoiseStats row_noise(const float* w, int64_t n, int64_t context, int64_t answer_begin,
                      int64_t answer_end);
 
-}  // namespace diffattn
+}  // namespace diffattn::eval

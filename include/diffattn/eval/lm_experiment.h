@@ -16,7 +16,7 @@
 #include "diffattn/model/model.h"
 #include "diffattn/train/train.h"
 
-namespace diffattn {
+namespace diffattn::eval {
 
 // The corpus scripts/corpus.py writes (docs/corpus.md), as byte tokens: the training documents
 // joined by a blank line, the held-out documents one by one.
@@ -103,4 +103,4 @@ LmExperimentResult run_lm_experiment(const LmExperimentOptions& o,
 // report.md, report.json, loss_by_position.png and training_loss.png into dir; returns the paths.
 std::vector<std::string> write_lm_report(const LmExperimentResult& r, const std::string& dir);
 
-}  // namespace diffattn
+}  // namespace diffattn::eval

@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace diffattn {
+namespace diffattn::eval {
 
 struct SnrConfig {
   int64_t length = 1024;     // N positions
@@ -83,4 +83,4 @@ struct SnrTrials {
 };
 SnrTrials snr_trials(const SnrConfig& config);
 
-}  // namespace diffattn
+}  // namespace diffattn::eval

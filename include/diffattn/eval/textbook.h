@@ -7,7 +7,7 @@
 
 #include <array>
 
-namespace diffattn::textbook {
+namespace diffattn::eval::textbook {
 
 inline constexpr int kTokens = 5;
 inline constexpr std::array<const char*, kTokens> kWords = {"The", "cat", "sat", "on", "mat"};
@@ -36,4 +36,4 @@ inline constexpr std::array<float, 20> kV = {
     0.5f, 0.5f, 0.5f, 0.5f,  // mat
 };
 
-}  // namespace diffattn::textbook
+}  // namespace diffattn::eval::textbook

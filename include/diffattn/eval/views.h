@@ -9,7 +9,7 @@
 
 #include "diffattn/kernels/attention.h"
 
-namespace diffattn {
+namespace diffattn::eval {
 
 struct AttentionViews {
   std::string source;               // "textbook", "random", "model"
@@ -48,4 +48,4 @@ AttentionViews views_of(const std::vector<std::string>& tokens, const float* q, 
 std::vector<std::string> export_views(const AttentionViews& v, const std::string& dir,
                                       const std::string& stem);
 
-}  // namespace diffattn
+}  // namespace diffattn::eval
