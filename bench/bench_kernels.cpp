@@ -77,13 +77,20 @@ void BM_chunk(benchmark::State& state) {
   std::vector<int32_t> table(static_cast<size_t>(nb));
   std::iota(table.begin(), table.end(), 0);
   std::shuffle(table.begin(), table.end(), std::mt19937(7));
-  const char* ksrc = f32 ? reinterpret_cast<const char*>(p.k) : reinterpret_cast<const char*>(p.k16);
-  const char* vsrc = f32 ? reinterpret_cast<const char*>(p.v) : reinterpret_cast<const char*>(p.v16);
-  std::vector<char> kpool(static_cast<size_t>(nb * bs * krow) * es), vpool(static_cast<size_t>(nb * bs * vrow) * es);
+  auto bytes = [](const void* x) { return static_cast<const char*>(x); };
+  const char* ksrc = f32 ? bytes(p.k) : bytes(p.k16);
+  const char* vsrc = f32 ? bytes(p.v) : bytes(p.v16);
+  // n rows of `row` elements from row `from` of src to row `to` of dst
+  auto rows = [es](char* dst, int64_t to, const char* src, int64_t from, int64_t n, int64_t row) {
+    std::memcpy(dst + static_cast<size_t>(to * row) * es, src + static_cast<size_t>(from * row) * es,
+                static_cast<size_t>(n * row) * es);
+  };
+  std::vector<char> kpool(static_cast<size_t>(nb * bs * krow) * es);
+  std::vector<char> vpool(static_cast<size_t>(nb * bs * vrow) * es);
   for (int64_t j = 0; j < T; ++j) {  // the case's rows (contiguous strides) into their blocks
     const int64_t at = table[static_cast<size_t>(j / bs)] * bs + j % bs;
-    std::memcpy(&kpool[static_cast<size_t>(at * krow) * es], ksrc + static_cast<size_t>(j * p.k_row_stride) * es, static_cast<size_t>(krow) * es);
-    std::memcpy(&vpool[static_cast<size_t>(at * vrow) * es], vsrc + static_cast<size_t>(j * p.v_row_stride) * es, static_cast<size_t>(vrow) * es);
+    rows(kpool.data(), at, ksrc, j, 1, krow);
+    rows(vpool.data(), at, vsrc, j, 1, vrow);
   }
   if (state.range(3) == 0) {
     PagedAttnParams pp;
@@ -104,7 +111,8 @@ void BM_chunk(benchmark::State& state) {
     for (auto _ : state) attention_paged(pp);
   } else {
     std::vector<char> kc(kpool.size()), vc(vpool.size());
-    std::vector<float> kf(f32 ? 0 : static_cast<size_t>(T * krow)), vf(f32 ? 0 : static_cast<size_t>(T * vrow));
+    std::vector<float> kf(f32 ? 0 : static_cast<size_t>(T * krow));
+    std::vector<float> vf(f32 ? 0 : static_cast<size_t>(T * vrow));
     AttnParams g = p;
     g.kv_dtype = DType::F32, g.k16 = g.v16 = nullptr;
     g.k = f32 ? reinterpret_cast<const float*>(kc.data()) : kf.data();
@@ -114,8 +122,8 @@ void BM_chunk(benchmark::State& state) {
     for (auto _ : state) {
       for (int64_t j0 = 0; j0 < T; j0 += bs) {
         const int64_t n = std::min(bs, T - j0), at = table[static_cast<size_t>(j0 / bs)] * bs;
-        std::memcpy(&kc[static_cast<size_t>(j0 * krow) * es], &kpool[static_cast<size_t>(at * krow) * es], static_cast<size_t>(n * krow) * es);
-        std::memcpy(&vc[static_cast<size_t>(j0 * vrow) * es], &vpool[static_cast<size_t>(at * vrow) * es], static_cast<size_t>(n * vrow) * es);
+        rows(kc.data(), j0, kpool.data(), at, n, krow);
+        rows(vc.data(), j0, vpool.data(), at, n, vrow);
       }
       if (!f32) {
         convert_to_f32(kf.data(), kc.data(), c.kv_dtype, T * krow);
@@ -132,7 +140,10 @@ BENCHMARK(BM_fwd)->ArgsProduct({{1024, 4096}, {0, 1}})->Unit(benchmark::kMillise
 BENCHMARK(BM_bwd)->ArgsProduct({{1024, 4096}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_decode)->ArgsProduct({{8192, 32768}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 // Args: {T, Tq, K/V bfloat16, path (0: in place, 1: gathered as before)}
-BENCHMARK(BM_chunk)->ArgsProduct({{4096}, {512, 64}, {0, 1}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_chunk)
+    ->ArgsProduct({{4096}, {512, 64}, {0, 1}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_upstream_fwd)->Arg(4096)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace

@@ -1,8 +1,9 @@
 // Session::decode for a recurrent model: Phi-4-mini-flash's SambaY hybrid
 // (docs/models/phi4flash.md). Per sequence the KvStore keeps the Mamba layers' conv and scan
 // states, a ring of W positions per sliding-window layer and, in its blocks of the one pool,
-// the full-attention layer's keys and values (YOCO), which every cross-attention layer reads. The self-decoder (layers up to the full-attention one) runs every row; the
-// cross-decoder only the rows whose logits are wanted: it has no state of its own, so a prompt
+// the full-attention layer's keys and values (YOCO), which every cross-attention layer reads.
+// The self-decoder (layers up to the full-attention one) runs every row; the cross-decoder only
+// the rows whose logits are wanted: it has no state of its own, so a prompt
 // chunk whose logits nobody wants stops there, and one that wants its last row's runs one row
 // (arXiv:2507.06607; vLLM's V0 port does the same).
 #include <algorithm>

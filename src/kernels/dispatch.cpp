@@ -78,7 +78,8 @@ bool values_finite(const AttnProblem& p, const fused::KvPages* pages = nullptr) 
   for (int64_t b = 0; b < p.B; ++b) {
     for (int64_t t = 0; t < p.Tk; ++t) {
       // row t of batch b: at the batch's strides, or (pages, B = 1) in its block
-      const int64_t at = pages ? pages->row(t) * p.v_row_stride : b * p.v_batch_stride + t * p.v_row_stride;
+      const int64_t at =
+          pages ? pages->row(t) * p.v_row_stride : b * p.v_batch_stride + t * p.v_row_stride;
       for (int64_t g = 0; g < p.G; ++g) {
         const float* x;
         if (p.kv_dtype == DType::F32) {

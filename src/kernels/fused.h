@@ -49,7 +49,8 @@ void attention_bwd_fused(const AttnBwdParams& p);
 // A forward whose K/V are 16-bit (kv_dtype BF16 or F16) as one over float32 copies: k and v
 // are converted into `k` (B, Tk, key_heads, D) and `v` (B, Tk, G, Dv), contiguous, and the
 // returned params read them (kv_dtype F32). Memory B * Tk * (key_heads * D + G * Dv) floats:
-// for prefill and the reference, whose work grows with Tq * Tk anyway.
+// for the reference, whose work grows with Tq * Tk anyway (the tiled forward widens tile by
+// tile as it packs instead).
 AttnParams with_f32_kv(const AttnParams& p, std::vector<float>& k, std::vector<float>& v);
 
 namespace fused {

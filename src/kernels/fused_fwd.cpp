@@ -63,20 +63,8 @@ struct FwdLayout {
   }
 };
 
-// The keys and values of every K/V tile, packed once per call (every query block of a group
-// reads them): per (b, g, tile) the keys of each key head of the group transposed
-// (nkh, D, Bk), then the values (Bk, Dvp), zero beyond Tk and Dv. O(Tk) memory, a copy of K
-// and V; it saves re-transposing each key tile for every query block. The tiles are packed
-// from where K and V lie (PackTile): a contiguous float32 cache by rows at its strides, the
-// blocks of a pool (pages) or a 16-bit cache row by row, widened to float32 as they are read:
-// no gathered or widened copy of the whole cache is made.
-// Returns whether every packed value is finite when the call is causal with more than one query
-// row (else true): the tile products multiply masked weights (0) by V, so a NaN or Inf value
-// would poison rows that never see its key; the dispatcher then takes the reference. The check
-// reads each packed tile while it is in cache, instead of another pass over v.
-
 // Keys [j0, j0 + nk) of batch b, group g into dst (one tile), row by row from where they lie:
-// pool rows through pages, 16-bit elements widened. row: (nkh, D) then (Dv) floats of scratch.
+// pool rows through pages, 16-bit elements widened. row: max(D, Dv) floats of scratch.
 void PackTileRows(const AttnParams& p, const FwdLayout& f, const fused::KvPages* pages, float* dst,
                   int64_t b, int64_t g, int64_t j0, int64_t nk, float* row) {
   const int64_t Bk = FwdTiles::kBk;
@@ -85,8 +73,10 @@ void PackTileRows(const AttnParams& p, const FwdLayout& f, const fused::KvPages*
   const bool f32 = p.kv_dtype == DType::F32;
   for (int64_t t = 0; t < nk; ++t) {
     const int64_t j = j0 + t;
-    const int64_t k_at = pages ? pages->row(j) * p.k_row_stride : b * p.k_batch_stride + j * p.k_row_stride;
-    const int64_t v_at = pages ? pages->row(j) * p.v_row_stride : b * p.v_batch_stride + j * p.v_row_stride;
+    const int64_t k_at =
+        pages ? pages->row(j) * p.k_row_stride : b * p.k_batch_stride + j * p.k_row_stride;
+    const int64_t v_at =
+        pages ? pages->row(j) * p.v_row_stride : b * p.v_batch_stride + j * p.v_row_stride;
     for (int64_t kl = 0; kl < f.nkh; ++kl) {
       const int64_t kh = f.nkh == 2 ? 2 * g + kl : g;
       const int64_t at = k_at + kh * p.k_head_stride;
@@ -116,6 +106,17 @@ void PackTileRows(const AttnParams& p, const FwdLayout& f, const fused::KvPages*
   std::fill(vdst + nk * f.Dvp, vdst + Bk * f.Dvp, 0.0f);
 }
 
+// The keys and values of every K/V tile, packed once per call (every query block of a group
+// reads them): per (b, g, tile) the keys of each key head of the group transposed
+// (nkh, D, Bk), then the values (Bk, Dvp), zero beyond Tk and Dv. O(Tk) memory, a copy of K
+// and V; it saves re-transposing each key tile for every query block. The tiles are packed
+// from where K and V lie: a contiguous float32 cache by rows at its strides, the blocks of a
+// pool (pages) or a 16-bit cache row by row (PackTileRows), widened to float32 as they are
+// read: no gathered or widened copy of the whole cache is made.
+// Returns whether every packed value is finite when the call is causal with more than one query
+// row (else true): the tile products multiply masked weights (0) by V, so a NaN or Inf value
+// would poison rows that never see its key; the dispatcher then takes the reference. The check
+// reads each packed tile while it is in cache, instead of another pass over v.
 bool PackKV(const AttnParams& p, const FwdLayout& f, const fused::KvPages* pages, float* packed,
             int threads) {
   const Rows r(p);
