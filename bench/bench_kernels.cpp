@@ -35,21 +35,21 @@ void report(benchmark::State& state, double flops, double bytes) {
 
 void BM_fwd(benchmark::State& state) {
   Tensors t(shape(state.range(0), state.range(0), state.range(1) != 0));
-  for (auto _ : state) attention_fwd(t.p);
+  for (auto _ : state) kernels::attention_fwd(t.p);
   report(state, t.c.fwd_flops(), 0);
 }
 
 void BM_bwd(benchmark::State& state) {
   Tensors t(shape(state.range(0), state.range(0), state.range(1) != 0));
-  attention_fwd(t.p);
-  const AttnBwdParams b = t.bwd();
-  for (auto _ : state) attention_bwd(b);
+  kernels::attention_fwd(t.p);
+  const kernels::AttnBwdParams b = t.bwd();
+  for (auto _ : state) kernels::attention_bwd(b);
   report(state, t.c.bwd_flops(), 0);
 }
 
 void BM_decode(benchmark::State& state) {
   Tensors t(shape(state.range(0), 1, state.range(1) != 0));
-  for (auto _ : state) attention_fwd(t.p);
+  for (auto _ : state) kernels::attention_fwd(t.p);
   report(state, 0, t.c.kv_bytes());
 }
 
@@ -70,7 +70,7 @@ void BM_chunk(benchmark::State& state) {
   AttnCase c = shape(T, Tq, false);
   c.kv_dtype = state.range(2) != 0 ? DType::BF16 : DType::F32;
   Tensors t(c, 1, false);
-  const AttnParams& p = t.p;
+  const kernels::AttnParams& p = t.p;
   const bool f32 = c.kv_dtype == DType::F32;
   const size_t es = dtype_size(c.kv_dtype);
   const int64_t krow = p.key_heads() * p.D, vrow = p.G * p.Dv, nb = (T + bs - 1) / bs;
@@ -93,7 +93,7 @@ void BM_chunk(benchmark::State& state) {
     rows(vpool.data(), at, vsrc, j, 1, vrow);
   }
   if (state.range(3) == 0) {
-    PagedAttnParams pp;
+    kernels::PagedAttnParams pp;
     pp.B = 1, pp.H = p.H, pp.G = p.G, pp.D = p.D, pp.Dv = p.Dv, pp.maps = p.maps;
     pp.scale = 1.0f / std::sqrt(static_cast<float>(p.D));
     pp.n_blocks = nb, pp.block_size = bs, pp.table_stride = nb;
@@ -108,12 +108,12 @@ void BM_chunk(benchmark::State& state) {
       pp.v16_pool = reinterpret_cast<const uint16_t*>(vpool.data());
     }
     pp.set_contiguous_strides();
-    for (auto _ : state) attention_paged(pp);
+    for (auto _ : state) kernels::attention_paged(pp);
   } else {
     std::vector<char> kc(kpool.size()), vc(vpool.size());
     std::vector<float> kf(f32 ? 0 : static_cast<size_t>(T * krow));
     std::vector<float> vf(f32 ? 0 : static_cast<size_t>(T * vrow));
-    AttnParams g = p;
+    kernels::AttnParams g = p;
     g.kv_dtype = DType::F32, g.k16 = g.v16 = nullptr;
     g.k = f32 ? reinterpret_cast<const float*>(kc.data()) : kf.data();
     g.v = f32 ? reinterpret_cast<const float*>(vc.data()) : vf.data();
@@ -129,7 +129,7 @@ void BM_chunk(benchmark::State& state) {
         convert_to_f32(kf.data(), kc.data(), c.kv_dtype, T * krow);
         convert_to_f32(vf.data(), vc.data(), c.kv_dtype, T * vrow);
       }
-      attention_fwd(g);
+      kernels::attention_fwd(g);
     }
   }
   report(state, c.fwd_flops(), 0);

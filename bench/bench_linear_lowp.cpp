@@ -218,7 +218,7 @@ int main(int argc, char** argv) {
 
   bench::ReadBandwidth bw(int64_t{1} << 30);
   for (int threads : thread_counts) {
-    set_num_threads(threads);
+    kernels::set_num_threads(threads);
     std::vector<double> bands;
     for (Row& r : rows) r.rate.clear(), r.ratio.clear();
     for (int round = 0; round <= rounds; ++round) {  // round 0 warms up

@@ -38,8 +38,8 @@ void per_token(benchmark::State& state, int64_t T, double bytes) {
 // Args: {T, copies, threads (0: the library's default)}
 void BM_scan(benchmark::State& state) {
   const int64_t T = state.range(0), copies = state.range(1);
-  const int saved = num_threads();
-  if (state.range(2) > 0) set_num_threads(static_cast<int>(state.range(2)));
+  const int saved = kernels::num_threads();
+  if (state.range(2) > 0) kernels::set_num_threads(static_cast<int>(state.range(2)));
   const std::vector<float> u = normal(T * kE, 1), delta = normal(T * kE, 2),
                            bias = normal(kE, 3, -4.0f), bc = normal(T * 2 * kN, 4),
                            D = normal(kE, 5), z = normal(T * kE, 6);
@@ -50,7 +50,7 @@ void BM_scan(benchmark::State& state) {
     h[i] = normal(kE * kN, 100 + static_cast<uint32_t>(i));
   }
   std::vector<float> y(static_cast<size_t>(T * kE));
-  ScanParams p;
+  kernels::ScanParams p;
   p.T = T, p.E = kE, p.N = kN;
   p.u = u.data(), p.u_stride = kE;
   p.delta = delta.data(), p.delta_stride = kE;
@@ -62,11 +62,11 @@ void BM_scan(benchmark::State& state) {
   size_t i = 0;
   for (auto _ : state) {
     p.A = A[i].data(), p.h = h[i].data();
-    selective_scan(p);
+    kernels::selective_scan(p);
     benchmark::ClobberMemory();
     i = i + 1 == A.size() ? 0 : i + 1;
   }
-  set_num_threads(saved);
+  kernels::set_num_threads(saved);
   // h read and written, A read; u, delta, z read and y written per token; bias and D once
   const double bytes = 4.0 * (3.0 * kE * kN + 4.0 * T * kE + 2.0 * T * kN + 2.0 * kE);
   per_token(state, T, bytes);
@@ -75,12 +75,12 @@ void BM_scan(benchmark::State& state) {
 // Args: {T, copies, threads}
 void BM_conv(benchmark::State& state) {
   const int64_t T = state.range(0), copies = state.range(1);
-  const int saved = num_threads();
-  if (state.range(2) > 0) set_num_threads(static_cast<int>(state.range(2)));
+  const int saved = kernels::num_threads();
+  if (state.range(2) > 0) kernels::set_num_threads(static_cast<int>(state.range(2)));
   const std::vector<float> x = normal(T * 2 * kE, 1), w = normal(kK * kE, 2), b = normal(kE, 3);
   std::vector<std::vector<float>> st(static_cast<size_t>(copies), normal((kK - 1) * kE, 4));
   std::vector<float> out(static_cast<size_t>(T * kE));
-  ConvParams p;
+  kernels::ConvParams p;
   p.T = T, p.E = kE, p.K = kK;
   p.x = x.data(), p.x_stride = 2 * kE;  // the x half of in_proj's (x | z) rows
   p.w = w.data(), p.bias = b.data();
@@ -88,11 +88,11 @@ void BM_conv(benchmark::State& state) {
   size_t i = 0;
   for (auto _ : state) {
     p.state = st[i].data();
-    causal_conv1d_silu(p);
+    kernels::causal_conv1d_silu(p);
     benchmark::ClobberMemory();
     i = i + 1 == st.size() ? 0 : i + 1;
   }
-  set_num_threads(saved);
+  kernels::set_num_threads(saved);
   const double bytes = 4.0 * (2.0 * (kK - 1) * kE + (kK + 1) * kE + 2.0 * T * kE);
   per_token(state, T, bytes);
 }
@@ -103,7 +103,7 @@ void BM_stream(benchmark::State& state) {
   const int64_t copies = state.range(0), n = kE * kN;
   std::vector<std::vector<float>> a(static_cast<size_t>(copies), normal(n, 1)),
       h(static_cast<size_t>(copies), normal(n, 2));
-  const int threads = num_threads();
+  const int threads = kernels::num_threads();
   size_t i = 0;
   for (auto _ : state) {
     const float* ap = a[i].data();

@@ -7,7 +7,7 @@
 #include "diffattn/kernels/attention.h"
 
 int main() {
-  using namespace diffattn;
+  using namespace diffattn::kernels;
   const int64_t B = 2, T = 128, H = 4, G = 2, D = 32;  // 4 pairs over 2 key/value groups
   std::mt19937 rng(0);
   std::normal_distribution<float> n01;

@@ -13,11 +13,11 @@ namespace diffattn::python {
 
 // A read-only view of a NumPy float32 C-contiguous array; anything else is a ValueError that
 // names the tensor and says what it got.
-ConstView view_of(const char* op, const char* name, const pybind11::handle& obj);
+kernels::ConstView view_of(const char* op, const char* name, const pybind11::handle& obj);
 
 // A read-only view of a NumPy float32 array with any non-negative strides (a whole number of
 // elements each); the kernels check what they can read. No copy.
-ConstView strided_view_of(const char* op, const char* name, const pybind11::handle& obj);
+kernels::ConstView strided_view_of(const char* op, const char* name, const pybind11::handle& obj);
 
 // A new float32 array of the given shape laid out with the given element strides (uninitialised;
 // its buffer spans what the strides reach, so a gradient can take its input's layout).

@@ -22,8 +22,8 @@ namespace diffattn::python {
 
 namespace {
 
-DiffMode mode_of(const std::string& mode, const char* op) {
-  return parse_diff_mode(mode, std::string(op) + ": mode");
+kernels::DiffMode mode_of(const std::string& mode, const char* op) {
+  return kernels::parse_diff_mode(mode, std::string(op) + ": mode");
 }
 
 py::array_t<float> array_of(const std::vector<float>& v, const Shape& shape) {
@@ -112,15 +112,15 @@ void bind_eval(py::module_& m) {
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& coef,
          bool causal, std::optional<double> scale, const std::string& mode) {
         const char* op = "kway_attention";
-        const ConstView cv = view_of(op, "coef", coef);
+        const kernels::ConstView cv = view_of(op, "coef", coef);
         if (cv.shape.size() != 1) {
           throw InvalidArgument(std::string(op) + ": coef has shape " + shape_str(cv.shape) + ", expected (maps)");
         }
-        AttnOptions o;
+        kernels::AttnOptions o;
         o.causal = causal;
         o.mode = mode_of(mode, op);
         if (scale) o.scale = static_cast<float>(*scale);
-        KWayParams p = kway_params(view_of(op, "q", q), view_of(op, "k", k), view_of(op, "v", v), cv,
+        kernels::KWayParams p = kernels::kway_params(view_of(op, "q", q), view_of(op, "k", k), view_of(op, "v", v), cv,
                                    static_cast<int>(cv.shape[0]), o);
         py::array_t<float> out = new_array({p.B, p.Tq, p.H, p.Dv});
         py::array_t<float> probs = new_array({p.B, p.H, p.maps, p.Tq, p.Tk});
@@ -130,7 +130,7 @@ void bind_eval(py::module_& m) {
         p.weights = weights.mutable_data();
         {
           py::gil_scoped_release nogil;
-          kway_attention_ref(p);
+          kernels::kway_attention_ref(p);
         }
         return py::make_tuple(out, probs, weights);
       },
@@ -272,7 +272,7 @@ n_heads, n_kv_heads, head_dim, tie_embeddings) as (name, shape, component) tuple
   m.def(
       "write_npy",
       [](const std::string& path, const py::handle& array) {
-        const ConstView v = view_of("write_npy", "array", array);
+        const kernels::ConstView v = view_of("write_npy", "array", array);
         py::gil_scoped_release nogil;
         viz::write_npy(path, v.data, v.shape);
       },
@@ -298,7 +298,7 @@ n_heads, n_kv_heads, head_dim, tie_embeddings) as (name, shape, component) tuple
       "render_heatmap",
       [](const std::string& path, const py::handle& matrix, std::vector<std::string> row_labels,
          std::vector<std::string> col_labels, const std::string& title, bool signed_scale) {
-        const ConstView v = view_of("render_heatmap", "matrix", matrix);
+        const kernels::ConstView v = view_of("render_heatmap", "matrix", matrix);
         if (v.shape.size() != 2) {
           throw InvalidArgument("render_heatmap: matrix has shape " + shape_str(v.shape) + ", expected (rows, cols)");
         }

@@ -22,40 +22,40 @@ namespace diffattn::python {
 
 namespace {
 
-AttnOptions options(bool causal, std::optional<double> scale, const std::string& mode,
+kernels::AttnOptions options(bool causal, std::optional<double> scale, const std::string& mode,
                     const char* op) {
-  AttnOptions o;
+  kernels::AttnOptions o;
   o.causal = causal;
   if (scale) {
     if (*scale == 0.0) throw InvalidArgument(std::string(op) + ": scale must be non-zero");
     o.scale = static_cast<float>(*scale);
   }
-  o.mode = parse_diff_mode(mode, std::string(op) + ": mode");
+  o.mode = kernels::parse_diff_mode(mode, std::string(op) + ": mode");
   return o;
 }
 
-Backend backend_of(const std::optional<std::string>& name, const char* op) {
-  if (!name) return Backend::Auto;
-  return parse_backend(*name, std::string(op) + ": backend");
+kernels::Backend backend_of(const std::optional<std::string>& name, const char* op) {
+  if (!name) return kernels::Backend::Auto;
+  return kernels::parse_backend(*name, std::string(op) + ": backend");
 }
 
-AttnParams diff_params(const char* op, const py::handle& q, const py::handle& k,
-                       const py::handle& v, const py::handle& lam, const AttnOptions& o) {
-  AttnParams p = diff_attn_params(strided_view_of(op, "q", q), strided_view_of(op, "k", k),
+kernels::AttnParams diff_params(const char* op, const py::handle& q, const py::handle& k,
+                       const py::handle& v, const py::handle& lam, const kernels::AttnOptions& o) {
+  kernels::AttnParams p = kernels::diff_attn_params(strided_view_of(op, "q", q), strided_view_of(op, "k", k),
                                   strided_view_of(op, "v", v), view_of(op, "lam", lam), o);
-  check_lambda(p, op);
+  kernels::check_lambda(p, op);
   return p;
 }
 
-AttnParams std_params(const char* op, const py::handle& q, const py::handle& k,
-                      const py::handle& v, const AttnOptions& o) {
-  return attn_params(strided_view_of(op, "q", q), strided_view_of(op, "k", k),
+kernels::AttnParams std_params(const char* op, const py::handle& q, const py::handle& k,
+                      const py::handle& v, const kernels::AttnOptions& o) {
+  return kernels::attn_params(strided_view_of(op, "q", q), strided_view_of(op, "k", k),
                      strided_view_of(op, "v", v), o);
 }
 
 // The maps a call returns ((B, H, Tq, Tk) float32 each) must fit in memory: checked before the
 // forward runs, not after (views of a few bytes can describe terabytes of maps).
-void check_maps_fit(const char* op, const AttnParams& p, int maps) {
+void check_maps_fit(const char* op, const kernels::AttnParams& p, int maps) {
   double bytes = 4.0 * maps;
   for (int64_t n : {p.B, p.H, p.Tq, p.Tk}) bytes *= static_cast<double>(n);
   check_fits_in_memory(bytes, std::string(op) + ": " + std::to_string(maps) + " map(s) of shape (B, H, Tq, Tk) = " +
@@ -64,11 +64,11 @@ void check_maps_fit(const char* op, const AttnParams& p, int maps) {
 
 // Forward with saved statistics; returns (out, lse, o2) where o2 is None for standard attention.
 struct Forward {
-  AttnParams p;
+  kernels::AttnParams p;
   py::array_t<float> out, lse, o2;
 };
 
-Forward forward(AttnParams p, Backend backend) {
+Forward forward(kernels::AttnParams p, kernels::Backend backend) {
   Forward f;
   f.out = new_array(p.out_shape());
   f.lse = new_array(p.lse_shape());
@@ -80,7 +80,7 @@ Forward forward(AttnParams p, Backend backend) {
   }
   {
     py::gil_scoped_release nogil;
-    attention_fwd(p, backend);
+    kernels::attention_fwd(p, backend);
   }
   f.p = p;
   return f;
@@ -89,16 +89,16 @@ Forward forward(AttnParams p, Backend backend) {
 // The statistics a forward saved, as the caller hands them back: each must have the shape the
 // forward gave it (out and o2 (B, Tq, H, Dv), lse (B, maps*H, Tq)), contiguous. The backward
 // only reads them (AttnBwdParams holds them as const); the caller's arrays outlive the call.
-AttnBwdParams saved(const AttnParams& p, const py::handle& out, const py::handle& lse,
+kernels::AttnBwdParams saved(const kernels::AttnParams& p, const py::handle& out, const py::handle& lse,
                     const py::handle& o2, const char* op) {
-  AttnBwdParams bp(p);
-  const ConstView vo = view_of(op, "out", out), vl = view_of(op, "lse", lse);
+  kernels::AttnBwdParams bp(p);
+  const kernels::ConstView vo = view_of(op, "out", out), vl = view_of(op, "lse", lse);
   check_shape(op, "out", vo.shape, p.out_shape(), "(B, Tq, H, Dv)");
   check_shape(op, "lse", vl.shape, p.lse_shape(), "(B, maps*H, Tq)");
   bp.out = vo.data;
   bp.lse = vl.data;
   if (p.maps == 2) {
-    const ConstView v2 = view_of(op, "o2", o2);
+    const kernels::ConstView v2 = view_of(op, "o2", o2);
     check_shape(op, "o2", v2.shape, p.out_shape(), "(B, Tq, H, Dv)");
     bp.o2 = v2.data;
   }
@@ -118,7 +118,7 @@ bool has_saved(const py::object& out, const py::object& lse, const py::object& o
 }
 
 // bp: the forward's problem and saved statistics (from forward() or saved()).
-py::tuple backward(AttnBwdParams bp, const py::handle& dout_obj, Backend backend,
+py::tuple backward(kernels::AttnBwdParams bp, const py::handle& dout_obj, kernels::Backend backend,
                    const char* op) {
   // dout is read with out's layout (contiguous): a strided float32 dout is copied once; any
   // other dtype or type is left to view_of, which names it.
@@ -129,11 +129,11 @@ py::tuple backward(AttnBwdParams bp, const py::handle& dout_obj, Backend backend
       dout_obj2 = py::array_t<float, py::array::c_style>::ensure(dout_obj);
     }
   }
-  const ConstView dout = view_of(op, "dout", dout_obj2);
+  const kernels::ConstView dout = view_of(op, "dout", dout_obj2);
   check_shape(op, "dout", dout.shape, bp.out_shape(), "(B, Tq, H, Dv)");
   bp.dout = dout.data;
   // Each gradient takes its input's layout (the kernels write dq with q's strides).
-  const AttnProblem& p = bp;
+  const kernels::AttnProblem& p = bp;
   py::array_t<float> dq = new_strided_array(p.q_shape(), {p.q_batch_stride, p.q_row_stride,
                                                           p.q_head_stride, 1});
   py::array_t<float> dk = new_strided_array(p.k_shape(), {p.k_batch_stride, p.k_row_stride,
@@ -150,7 +150,7 @@ py::tuple backward(AttnBwdParams bp, const py::handle& dout_obj, Backend backend
   }
   {
     py::gil_scoped_release nogil;
-    attention_bwd(bp, backend);
+    kernels::attention_bwd(bp, backend);
   }
   if (p.maps == 2) return py::make_tuple(dq, dk, dv, dlam);
   return py::make_tuple(dq, dk, dv);
@@ -160,7 +160,7 @@ py::array_t<float> maps_of(const Forward& f, int map) {
   py::array_t<float> probs = new_array({f.p.B, f.p.H, f.p.Tq, f.p.Tk});
   float* dst = probs.mutable_data();
   py::gil_scoped_release nogil;
-  attention_probs(f.p, map, dst);
+  kernels::attention_probs(f.p, map, dst);
   return probs;
 }
 
@@ -173,7 +173,7 @@ void bind_kernels(py::module_& m) {
          bool causal, std::optional<double> scale, const std::string& mode,
          std::optional<std::string> backend, bool return_stats) -> py::object {
         const char* op = "diff_attention";
-        const AttnParams p = diff_params(op, q, k, v, lam, options(causal, scale, mode, op));
+        const kernels::AttnParams p = diff_params(op, q, k, v, lam, options(causal, scale, mode, op));
         const Forward f = forward(p, backend_of(backend, op));
         if (return_stats) return py::make_tuple(f.out, f.lse, f.o2);
         return f.out;
@@ -204,11 +204,11 @@ they are read in place. lam is contiguous.)doc");
          std::optional<std::string> backend, const py::object& out, const py::object& lse,
          const py::object& o2) {
         const char* op = "diff_attention_backward";
-        const AttnParams p = diff_params(op, q, k, v, lam, options(causal, scale, "signed", op));
-        const Backend b = backend_of(backend, op);
+        const kernels::AttnParams p = diff_params(op, q, k, v, lam, options(causal, scale, "signed", op));
+        const kernels::Backend b = backend_of(backend, op);
         if (has_saved(out, lse, o2, true, op)) return backward(saved(p, out, lse, o2, op), dout, b, op);
         const Forward f = forward(p, b);  // its arrays outlive the backward
-        return backward(AttnBwdParams(f.p), dout, b, op);
+        return backward(kernels::AttnBwdParams(f.p), dout, b, op);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("lam"), py::arg("dout"),
       py::arg("causal") = false, py::arg("scale") = py::none(), py::arg("backend") = py::none(),
@@ -224,7 +224,7 @@ diff_attention(..., return_stats=True)) it runs no forward; without them it runs
          std::optional<double> scale, std::optional<std::string> backend,
          bool return_stats) -> py::object {
         const char* op = "attention";
-        const AttnParams p = std_params(op, q, k, v, options(causal, scale, "signed", op));
+        const kernels::AttnParams p = std_params(op, q, k, v, options(causal, scale, "signed", op));
         const Forward f = forward(p, backend_of(backend, op));
         if (return_stats) return py::make_tuple(f.out, f.lse);
         return f.out;
@@ -242,13 +242,13 @@ diff_attention(..., return_stats=True)) it runs no forward; without them it runs
          bool causal, std::optional<double> scale, std::optional<std::string> backend,
          const py::object& out, const py::object& lse) {
         const char* op = "attention_backward";
-        const AttnParams p = std_params(op, q, k, v, options(causal, scale, "signed", op));
-        const Backend b = backend_of(backend, op);
+        const kernels::AttnParams p = std_params(op, q, k, v, options(causal, scale, "signed", op));
+        const kernels::Backend b = backend_of(backend, op);
         if (has_saved(out, lse, py::none(), false, op)) {
           return backward(saved(p, out, lse, py::none(), op), dout, b, op);
         }
         const Forward f = forward(p, b);  // its arrays outlive the backward
-        return backward(AttnBwdParams(f.p), dout, b, op);
+        return backward(kernels::AttnBwdParams(f.p), dout, b, op);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dout"), py::arg("causal") = false,
       py::arg("scale") = py::none(), py::arg("backend") = py::none(),
@@ -261,9 +261,9 @@ diff_attention(..., return_stats=True)) it runs no forward; without them it runs
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& lam,
          bool causal, std::optional<double> scale) {
         const char* op = "diff_attention_maps";
-        const AttnParams p = diff_params(op, q, k, v, lam, options(causal, scale, "signed", op));
+        const kernels::AttnParams p = diff_params(op, q, k, v, lam, options(causal, scale, "signed", op));
         check_maps_fit(op, p, 2);
-        const Forward f = forward(p, Backend::Auto);
+        const Forward f = forward(p, kernels::Backend::Auto);
         return py::make_tuple(maps_of(f, 0), maps_of(f, 1));
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("lam"), py::arg("causal") = false,
@@ -276,9 +276,9 @@ recomputed from the forward's saved log-sum-exp.)doc");
       [](const py::handle& q, const py::handle& k, const py::handle& v, bool causal,
          std::optional<double> scale) {
         const char* op = "attention_map";
-        const AttnParams p = std_params(op, q, k, v, options(causal, scale, "signed", op));
+        const kernels::AttnParams p = std_params(op, q, k, v, options(causal, scale, "signed", op));
         check_maps_fit(op, p, 1);
-        return maps_of(forward(p, Backend::Auto), 0);
+        return maps_of(forward(p, kernels::Backend::Auto), 0);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false,
       py::arg("scale") = py::none(),
@@ -287,7 +287,7 @@ recomputed from the forward's saved log-sum-exp.)doc");
   m.def(
       "kernel_calls",
       [] {
-        const KernelCalls c = kernel_calls();
+        const kernels::KernelCalls c = kernels::kernel_calls();
         py::dict d;
         d["forward"] = c.forward;
         d["backward"] = c.backward;

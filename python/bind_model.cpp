@@ -262,7 +262,7 @@ void bind_model(py::module_& m) {
             throw InvalidArgument(std::string(op) + ": tensors has no \"" + t.name + "\" of shape " + shape_str(t.shape));
           }
           const std::string label = "tensors[\"" + t.name + "\"]";
-          const ConstView v = view_of(op, label.c_str(), tensors[py::str(t.name)]);
+          const kernels::ConstView v = view_of(op, label.c_str(), tensors[py::str(t.name)]);
           check_shape(op, label.c_str(), v.shape, t.shape, "the config's");
           for (int64_t i = 0; i < t.numel; ++i) {
             if (!std::isfinite(v.data[i])) {

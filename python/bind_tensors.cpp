@@ -23,14 +23,14 @@ namespace diffattn::python {
 namespace {
 
 // (address, shape, strides) as a view; a malformed tuple is an error naming the tensor.
-ConstView raw_view(const char* op, const char* name, const py::handle& obj) {
+kernels::ConstView raw_view(const char* op, const char* name, const py::handle& obj) {
   if (!py::isinstance<py::tuple>(obj) || py::len(obj) != 3) {
     throw InvalidArgument(std::string(op) + ": " + name +
                           " must be a tuple (address, shape, strides)");
   }
   const auto t = py::reinterpret_borrow<py::tuple>(obj);
   const auto addr = t[0].cast<uintptr_t>();
-  ConstView v{reinterpret_cast<const float*>(addr), t[1].cast<Shape>(), t[2].cast<Shape>()};
+  kernels::ConstView v{reinterpret_cast<const float*>(addr), t[1].cast<Shape>(), t[2].cast<Shape>()};
   if (v.shape.size() != v.strides.size()) {
     throw InvalidArgument(std::string(op) + ": " + name + " has " +
                           std::to_string(v.shape.size()) + " sizes and " +
@@ -53,7 +53,7 @@ ConstView raw_view(const char* op, const char* name, const py::handle& obj) {
 // layout the kernel writes).
 float* raw_output(const char* op, const char* name, const py::handle& obj, const Shape& want,
                   const Shape& strides) {
-  const ConstView v = raw_view(op, name, obj);
+  const kernels::ConstView v = raw_view(op, name, obj);
   check_shape(op, name, v.shape, want, "the forward's shape");
   bool same = true;  // a dimension of size 1 has no stride that matters (torch keeps any)
   for (size_t i = 0; i < want.size(); ++i) same = same && (want[i] <= 1 || v.strides[i] == strides[i]);
@@ -64,25 +64,25 @@ float* raw_output(const char* op, const char* name, const py::handle& obj, const
   return const_cast<float*>(v.data);
 }
 
-AttnParams problem(const char* op, const py::handle& q, const py::handle& k, const py::handle& v,
+kernels::AttnParams problem(const char* op, const py::handle& q, const py::handle& k, const py::handle& v,
                    const py::object& lam, bool causal, std::optional<double> scale) {
-  AttnOptions o;
+  kernels::AttnOptions o;
   o.causal = causal;
   if (scale) {
     if (*scale == 0.0) throw InvalidArgument(std::string(op) + ": scale must be non-zero");
     o.scale = static_cast<float>(*scale);
   }
   if (lam.is_none()) {
-    return attn_params(raw_view(op, "q", q), raw_view(op, "k", k), raw_view(op, "v", v), o);
+    return kernels::attn_params(raw_view(op, "q", q), raw_view(op, "k", k), raw_view(op, "v", v), o);
   }
-  AttnParams p = diff_attn_params(raw_view(op, "q", q), raw_view(op, "k", k),
+  kernels::AttnParams p = kernels::diff_attn_params(raw_view(op, "q", q), raw_view(op, "k", k),
                                   raw_view(op, "v", v), raw_view(op, "lam", lam), o);
-  check_lambda(p, op);
+  kernels::check_lambda(p, op);
   return p;
 }
 
-Backend backend_named(const std::string& name, const char* op) {
-  return parse_backend(name, std::string(op) + ": backend");
+kernels::Backend backend_named(const std::string& name, const char* op) {
+  return kernels::parse_backend(name, std::string(op) + ": backend");
 }
 
 }  // namespace
@@ -94,15 +94,15 @@ void bind_tensors(py::module_& m) {
          const py::handle& out, const py::handle& lse, const py::object& o2, bool causal,
          std::optional<double> scale, const std::string& backend) {
         const char* op = "attention forward";
-        AttnParams p = problem(op, q, k, v, lam, causal, scale);
-        p.out = raw_output(op, "out", out, p.out_shape(), contiguous_strides(p.out_shape()));
-        p.lse = raw_output(op, "lse", lse, p.lse_shape(), contiguous_strides(p.lse_shape()));
+        kernels::AttnParams p = problem(op, q, k, v, lam, causal, scale);
+        p.out = raw_output(op, "out", out, p.out_shape(), kernels::contiguous_strides(p.out_shape()));
+        p.lse = raw_output(op, "lse", lse, p.lse_shape(), kernels::contiguous_strides(p.lse_shape()));
         if (p.maps == 2) {
-          p.o2 = raw_output(op, "o2", o2, p.out_shape(), contiguous_strides(p.out_shape()));
+          p.o2 = raw_output(op, "o2", o2, p.out_shape(), kernels::contiguous_strides(p.out_shape()));
         }
-        const Backend b = backend_named(backend, op);
+        const kernels::Backend b = backend_named(backend, op);
         py::gil_scoped_release nogil;
-        attention_fwd(p, b);
+        kernels::attention_fwd(p, b);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("lam"), py::arg("out"), py::arg("lse"),
       py::arg("o2"), py::arg("causal"), py::arg("scale"), py::arg("backend"),
@@ -117,11 +117,11 @@ void bind_tensors(py::module_& m) {
          const py::handle& dv, const py::object& dlam, bool causal, std::optional<double> scale,
          const std::string& backend) {
         const char* op = "attention backward";
-        const AttnParams p = problem(op, q, k, v, lam, causal, scale);
-        AttnBwdParams bp(p);
-        const Shape os = p.out_shape(), oc = contiguous_strides(os);
+        const kernels::AttnParams p = problem(op, q, k, v, lam, causal, scale);
+        kernels::AttnBwdParams bp(p);
+        const Shape os = p.out_shape(), oc = kernels::contiguous_strides(os);
         bp.out = raw_output(op, "out", out, os, oc);
-        bp.lse = raw_output(op, "lse", lse, p.lse_shape(), contiguous_strides(p.lse_shape()));
+        bp.lse = raw_output(op, "lse", lse, p.lse_shape(), kernels::contiguous_strides(p.lse_shape()));
         if (p.maps == 2) bp.o2 = raw_output(op, "o2", o2, os, oc);
         bp.dout = raw_output(op, "dout", dout, os, oc);
         bp.dq = raw_output(op, "dq", dq, p.q_shape(),
@@ -131,11 +131,11 @@ void bind_tensors(py::module_& m) {
         bp.dv = raw_output(op, "dv", dv, p.v_shape(),
                            {p.v_batch_stride, p.v_row_stride, p.v_head_stride, 1});
         if (p.maps == 2) {
-          bp.dlam = raw_output(op, "dlam", dlam, p.lam_shape(), contiguous_strides(p.lam_shape()));
+          bp.dlam = raw_output(op, "dlam", dlam, p.lam_shape(), kernels::contiguous_strides(p.lam_shape()));
         }
-        const Backend b = backend_named(backend, op);
+        const kernels::Backend b = backend_named(backend, op);
         py::gil_scoped_release nogil;
-        attention_bwd(bp, b);
+        kernels::attention_bwd(bp, b);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("lam"), py::arg("out"), py::arg("lse"),
       py::arg("o2"), py::arg("dout"), py::arg("dq"), py::arg("dk"), py::arg("dv"),

@@ -12,8 +12,8 @@
 
 namespace diffattn::bench {
 
-AttnProblem AttnCase::sizes() const {
-  AttnProblem p;
+kernels::AttnProblem AttnCase::sizes() const {
+  kernels::AttnProblem p;
   p.B = B, p.Tq = Tq, p.Tk = Tk, p.H = H, p.G = G, p.D = D, p.Dv = Dv;
   p.maps = maps;
   p.shared_keys = shared_keys;
@@ -32,15 +32,15 @@ std::string AttnCase::str() const {
   return os.str();
 }
 
-double AttnCase::fwd_flops() const { return attention_fwd_flops(sizes()); }
+double AttnCase::fwd_flops() const { return kernels::attention_fwd_flops(sizes()); }
 
 double AttnCase::k_bytes() const {
-  const AttnProblem p = sizes();
+  const kernels::AttnProblem p = sizes();
   return static_cast<double>(dtype_size(kv_dtype)) * static_cast<double>(p.numel(p.k_shape()));
 }
 
 double AttnCase::v_bytes() const {
-  const AttnProblem p = sizes();
+  const kernels::AttnProblem p = sizes();
   return static_cast<double>(dtype_size(kv_dtype)) * static_cast<double>(p.numel(p.v_shape()));
 }
 
@@ -76,7 +76,7 @@ std::vector<float> randn(int64_t n, uint32_t seed, float sd) {
 }
 
 CaseInputs make_inputs(const AttnCase& c, uint32_t seed) {
-  const AttnProblem p = c.sizes();
+  const kernels::AttnProblem p = c.sizes();
   CaseInputs in;
   in.q = randn(p.numel(p.q_shape()), seed);
   in.k = randn(p.numel(p.k_shape()), seed + 1);
@@ -104,7 +104,7 @@ Kv16::Kv16(std::span<const float> k32, std::span<const float> v32, DType dt, boo
   convert_to_f32(v_rounded.data(), v.data(), dt, static_cast<int64_t>(v.size()));
 }
 
-void Kv16::use_in(AttnProblem& p) const {
+void Kv16::use_in(kernels::AttnProblem& p) const {
   p.kv_dtype = dtype;
   p.k = p.v = nullptr;
   p.k16 = k.data();
@@ -215,8 +215,8 @@ struct Fwd {
 };
 
 // A forward of p (inputs as given) into fresh contiguous outputs.
-Fwd run_fwd(const AttnParams& in, Backend backend) {
-  AttnParams p = in;
+Fwd run_fwd(const kernels::AttnParams& in, kernels::Backend backend) {
+  kernels::AttnParams p = in;
   Fwd r;
   r.out.assign(static_cast<size_t>(p.numel(p.out_shape())), NAN);
   r.lse.assign(static_cast<size_t>(p.numel(p.lse_shape())), NAN);
@@ -227,13 +227,13 @@ Fwd run_fwd(const AttnParams& in, Backend backend) {
     r.o2.assign(r.out.size(), NAN);
     p.o2 = r.o2.data();
   }
-  attention_fwd(p, backend);
+  kernels::attention_fwd(p, backend);
   return r;
 }
 
 // The checks read every tensor as contiguous: refuse a problem with other strides.
-void require_contiguous(const AttnProblem& p, const char* what) {
-  AttnProblem c = p;
+void require_contiguous(const kernels::AttnProblem& p, const char* what) {
+  kernels::AttnProblem c = p;
   c.set_contiguous_strides();
   const bool same = c.q_batch_stride == p.q_batch_stride && c.q_row_stride == p.q_row_stride &&
                     c.q_head_stride == p.q_head_stride && c.k_batch_stride == p.k_batch_stride &&
@@ -250,10 +250,10 @@ void require_contiguous(const AttnProblem& p, const char* what) {
 
 }  // namespace
 
-std::vector<Comparison> check_fwd(const AttnParams& p, Backend fused, const AttnProblem* p32) {
+std::vector<Comparison> check_fwd(const kernels::AttnParams& p, kernels::Backend fused, const kernels::AttnProblem* p32) {
   require_contiguous(p, "check_fwd");
   // The float32 problem on the values the kernels read (K/V rounded when stored in 16 bits).
-  AttnParams pr = p;
+  kernels::AttnParams pr = p;
   std::vector<float> kr, vr;
   if (p.kv_dtype != DType::F32) {
     kr.resize(static_cast<size_t>(p.numel(p.k_shape())));
@@ -266,13 +266,13 @@ std::vector<Comparison> check_fwd(const AttnParams& p, Backend fused, const Attn
     pr.v = vr.data();
   }
   const Fwd got = run_fwd(p, fused);
-  const Fwd ref = run_fwd(pr, Backend::Reference);
+  const Fwd ref = run_fwd(pr, kernels::Backend::Reference);
   const std::vector<float> naive = naive_fwd(pr);
   std::vector<Comparison> r;
   if (p.kv_dtype != DType::F32 && p32 != nullptr) {
-    AttnParams p64 = p;
-    static_cast<AttnProblem&>(p64) = *p32;
-    const Fwd truth64 = run_fwd(p64, Backend::Reference);
+    kernels::AttnParams p64 = p;
+    static_cast<kernels::AttnProblem&>(p64) = *p32;
+    const Fwd truth64 = run_fwd(p64, kernels::Backend::Reference);
     r.push_back(compare_dtype("out vs float64 on unrounded K/V", got.out, truth64.out, naive));
   }
   r.push_back(compare("out", got.out, ref.out, naive));
@@ -281,8 +281,8 @@ std::vector<Comparison> check_fwd(const AttnParams& p, Backend fused, const Attn
   return r;
 }
 
-std::vector<Comparison> check_bwd(const AttnParams& in, const std::vector<float>& dout,
-                                  Backend fused) {
+std::vector<Comparison> check_bwd(const kernels::AttnParams& in, const std::vector<float>& dout,
+                                  kernels::Backend fused) {
   require_contiguous(in, "check_bwd");
   if (static_cast<int64_t>(dout.size()) != in.numel(in.out_shape())) {
     throw InvalidArgument("check_bwd: dout has " + std::to_string(dout.size()) +
@@ -291,9 +291,9 @@ std::vector<Comparison> check_bwd(const AttnParams& in, const std::vector<float>
   struct Grads {
     std::vector<float> dq, dk, dv, dlam;
   };
-  auto run = [&](Backend backend) {
+  auto run = [&](kernels::Backend backend) {
     const Fwd f = run_fwd(in, backend);
-    AttnBwdParams p(in);
+    kernels::AttnBwdParams p(in);
     p.out = f.out.data();
     p.lse = f.lse.data();
     p.o2 = in.maps == 2 ? f.o2.data() : nullptr;
@@ -309,14 +309,14 @@ std::vector<Comparison> check_bwd(const AttnParams& in, const std::vector<float>
     }
     // The reference side is the oracle: it recomputes the maps, so the comparison also checks
     // the lse, out and o2 the forward saved (Backend::Reference's backward honours them).
-    if (backend == Backend::Reference) {
-      attention_bwd_oracle(p);
+    if (backend == kernels::Backend::Reference) {
+      kernels::attention_bwd_oracle(p);
     } else {
-      attention_bwd(p, backend);
+      kernels::attention_bwd(p, backend);
     }
     return g;
   };
-  const Grads ref = run(Backend::Reference), got = run(fused);
+  const Grads ref = run(kernels::Backend::Reference), got = run(fused);
   const NaiveGrads naive = naive_bwd(in, dout.data());
   // Gradients are sums of terms of the size of the largest gradient entry; dq and dk of a row
   // with one visible key cancel exactly in exact arithmetic, not in float.
@@ -333,21 +333,21 @@ std::vector<Comparison> check_case(const AttnCase& c, uint32_t seed, bool backwa
   AttnCase c32 = c;
   c32.kv_dtype = DType::F32;
   const CaseInputs in = make_inputs(c32, seed);
-  const AttnProblem sz = c32.sizes();
-  AttnOptions o;
+  const kernels::AttnProblem sz = c32.sizes();
+  kernels::AttnOptions o;
   o.causal = c.causal;
   o.mode = c.mode;
-  AttnParams p = c.maps == 2 ? diff_attn_params({in.q.data(), sz.q_shape()}, {in.k.data(), sz.k_shape()},
+  kernels::AttnParams p = c.maps == 2 ? kernels::diff_attn_params({in.q.data(), sz.q_shape()}, {in.k.data(), sz.k_shape()},
                                                 {in.v.data(), sz.v_shape()},
                                                 {in.lam.data(), sz.lam_shape()}, o)
-                             : attn_params({in.q.data(), sz.q_shape()}, {in.k.data(), sz.k_shape()},
+                             : kernels::attn_params({in.q.data(), sz.q_shape()}, {in.k.data(), sz.k_shape()},
                                            {in.v.data(), sz.v_shape()}, o);
   if (c.kv_dtype != DType::F32) {
     if (backward) throw InvalidArgument("check_case: the backward takes no 16-bit K/V (" + c.name + ")");
     const Kv16 kv(in.k, in.v, c.kv_dtype);
-    AttnParams p16 = p;
+    kernels::AttnParams p16 = p;
     kv.use_in(p16);
-    return check_fwd(p16, Backend::Fused, &p);
+    return check_fwd(p16, kernels::Backend::Fused, &p);
   }
   std::vector<Comparison> r = check_fwd(p);
   if (backward) {

@@ -27,11 +27,11 @@ struct AttnCase {
   bool lam_per_token = false;  // lam (B, Tq, H) instead of (H)
   bool causal = false;
   float lam_lo = 0.1f, lam_hi = 0.9f;  // lambda drawn uniform in [lam_lo, lam_hi]
-  DiffMode mode = DiffMode::Signed;
+  kernels::DiffMode mode = kernels::DiffMode::Signed;
   DType kv_dtype = DType::F32;  // K/V stored as BF16/F16 (a 16-bit KV cache): forward only
 
   // The sizes and options as the kernels see them (no tensors): shapes, heads, causal mask.
-  AttnProblem sizes() const;
+  kernels::AttnProblem sizes() const;
   // "B=1 H=4 G=4 Tq=4096 Tk=4096 D=64 Dv=128 V1" (V1/V2 for differential cases).
   std::string str() const;
 
@@ -79,7 +79,7 @@ struct Kv16 {
        bool keep_rounded = true);
   // Points p's K/V at the 16-bit copies (kv_dtype, k16, v16; k and v null). Contiguous, as
   // the vectors given to the constructor were.
-  void use_in(AttnProblem& p) const;
+  void use_in(kernels::AttnProblem& p) const;
 };
 
 // ---- the accuracy rules (the fused tests and `diffattn bench --check`) ----
@@ -136,13 +136,13 @@ Comparison compare_lse(const std::vector<float>& got, const std::vector<float>& 
 // A case with 16-bit K/V is compared with the reference on the rounded values (float32 rule)
 // and, when p32 (the same problem on the unrounded float32 K/V) is given, with float64 on the
 // unrounded inputs (16-bit rule).
-std::vector<Comparison> check_fwd(const AttnParams& p, Backend fused = Backend::Fused,
-                                  const AttnProblem* p32 = nullptr);
+std::vector<Comparison> check_fwd(const kernels::AttnParams& p, kernels::Backend fused = kernels::Backend::Fused,
+                                  const kernels::AttnProblem* p32 = nullptr);
 // The fused backward (after its own forward) against the reference backward (after the
 // reference forward), dout (B, Tq, H, Dv) contiguous: dq, dk, dv and (differential) dlam,
 // each with the size of the largest gradient entry as its scale floor.
-std::vector<Comparison> check_bwd(const AttnParams& p, const std::vector<float>& dout,
-                                  Backend fused = Backend::Fused);
+std::vector<Comparison> check_bwd(const kernels::AttnParams& p, const std::vector<float>& dout,
+                                  kernels::Backend fused = kernels::Backend::Fused);
 // A case end to end: its inputs at `seed`, the forward (and with `backward`, the backward on
 // dout = randn(seed + 4)) checked as above.
 std::vector<Comparison> check_case(const AttnCase& c, uint32_t seed, bool backward);

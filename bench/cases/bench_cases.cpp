@@ -17,15 +17,15 @@ Tensors::Tensors(const AttnCase& spec, uint32_t seed, bool with_grads) : c(spec)
   q = std::move(in.q), lam = std::move(in.lam);
   k.assign(in.k.begin(), in.k.end());
   v.assign(in.v.begin(), in.v.end());
-  const AttnProblem sz = c32.sizes();
-  AttnOptions o;
+  const kernels::AttnProblem sz = c32.sizes();
+  kernels::AttnOptions o;
   o.causal = spec.causal;
   o.mode = spec.mode;
   if (spec.maps == 2) {
-    p = diff_attn_params({q.data(), sz.q_shape()}, {k.data(), sz.k_shape()},
+    p = kernels::diff_attn_params({q.data(), sz.q_shape()}, {k.data(), sz.k_shape()},
                          {v.data(), sz.v_shape()}, {lam.data(), sz.lam_shape()}, o);
   } else {
-    p = attn_params({q.data(), sz.q_shape()}, {k.data(), sz.k_shape()}, {v.data(), sz.v_shape()}, o);
+    p = kernels::attn_params({q.data(), sz.q_shape()}, {k.data(), sz.k_shape()}, {v.data(), sz.v_shape()}, o);
   }
   if (spec.kv_dtype != DType::F32) {
     // Only the 16-bit copies stay (what a 16-bit cache holds); the backward refuses them.
@@ -52,8 +52,8 @@ Tensors::Tensors(const AttnCase& spec, uint32_t seed, bool with_grads) : c(spec)
   }
 }
 
-AttnBwdParams Tensors::bwd() {
-  AttnBwdParams b(p);
+kernels::AttnBwdParams Tensors::bwd() {
+  kernels::AttnBwdParams b(p);
   b.dout = dout.data();
   b.dq = dq.data();
   b.dk = dk.data();
@@ -63,7 +63,7 @@ AttnBwdParams Tensors::bwd() {
 }
 
 UpstreamRecipe::UpstreamRecipe(Tensors& t) : t_(t) {
-  const AttnParams& p = t.p;
+  const kernels::AttnParams& p = t.p;
   const int64_t nq = p.B * p.Tq * p.H * p.D, nk = p.B * p.Tk * p.G * p.D,
                 no = p.B * p.Tq * p.H * p.Dv;
   for (auto* x : {&q1, &q2, &dq1, &dq2}) x->resize(static_cast<size_t>(nq));
@@ -73,12 +73,12 @@ UpstreamRecipe::UpstreamRecipe(Tensors& t) : t_(t) {
   dv2.resize(t.v.size());
   lse1.resize(static_cast<size_t>(p.B * p.H * p.Tq));
   lse2.resize(lse1.size());
-  AttnOptions o;
+  kernels::AttnOptions o;
   o.causal = p.causal;
   o.scale = p.scale;
   const Shape qs{p.B, p.Tq, p.H, p.D}, ks{p.B, p.Tk, p.G, p.D}, vs{p.B, p.Tk, p.G, p.Dv};
-  p1 = attn_params({q1.data(), qs}, {k1.data(), ks}, {t.v.data(), vs}, o);
-  p2 = attn_params({q2.data(), qs}, {k2.data(), ks}, {t.v.data(), vs}, o);
+  p1 = kernels::attn_params({q1.data(), qs}, {k1.data(), ks}, {t.v.data(), vs}, o);
+  p2 = kernels::attn_params({q2.data(), qs}, {k2.data(), ks}, {t.v.data(), vs}, o);
   p1.out = o1.data();
   p1.lse = lse1.data();
   p2.out = o2.data();
@@ -87,7 +87,7 @@ UpstreamRecipe::UpstreamRecipe(Tensors& t) : t_(t) {
 
 // q (B, T, 2H, D) -> q1, q2 (B, T, H, D); k (B, T, 2G, D) -> k1, k2 (shared keys: both k).
 void UpstreamRecipe::split() {
-  const AttnParams& p = t_.p;
+  const kernels::AttnParams& p = t_.p;
   for (int64_t r = 0; r < p.B * p.Tq * p.H; ++r) {
     std::copy_n(&t_.q[(2 * r) * p.D], p.D, &q1[r * p.D]);
     std::copy_n(&t_.q[(2 * r + 1) * p.D], p.D, &q2[r * p.D]);
@@ -105,9 +105,9 @@ void UpstreamRecipe::split() {
 
 void UpstreamRecipe::forward() {
   split();
-  attention_fwd(p1);
-  attention_fwd(p2);
-  const AttnParams& p = t_.p;
+  kernels::attention_fwd(p1);
+  kernels::attention_fwd(p2);
+  const kernels::AttnParams& p = t_.p;
   float* out = t_.out.data();
   for (int64_t r = 0; r < p.B * p.Tq; ++r) {
     for (int64_t h = 0; h < p.H; ++h) {
@@ -119,7 +119,7 @@ void UpstreamRecipe::forward() {
 }
 
 void UpstreamRecipe::backward() {
-  const AttnParams& p = t_.p;
+  const kernels::AttnParams& p = t_.p;
   // d out / d o1 = dout, d out / d o2 = -lam dout.
   for (int64_t r = 0; r < p.B * p.Tq; ++r) {
     for (int64_t h = 0; h < p.H; ++h) {
@@ -128,13 +128,13 @@ void UpstreamRecipe::backward() {
       for (int64_t d = 0; d < p.Dv; ++d) dout2[o + d] = -lam * t_.dout[o + d];
     }
   }
-  AttnBwdParams b1(p1), b2(p2);
+  kernels::AttnBwdParams b1(p1), b2(p2);
   b1.dout = t_.dout.data();
   b1.dq = dq1.data(), b1.dk = dk1.data(), b1.dv = dv1.data();
   b2.dout = dout2.data();
   b2.dq = dq2.data(), b2.dk = dk2.data(), b2.dv = dv2.data();
-  attention_bwd(b1);
-  attention_bwd(b2);
+  kernels::attention_bwd(b1);
+  kernels::attention_bwd(b2);
 }
 
 double sgemm_gflops(int64_t n, int threads) {

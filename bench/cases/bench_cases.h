@@ -18,7 +18,7 @@ namespace diffattn::bench {
 // empty; kv16, which p reads) and no gradients: forward and decode only.
 struct Tensors {
   AttnCase c;
-  AttnParams p;  // points into the vectors below
+  kernels::AttnParams p;  // points into the vectors below
   std::vector<float> q, lam, out, lse, o2, dout, dq, dk, dv, dlam;
   PageVector<float> k;  // placed as a model's KV cache (base/memory.h)
   PageVector<float, kValuePageOffset> v;
@@ -28,7 +28,7 @@ struct Tensors {
   explicit Tensors(const AttnCase& c, uint32_t seed = 1, bool with_grads = true);
   Tensors(const Tensors&) = delete;
   Tensors& operator=(const Tensors&) = delete;
-  AttnBwdParams bwd();  // writes the gradient buffers
+  kernels::AttnBwdParams bwd();  // writes the gradient buffers
 };
 
 // The upstream recipe (the Differential Transformer's reference code): split q and k into the
@@ -43,7 +43,7 @@ class UpstreamRecipe {
  private:
   Tensors& t_;
   std::vector<float> q1, q2, k1, k2, o1, o2, lse1, lse2, dout2, dq1, dq2, dk1, dk2, dv1, dv2;
-  AttnParams p1, p2;
+  kernels::AttnParams p1, p2;
   void split();
 };
 

@@ -14,9 +14,9 @@
 namespace diffattn::bench {
 
 // One row's softmax over its n visible keys, in float; probs sized Tk (zeros beyond n).
-inline void naive_row(const Rows& r, int64_t b, int64_t i, int64_t h, int m, int64_t n,
+inline void naive_row(const kernels::Rows& r, int64_t b, int64_t i, int64_t h, int m, int64_t n,
                       std::vector<float>& probs) {
-  const AttnProblem& p = r.p;
+  const kernels::AttnProblem& p = r.p;
   probs.assign(static_cast<size_t>(p.Tk), 0.0f);
   if (n <= 0) return;
   const float* qi = r.q(b, i, r.q_head(h, m));
@@ -33,13 +33,13 @@ inline void naive_row(const Rows& r, int64_t b, int64_t i, int64_t h, int m, int
   for (int64_t j = 0; j < n; ++j) probs[j] /= sum;
 }
 
-inline int64_t naive_visible(const AttnParams& p, int64_t i) {
+inline int64_t naive_visible(const kernels::AttnParams& p, int64_t i) {
   return std::max<int64_t>(0, std::min(p.last_key(i) + 1, p.Tk));
 }
 
 // out (B, Tq, H, Dv) contiguous.
-inline std::vector<float> naive_fwd(const AttnParams& p) {
-  const Rows r(p);
+inline std::vector<float> naive_fwd(const kernels::AttnParams& p) {
+  const kernels::Rows r(p);
   std::vector<float> out(static_cast<size_t>(p.B * p.Tq * p.H * p.Dv), 0.0f), p1, p2;
   for (int64_t b = 0; b < p.B; ++b)
     for (int64_t h = 0; h < p.H; ++h)
@@ -53,9 +53,9 @@ inline std::vector<float> naive_fwd(const AttnParams& p) {
           float sum = 0;
           for (int64_t j = 0; j < n; ++j) {
             w[j] = p1[j] - lam * p2[j];
-            if (p.mode == DiffMode::Clamp) sum += (w[j] = std::max(w[j], 0.0f));
+            if (p.mode == kernels::DiffMode::Clamp) sum += (w[j] = std::max(w[j], 0.0f));
           }
-          if (p.mode == DiffMode::Clamp)
+          if (p.mode == kernels::DiffMode::Clamp)
             for (int64_t j = 0; j < n; ++j) w[j] = sum > 0 ? w[j] / sum : 0.0f;
         }
         float* o = &out[static_cast<size_t>(((b * p.Tq + i) * p.H + h) * p.Dv)];
@@ -70,8 +70,8 @@ struct NaiveGrads {
   std::vector<float> dq, dk, dv, dlam;
 };
 
-inline NaiveGrads naive_bwd(const AttnParams& p, const float* dout /* (B, Tq, H, Dv) */) {
-  const Rows r(p);
+inline NaiveGrads naive_bwd(const kernels::AttnParams& p, const float* dout /* (B, Tq, H, Dv) */) {
+  const kernels::Rows r(p);
   const int64_t kh_n = p.key_heads();
   NaiveGrads g;
   g.dq.assign(static_cast<size_t>(p.B * p.Tq * p.q_heads() * p.D), 0.0f);

@@ -70,9 +70,9 @@ std::vector<Comparison> check_recipe_fwd(const AttnCase& c, uint32_t seed) {
   up.forward();
   const std::vector<float> got = t.out;
   std::vector<float> ref(got.size(), NAN), lse(t.lse.size()), o2(t.o2.size());
-  AttnParams p = t.p;
+  kernels::AttnParams p = t.p;
   p.out = ref.data(), p.lse = lse.data(), p.o2 = o2.data();
-  attention_fwd(p, Backend::Reference);
+  kernels::attention_fwd(p, kernels::Backend::Reference);
   return {compare("recipe out", got, ref, naive_fwd(t.p))};
 }
 
@@ -135,14 +135,14 @@ int rss_child(int64_t T, const AttnCase& base, std::ostream& out) {
   AttnCase s = base.with_lengths(T, T);
   s.causal = true;
   Tensors t(s, 1, /*with_grads=*/false);
-  attention_fwd(t.p);
+  kernels::attention_fwd(t.p);
   out << own_peak_rss_mb() << "\n";
   return 0;
 }
 
 
 int run_attention_bench(const AttentionBenchOptions& o, std::ostream& out, std::ostream& err) {
-  const int threads = num_threads();
+  const int threads = kernels::num_threads();
   const AttnCase& base = o.base;
   const bool decode_only = o.decode_only;
   const int64_t T = decode_only ? 0 : o.T, Tr = decode_only ? 0 : o.ref_T;
@@ -185,23 +185,23 @@ int run_attention_bench(const AttentionBenchOptions& o, std::ostream& out, std::
     Tensors& st = tensors(standard_equivalent(s));
     recipes.push_back(std::make_unique<UpstreamRecipe>(d));
     UpstreamRecipe& up = *recipes.back();
-    add("fwd", "diff fused", d, Check::Forward, [&d] { attention_fwd(d.p); });
-    add("fwd", "standard 2H heads", st, Check::Forward, [&st] { attention_fwd(st.p); });
+    add("fwd", "diff fused", d, Check::Forward, [&d] { kernels::attention_fwd(d.p); });
+    add("fwd", "standard 2H heads", st, Check::Forward, [&st] { kernels::attention_fwd(st.p); });
     add("fwd", "upstream recipe", d, Check::RecipeForward, [&up] { up.forward(); });
-    if (with_ref) add("fwd", "reference", d, Check::None, [&d] { attention_fwd(d.p, Backend::Reference); });
+    if (with_ref) add("fwd", "reference", d, Check::None, [&d] { kernels::attention_fwd(d.p, kernels::Backend::Reference); });
     Tensors* v2 = with_ref ? nullptr : &tensors(v2_equivalent(s));
-    if (v2) add("fwd", "diff V2 fused", *v2, Check::Forward, [v2] { attention_fwd(v2->p); });
+    if (v2) add("fwd", "diff V2 fused", *v2, Check::Forward, [v2] { kernels::attention_fwd(v2->p); });
     if (bwd) {
-      const AttnBwdParams db = d.bwd(), sb = st.bwd();
-      add("bwd", "diff fused", d, Check::Backward, [db] { attention_bwd(db); });
-      add("bwd", "standard 2H heads", st, Check::Backward, [sb] { attention_bwd(sb); });
+      const kernels::AttnBwdParams db = d.bwd(), sb = st.bwd();
+      add("bwd", "diff fused", d, Check::Backward, [db] { kernels::attention_bwd(db); });
+      add("bwd", "standard 2H heads", st, Check::Backward, [sb] { kernels::attention_bwd(sb); });
       add("bwd", "upstream recipe", d, Check::None, [&up] { up.backward(); });
       if (v2) {
-        const AttnBwdParams vb = v2->bwd();
-        add("bwd", "diff V2 fused", *v2, Check::Backward, [vb] { attention_bwd(vb); });
+        const kernels::AttnBwdParams vb = v2->bwd();
+        add("bwd", "diff V2 fused", *v2, Check::Backward, [vb] { kernels::attention_bwd(vb); });
       }
       if (with_ref) {
-        add("bwd", "reference", d, Check::None, [db] { attention_bwd(db, Backend::Reference); });
+        add("bwd", "reference", d, Check::None, [db] { kernels::attention_bwd(db, kernels::Backend::Reference); });
       }
     }
     if (T == Tr) break;
@@ -213,8 +213,8 @@ int run_attention_bench(const AttentionBenchOptions& o, std::ostream& out, std::
       s.B = Bd;
       Tensors& d = tensors(s);
       Tensors& st = tensors(standard_equivalent(s));
-      add("decode", "diff fused", d, Check::Forward, [&d] { attention_fwd(d.p); });
-      add("decode", "standard 2H heads", st, Check::Forward, [&st] { attention_fwd(st.p); });
+      add("decode", "diff fused", d, Check::Forward, [&d] { kernels::attention_fwd(d.p); });
+      add("decode", "standard 2H heads", st, Check::Forward, [&st] { kernels::attention_fwd(st.p); });
       // The recipe reads V twice: its traffic is counted as the bytes it moves. It and the
       // reference are timed up to 64K cached keys in all (beyond, a round takes seconds).
       if (Bd * Td <= 65536) {
@@ -222,10 +222,10 @@ int run_attention_bench(const AttentionBenchOptions& o, std::ostream& out, std::
         UpstreamRecipe& up = *recipes.back();
         add("decode", "upstream recipe", d, Check::RecipeForward, [&up] { up.forward(); },
             s.kv_bytes() + s.v_bytes());
-        add("decode", "reference", d, Check::None, [&d] { attention_fwd(d.p, Backend::Reference); });
+        add("decode", "reference", d, Check::None, [&d] { kernels::attention_fwd(d.p, kernels::Backend::Reference); });
       }
       Tensors& v2 = tensors(v2_equivalent(s));
-      add("decode", "diff V2 fused", v2, Check::Forward, [&v2] { attention_fwd(v2.p); });
+      add("decode", "diff V2 fused", v2, Check::Forward, [&v2] { kernels::attention_fwd(v2.p); });
       // The same caches stored as BF16 and F16 (half the bytes; float32 arithmetic).
       for (const DType dt : {DType::BF16, DType::F16}) {
         for (const Tensors* t : {&d, &st, &v2}) {
@@ -235,7 +235,7 @@ int run_attention_bench(const AttentionBenchOptions& o, std::ostream& out, std::
           const std::string name =
               t == &d ? "diff fused" : t == &st ? "standard 2H heads" : "diff V2 fused";
           add("decode", name + " " + dtype_name(dt) + " kv", t16, Check::Forward,
-              [&t16] { attention_fwd(t16.p); });
+              [&t16] { kernels::attention_fwd(t16.p); });
         }
       }
     }
@@ -323,7 +323,7 @@ int run_attention_bench(const AttentionBenchOptions& o, std::ostream& out, std::
   if (o.json) {
     nlohmann::json j;
     j["machine"] = {{"threads", threads},
-                    {"simd_target", fused_simd_target()},
+                    {"simd_target", kernels::fused_simd_target()},
                     {"sgemm_gflops", sgemm_rate},
                     {"sgemm_gflops_all", sgemm},
                     {"read_bandwidth_gbs_all", bandwidth},
@@ -361,7 +361,7 @@ int run_attention_bench(const AttentionBenchOptions& o, std::ostream& out, std::
     out << j.dump(2) << "\n";
     return check_failed ? 1 : 0;
   }
-  out << "threads " << threads << ", SIMD target " << fused_simd_target()
+  out << "threads " << threads << ", SIMD target " << kernels::fused_simd_target()
             << ", medians of " << rounds << " interleaved rounds (ratios: per round, then median)\n"
             << "OpenBLAS sgemm " << sn << "^3: " << fixed(sgemm_rate, 1) << " GFLOP/s;  "
             << "memory read bandwidth: " << fixed(bw_rate, 1) << " GB/s\n\n";

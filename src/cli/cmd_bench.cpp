@@ -84,7 +84,7 @@ int run_bench(const std::vector<std::string>& argv) {
   o.rss_T = args.integer("--rss-T", 0, int64_t{1} << 30);
   // The peak-memory row: this tool again, `bench --rss-child T` with the same sizes.
   o.rss_child_args = [](int64_t T, const bench::AttnCase& b) {
-    return std::vector<std::string>{"--threads", std::to_string(num_threads()), "bench", "--rss-child",
+    return std::vector<std::string>{"--threads", std::to_string(kernels::num_threads()), "bench", "--rss-child",
                                     std::to_string(T), "--B", std::to_string(b.B), "--H", std::to_string(b.H),
                                     "--G", std::to_string(b.G), "--D", std::to_string(b.D),
                                     "--Dv", std::to_string(b.Dv)};

@@ -24,11 +24,11 @@ struct ExampleRun {
   std::vector<float> out, a1, a2;
 };
 
-ExampleRun run_diff(float lam, DiffMode mode) {
+ExampleRun run_diff(float lam, kernels::DiffMode mode) {
   const float lam_arr[1] = {lam};
-  AttnOptions opts;
+  kernels::AttnOptions opts;
   opts.mode = mode;
-  AttnParams p = diff_attn_params({eval::textbook::kQ.data(), {1, T, 2, 2}},
+  kernels::AttnParams p = kernels::diff_attn_params({eval::textbook::kQ.data(), {1, T, 2, 2}},
                                   {eval::textbook::kK.data(), {1, T, 2, 2}},
                                   {eval::textbook::kV.data(), {1, T, 1, 4}}, {lam_arr, {1}}, opts);
   ExampleRun r;
@@ -36,33 +36,33 @@ ExampleRun run_diff(float lam, DiffMode mode) {
   std::vector<float> lse(2 * T);
   p.out = r.out.data();
   p.lse = lse.data();
-  attention_fwd(p);
+  kernels::attention_fwd(p);
   r.a1.resize(T * T);
   r.a2.resize(T * T);
-  attention_probs(p, 0, r.a1.data());
-  attention_probs(p, 1, r.a2.data());
+  kernels::attention_probs(p, 0, r.a1.data());
+  kernels::attention_probs(p, 1, r.a2.data());
   return r;
 }
 
 ExampleRun run_standard() {
-  AttnParams p = attn_params({eval::textbook::kQ.data(), {1, T, 1, 4}},
+  kernels::AttnParams p = kernels::attn_params({eval::textbook::kQ.data(), {1, T, 1, 4}},
                              {eval::textbook::kK.data(), {1, T, 1, 4}},
-                             {eval::textbook::kV.data(), {1, T, 1, 4}}, AttnOptions{});
+                             {eval::textbook::kV.data(), {1, T, 1, 4}}, kernels::AttnOptions{});
   ExampleRun r;
   r.out.resize(T * 4);
   std::vector<float> lse(T);
   p.out = r.out.data();
   p.lse = lse.data();
-  attention_fwd(p);
+  kernels::attention_fwd(p);
   r.a1.resize(T * T);
-  attention_probs(p, 0, r.a1.data());
+  kernels::attention_probs(p, 0, r.a1.data());
   return r;
 }
 
-std::vector<float> weights(const ExampleRun& r, float lam, DiffMode mode) {
+std::vector<float> weights(const ExampleRun& r, float lam, kernels::DiffMode mode) {
   std::vector<float> w(T * T);
   for (int i = 0; i < T; ++i) {
-    diff_row_weights(&r.a1[i * T], &r.a2[i * T], lam, mode, T, &w[i * T]);
+    kernels::diff_row_weights(&r.a1[i * T], &r.a2[i * T], lam, mode, T, &w[i * T]);
   }
   return w;
 }
@@ -80,14 +80,14 @@ void worked_example(std::ostream& os) {
   os << '\n';
   print_matrix(os, "V", tok, dims, eval::textbook::kV.data(), 1);
 
-  const ExampleRun clamp = run_diff(lam, DiffMode::Clamp);
+  const ExampleRun clamp = run_diff(lam, kernels::DiffMode::Clamp);
   const ExampleRun std_run = run_standard();
   os << "\nStep 2: two separate attention maps\n";
   print_matrix(os, "Map 1: A1 = softmax(Q1 K1^T / sqrt(2))", tok, tok, clamp.a1.data());
   os << '\n';
   print_matrix(os, "Map 2: A2 = softmax(Q2 K2^T / sqrt(2))", tok, tok, clamp.a2.data());
 
-  const std::vector<float> diff = weights(clamp, lam, DiffMode::Signed);
+  const std::vector<float> diff = weights(clamp, lam, kernels::DiffMode::Signed);
   std::vector<float> clamped(diff);
   std::vector<float> row_sum(T, 0.0f);
   for (int i = 0; i < T * T; ++i) {
@@ -101,7 +101,7 @@ void worked_example(std::ostream& os) {
   os << "row sums:";
   for (int i = 0; i < T; ++i) os << ' ' << tok[i] << '=' << fixed(row_sum[i]);
   os << "\n\n";
-  const std::vector<float> renorm = weights(clamp, lam, DiffMode::Clamp);
+  const std::vector<float> renorm = weights(clamp, lam, kernels::DiffMode::Clamp);
   print_matrix(os, "A_diff: clamped and renormalised weights (clamp mode)", tok, tok,
                renorm.data());
   os << '\n';
@@ -121,7 +121,7 @@ void worked_example(std::ostream& os) {
                    "Std d2", "Std d3"},
               rows);
 
-  const ExampleRun sgn = run_diff(lam, DiffMode::Signed);
+  const ExampleRun sgn = run_diff(lam, kernels::DiffMode::Signed);
   os << "\n== 2. The paper's signed operator on the same inputs (arXiv:2410.05258, Eq. 1) ==\n\n"
         "No clamp, no renormalisation: the weights A1 - lambda A2 keep their sign and each row\n"
         "sums to 1 - lambda = 0.6.\n\n";
@@ -138,9 +138,9 @@ void exercise_one(std::ostream& os) {
   int zeros_at_one = 0;
   for (int s = 0; s <= 10; ++s) {
     const float lam = 0.1f * s;
-    const ExampleRun r = run_diff(lam, DiffMode::Clamp);
+    const ExampleRun r = run_diff(lam, kernels::DiffMode::Clamp);
     std::vector<float> w(T);
-    diff_row_weights(&r.a1[cat * T], &r.a2[cat * T], lam, DiffMode::Clamp, T, w.data());
+    kernels::diff_row_weights(&r.a1[cat * T], &r.a2[cat * T], lam, kernels::DiffMode::Clamp, T, w.data());
     std::vector<std::string> row{fixed(lam, 1)};
     int zeros = 0;
     for (int j = 0; j < T; ++j) {
@@ -157,7 +157,7 @@ void exercise_one(std::ostream& os) {
   }
   print_table(os, {"lambda", "The", "cat", "sat", "on", "mat", "zeros", "output row"}, rows);
   // D_j = A1_j - lambda A2_j first reaches zero at lambda = min_j A1_j / A2_j.
-  const ExampleRun r = run_diff(0.0f, DiffMode::Clamp);
+  const ExampleRun r = run_diff(0.0f, kernels::DiffMode::Clamp);
   double best = std::numeric_limits<double>::infinity();
   int at = -1;
   for (int j = 0; j < T; ++j) {

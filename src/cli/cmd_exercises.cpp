@@ -144,9 +144,9 @@ int run_exercises(const std::vector<std::string>& argv) {
     const std::string dir = args.str("--out");
     std::vector<std::string> written;
     auto add = [&](const std::vector<std::string>& w) { written.insert(written.end(), w.begin(), w.end()); };
-    add(eval::export_views(eval::textbook_views(eval::textbook::kLambda, DiffMode::Clamp, false), dir, "textbook_clamp"));
-    add(eval::export_views(eval::textbook_views(eval::textbook::kLambda, DiffMode::Signed, false), dir, "textbook_signed"));
-    add(eval::export_views(eval::textbook_views(eval::textbook::kLambda, DiffMode::Signed, true), dir, "textbook_causal_signed"));
+    add(eval::export_views(eval::textbook_views(eval::textbook::kLambda, kernels::DiffMode::Clamp, false), dir, "textbook_clamp"));
+    add(eval::export_views(eval::textbook_views(eval::textbook::kLambda, kernels::DiffMode::Signed, false), dir, "textbook_signed"));
+    add(eval::export_views(eval::textbook_views(eval::textbook::kLambda, kernels::DiffMode::Signed, true), dir, "textbook_causal_signed"));
     const eval::Exercise3 e3 = eval::exercise3();
     viz::HeatmapSpec spec;
     spec.row_labels = spec.col_labels = words();

@@ -257,7 +257,7 @@ int run_experiment(const std::vector<std::string>& argv) {
     for (const std::string& f : eval::write_retrieval_seed_summary(runs, root)) std::cout << "wrote " << f << "\n";
     return 0;
   }
-  std::cout << "Multi-needle retrieval: " << data::RetrievalTask(o.task).describe() << ", " << num_threads()
+  std::cout << "Multi-needle retrieval: " << data::RetrievalTask(o.task).describe() << ", " << kernels::num_threads()
             << " thread(s)\n"
             << "sample: " << data::make_retrieval_sample(o.task, 0).text() << "\n";
   eval::RetrievalExperimentResult r = eval::run_retrieval_experiment(o, [](const std::string& s) { std::cout << s << std::endl; });

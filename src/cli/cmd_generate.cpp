@@ -107,7 +107,7 @@ int bench_decode(const Model& m, int64_t prompt_len, int64_t n, double load_s, D
   ::getrusage(RUSAGE_SELF, &ru);
   const double rss = static_cast<double>(ru.ru_maxrss) * 1024.0;
   // The machine's limits in the same run: sgemm rate and read bandwidth.
-  const int threads = num_threads();
+  const int threads = kernels::num_threads();
   const double sgemm = bench::sgemm_gflops(1024, threads);
   bench::ReadBandwidth bw_probe(int64_t{512} << 20);
   bw_probe.measure(threads);
@@ -130,7 +130,7 @@ int bench_decode(const Model& m, int64_t prompt_len, int64_t n, double load_s, D
   const double gflops = prefill_flops(m, prompt_len) / pre * 1e-9;
   std::printf("bench generate: %s, %lld params (%s), threads %d, backend %s, KV cache %s\n",
               c.recurrent() ? "sambay (phi4flash)" : nn::attn_kind_name(c.attention), static_cast<long long>(m.num_params()),
-              m.storage().c_str(), threads, backend_name(resolve_backend(Backend::Auto)),
+              m.storage().c_str(), threads, kernels::backend_name(kernels::resolve_backend(kernels::Backend::Auto)),
               dtype_name(kv_dtype));
   std::printf("  state a sequence holds after %lld positions: %.2f MiB (K/V%s)\n",
               static_cast<long long>(prompt_len + n),

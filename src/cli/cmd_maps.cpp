@@ -81,7 +81,7 @@ int run_maps(const std::vector<std::string>& argv) {
       from_flags([&] { return data::parse_tokenizer_choice(a.str("--tokenizer"), "--tokenizer"); });
   eval::MapOptions mo;
   if (a.given("--lambda")) mo.lambda = a.number("--lambda");
-  mo.mode = from_flags([&] { return parse_diff_mode(a.str("--mode"), "--mode"); });
+  mo.mode = from_flags([&] { return kernels::parse_diff_mode(a.str("--mode"), "--mode"); });
   int64_t layer = a.integer("--layer");
   const int64_t head_flag = a.integer("--head");
   const ModelDir md = open_model_dir(dir);

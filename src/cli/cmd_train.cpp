@@ -44,7 +44,7 @@ void print_summary(std::ostream& os, const Model& m, const train::TrainOptions& 
      << "train: " << o.steps << " steps x " << o.accum << " x (" << o.batch << " x " << o.seq_len
      << ") tokens, lr " << o.adamw.lr << " (warmup " << o.adamw.warmup << ", cosine to "
      << o.adamw.min_lr << "), weight decay " << o.adamw.weight_decay << ", clip " << o.adamw.clip
-     << ", seed " << o.seed << ", threads " << num_threads() << "\n"
+     << ", seed " << o.seed << ", threads " << kernels::num_threads() << "\n"
      << "data: " << data_desc << "\n";
 }
 
@@ -66,8 +66,8 @@ int bench(const ModelConfig& cfg, const train::TrainOptions& o, int64_t steps) {
   const double tokens = static_cast<double>(steps * o.accum * o.batch * o.seq_len);
   std::cout << "bench train: " << nn::attn_kind_name(cfg.attention) << " params "
             << tr.model().num_params() << " batch " << o.batch << " seq_len " << o.seq_len
-            << " threads " << num_threads() << " backend "
-            << backend_name(resolve_backend(Backend::Auto)) << ": " << steps << " steps in "
+            << " threads " << kernels::num_threads() << " backend "
+            << kernels::backend_name(kernels::resolve_backend(kernels::Backend::Auto)) << ": " << steps << " steps in "
             << dt << " s, " << tokens / dt << " tokens/s\n";
   return 0;
 }

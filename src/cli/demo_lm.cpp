@@ -35,7 +35,7 @@ void demo_language_model(std::ostream& os, int section, int64_t steps) {
         "Both models: preset \"tiny\" (2 layers, d_model 64), byte-level, the same seed, the same\n"
         "batches (" << o.batch << " x " << o.seq_len << " bytes), AdamW, lr " << o.adamw.lr
      << " with warmup and cosine decay, " << kSteps << " steps,\n"
-     << num_threads() << " thread(s). DIFF V1 has 2 pairs of 2 x 16-dim sub-heads, the standard "
+     << kernels::num_threads() << " thread(s). DIFF V1 has 2 pairs of 2 x 16-dim sub-heads, the standard "
         "model 4 heads of 16.\nCorpus: Debian's bible-kjv, every 20th verse held out for "
         "validation.\n\n";
 

@@ -35,7 +35,7 @@ void demo_retrieval(std::ostream& os, int section, const std::string& out_dir, i
         "other 2 needles are near misses (a queried key with one letter changed, another value). Loss\n"
         "on the answers only. Three models of ~133k parameters (2 layers, d_model 64), the same seed and\n"
         "batches, "
-     << o.train.steps << " steps of " << o.train.batch << " contexts each, " << num_threads()
+     << o.train.steps << " steps of " << o.train.batch << " contexts each, " << kernels::num_threads()
      << " thread(s). A training sample:\n  " << sample.text() << "\n\n";
   const auto t0 = std::chrono::steady_clock::now();
   eval::RetrievalExperimentResult r = eval::run_retrieval_experiment(o, [&](const std::string& s) { os << s << std::endl; });

@@ -60,7 +60,7 @@ void take_threads(std::vector<std::string>& args) {
     if (used != value.size() || t < 1) {
       throw diffattn::cli::UsageError("--threads expects a whole number >= 1, got \"" + value + "\"");
     }
-    diffattn::set_num_threads(t);
+    diffattn::kernels::set_num_threads(t);
     args.erase(args.begin() + static_cast<long>(i), args.begin() + static_cast<long>(i + n));
     --i;
   }
@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> all(argv + 1, argv + argc);
   try {
     take_threads(all);
-    num_threads();  // reads DIFFATTN_NUM_THREADS now, so a bad value fails before any work
+    kernels::num_threads();  // reads DIFFATTN_NUM_THREADS now, so a bad value fails before any work
   } catch (const std::exception& e) {
     std::cerr << "diffattn: " << e.what() << "\n";
     return 2;

@@ -17,7 +17,7 @@ constexpr int T = textbook::kTokens;
 constexpr float kLam = textbook::kLambda;
 
 // Sum of the differential output of the example at lambda in a mode, from the operator.
-double output_sum(float lam, DiffMode mode) {
+double output_sum(float lam, kernels::DiffMode mode) {
   const AttentionViews v = textbook_views(lam, mode, false);
   double s = 0;
   for (float x : v.out_diff) s += x;
@@ -28,20 +28,20 @@ double output_sum(float lam, DiffMode mode) {
 
 Exercise2 exercise2() {
   Exercise2 e;
-  e.loss_signed = output_sum(kLam, DiffMode::Signed);
-  e.loss_clamp = output_sum(kLam, DiffMode::Clamp);
+  e.loss_signed = output_sum(kLam, kernels::DiffMode::Signed);
+  e.loss_clamp = output_sum(kLam, kernels::DiffMode::Clamp);
 
   // The library's backward with dout = 1 everywhere: dlam = -sum_i dout_i . (A2 V)_i.
   const float lam[1] = {kLam};
-  AttnParams p = diff_attn_params({textbook::kQ.data(), {1, T, 2, 2}},
+  kernels::AttnParams p = kernels::diff_attn_params({textbook::kQ.data(), {1, T, 2, 2}},
                                   {textbook::kK.data(), {1, T, 2, 2}},
-                                  {textbook::kV.data(), {1, T, 1, 4}}, {lam, {1}}, AttnOptions{});
+                                  {textbook::kV.data(), {1, T, 1, 4}}, {lam, {1}}, kernels::AttnOptions{});
   std::vector<float> out(T * 4), lse(2 * T), o2(T * 4);
   p.out = out.data();
   p.lse = lse.data();
   p.o2 = o2.data();
-  attention_fwd(p);
-  AttnBwdParams bp(p);
+  kernels::attention_fwd(p);
+  kernels::AttnBwdParams bp(p);
   const std::vector<float> dout(T * 4, 1.0f);
   std::vector<float> dq(T * 4), dk(T * 4), dv(T * 4), dlam(1);
   bp.dout = dout.data();
@@ -49,20 +49,20 @@ Exercise2 exercise2() {
   bp.dk = dk.data();
   bp.dv = dv.data();
   bp.dlam = dlam.data();
-  attention_bwd(bp);
+  kernels::attention_bwd(bp);
   e.dlam_signed = dlam[0];
 
   // h well inside the nearest kink of clamp mode (a weight crossing zero at lambda 0.456).
   const float h = 1e-2f;
-  e.dlam_signed_fd = (output_sum(kLam + h, DiffMode::Signed) - output_sum(kLam - h, DiffMode::Signed)) /
+  e.dlam_signed_fd = (output_sum(kLam + h, kernels::DiffMode::Signed) - output_sum(kLam - h, kernels::DiffMode::Signed)) /
                      (2.0 * h);
-  e.dlam_clamp_fd = (output_sum(kLam + h, DiffMode::Clamp) - output_sum(kLam - h, DiffMode::Clamp)) /
+  e.dlam_clamp_fd = (output_sum(kLam + h, kernels::DiffMode::Clamp) - output_sum(kLam - h, kernels::DiffMode::Clamp)) /
                     (2.0 * h);
 
   // Clamp mode: w_j = D_j / S with D_j = max(A1_j - lam A2_j, 0), S = sum_j D_j. On the active
   // set (D_j > 0) dD_j/dlam = -A2_j, so dw_j/dlam = (-A2_j + w_j sum_active A2_k) / S, and the
   // output sum of row i is sum_j w_j r_j with r_j the sum of value row j.
-  const AttentionViews v = textbook_views(kLam, DiffMode::Clamp, false);
+  const AttentionViews v = textbook_views(kLam, kernels::DiffMode::Clamp, false);
   double total = 0;
   for (int i = 0; i < T; ++i) {
     double S = 0, a2_active = 0;
@@ -114,18 +114,18 @@ Exercise3 exercise3() {
     s.name = name;
     s.coef = coef;
     std::vector<float> out(T * 4), probs(maps * T * T);
-    for (DiffMode mode : {DiffMode::Clamp, DiffMode::Signed}) {
-      AttnOptions o;
+    for (kernels::DiffMode mode : {kernels::DiffMode::Clamp, kernels::DiffMode::Signed}) {
+      kernels::AttnOptions o;
       o.mode = mode;
-      KWayParams p = kway_params({q.data(), {1, T, maps, 2}}, {k.data(), {1, T, maps, 2}},
+      kernels::KWayParams p = kernels::kway_params({q.data(), {1, T, maps, 2}}, {k.data(), {1, T, maps, 2}},
                                  {textbook::kV.data(), {1, T, 1, 4}},
                                  {coef.data(), {maps}}, maps, o);
-      std::vector<float>& w = mode == DiffMode::Clamp ? s.clamp : s.signed_w;
+      std::vector<float>& w = mode == kernels::DiffMode::Clamp ? s.clamp : s.signed_w;
       w.resize(T * T);
       p.out = out.data();
       p.probs = probs.data();
       p.weights = w.data();
-      kway_attention_ref(p);
+      kernels::kway_attention_ref(p);
       if (maps == 3 && e.map3.empty()) e.map3.assign(probs.begin() + 2 * T * T, probs.end());
     }
     for (float x : s.clamp) {
@@ -149,9 +149,9 @@ Exercise3 exercise3() {
 
 Exercise4 exercise4() {
   Exercise4 e;
-  e.signed_views = textbook_views(kLam, DiffMode::Signed, true);
-  e.clamp_views = textbook_views(kLam, DiffMode::Clamp, true);
-  const AttentionViews full = textbook_views(kLam, DiffMode::Signed, false);
+  e.signed_views = textbook_views(kLam, kernels::DiffMode::Signed, true);
+  e.clamp_views = textbook_views(kLam, kernels::DiffMode::Clamp, true);
+  const AttentionViews full = textbook_views(kLam, kernels::DiffMode::Signed, false);
   e.mask_after = full.diff;
   for (int i = 0; i < T; ++i) {
     double s1 = 0, s2 = 0;

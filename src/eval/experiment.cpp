@@ -195,7 +195,7 @@ RetrievalExperimentResult run_retrieval_experiment(const RetrievalExperimentOpti
     if (log) {
       log(kind_label(kind) + ": " + std::to_string(mr.params) + " parameters, training " +
           std::to_string(t.steps) + " steps of " + std::to_string(t.batch) + " x " + std::to_string(t.seq_len) +
-          " tokens on " + std::to_string(num_threads()) + " thread(s)...");
+          " tokens on " + std::to_string(kernels::num_threads()) + " thread(s)...");
     }
     train::Trainer tr(mr.dir, std::move(init), t);
     tr.progress = o.progress;

@@ -13,7 +13,7 @@ namespace diffattn::eval {
 namespace {
 
 // The call restricted to sequence b of the batch.
-AttnBwdParams batch_slice(AttnBwdParams p, int64_t b) {
+kernels::AttnBwdParams batch_slice(kernels::AttnBwdParams p, int64_t b) {
   p.q += b * p.q_batch_stride;
   p.k += b * p.k_batch_stride;
   p.v += b * p.v_batch_stride;
@@ -25,7 +25,7 @@ AttnBwdParams batch_slice(AttnBwdParams p, int64_t b) {
 }
 
 // softmax([q1;q2].[k1;k2] / sqrt(2D)) of every pair of a one-sequence call: (H, T, T).
-void full_width_standard(const AttnProblem& p, float* probs) {
+void full_width_standard(const kernels::AttnProblem& p, float* probs) {
   const int64_t T = p.Tq, H = p.H, G = p.G, D = p.D, Dv = p.Dv;
   std::vector<float> q(static_cast<size_t>(T * H * 2 * D)), k(static_cast<size_t>(T * G * 2 * D)),
       v(static_cast<size_t>(T * G * Dv));
@@ -46,15 +46,15 @@ void full_width_standard(const AttnProblem& p, float* probs) {
     std::memcpy(&v[static_cast<size_t>(t * G * Dv)], p.v + t * p.v_row_stride,
                 sizeof(float) * static_cast<size_t>(G * Dv));
   }
-  AttnOptions o;
+  kernels::AttnOptions o;
   o.causal = p.causal;  // scale 0: 1/sqrt(2D), the full width's
-  AttnParams s = attn_params({q.data(), {1, T, H, 2 * D}}, {k.data(), {1, T, G, 2 * D}},
+  kernels::AttnParams s = kernels::attn_params({q.data(), {1, T, H, 2 * D}}, {k.data(), {1, T, G, 2 * D}},
                              {v.data(), {1, T, G, Dv}}, o);
   std::vector<float> out(static_cast<size_t>(T * H * Dv)), lse(static_cast<size_t>(H * T));
   s.out = out.data();
   s.lse = lse.data();
-  attention_fwd(s);
-  attention_probs(s, 0, probs);
+  kernels::attention_fwd(s);
+  kernels::attention_probs(s, 0, probs);
 }
 
 void add_scaled(std::vector<float>& acc, const float* x, size_t n, float w) {
@@ -69,7 +69,7 @@ LayerMaps layer_maps(const Model& m, int64_t layer, int64_t b, const MapOptions&
     throw InvalidArgument("layer_maps: sequence " + std::to_string(b) + " is outside the last forward's batch of " +
                           std::to_string(la.params.B));
   }
-  const AttnBwdParams p = batch_slice(la.params, b);
+  const kernels::AttnBwdParams p = batch_slice(la.params, b);
   LayerMaps r;
   r.kind = la.shape.kind;
   r.layer = layer;
@@ -79,14 +79,14 @@ LayerMaps layer_maps(const Model& m, int64_t layer, int64_t b, const MapOptions&
   const size_t n = static_cast<size_t>(H * T * T);
   if (p.maps == 1) {
     r.standard.resize(n);
-    attention_probs(p, 0, r.standard.data());
+    kernels::attention_probs(p, 0, r.standard.data());
     return r;
   }
   r.map1.resize(n);
   r.map2.resize(n);
   r.diff.resize(n);
-  attention_probs(p, 0, r.map1.data());
-  attention_probs(p, 1, r.map2.data());
+  kernels::attention_probs(p, 0, r.map1.data());
+  kernels::attention_probs(p, 1, r.map2.data());
   r.lambda.resize(static_cast<size_t>(H * T));
   for (int64_t h = 0; h < H; ++h) {
     for (int64_t i = 0; i < T; ++i) {
@@ -95,7 +95,7 @@ LayerMaps layer_maps(const Model& m, int64_t layer, int64_t b, const MapOptions&
                                               : p.lam[p.lam_scalar ? 0 : h];
       r.lambda[static_cast<size_t>(h * T + i)] = lam;
       const size_t row = static_cast<size_t>((h * T + i) * T);
-      diff_row_weights(&r.map1[row], &r.map2[row], lam, o.mode, T, &r.diff[row]);
+      kernels::diff_row_weights(&r.map1[row], &r.map2[row], lam, o.mode, T, &r.diff[row]);
     }
   }
   if (o.with_standard) {

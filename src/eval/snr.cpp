@@ -73,20 +73,20 @@ Batch run_batch(const SnrConfig& c) {
     }
   }
   const float lam[1] = {static_cast<float>(c.lambda)};
-  AttnParams p = diff_attn_params({q.data(), {B, 1, 2, D}}, {k.data(), {B, N, 2, D}},
-                                  {v.data(), {B, N, 1, 1}}, {lam, {1}}, AttnOptions{});
+  kernels::AttnParams p = kernels::diff_attn_params({q.data(), {B, 1, 2, D}}, {k.data(), {B, N, 2, D}},
+                                  {v.data(), {B, N, 1, 1}}, {lam, {1}}, kernels::AttnOptions{});
   std::vector<float> lse(static_cast<size_t>(B * 2));
   r.out_diff.resize(static_cast<size_t>(B));
   p.out = r.out_diff.data();
   p.lse = lse.data();
-  attention_fwd(p);
+  kernels::attention_fwd(p);
   r.a1.resize(static_cast<size_t>(B * N));
   r.a2.resize(static_cast<size_t>(B * N));
-  attention_probs(p, 0, r.a1.data());
-  attention_probs(p, 1, r.a2.data());
+  kernels::attention_probs(p, 0, r.a1.data());
+  kernels::attention_probs(p, 1, r.a2.data());
   // Standard attention: map 1's query and keys through the standard operator. The sub-head
   // stride of 2 is expressed as row strides into the same buffers.
-  AttnParams s;
+  kernels::AttnParams s;
   s.B = B;
   s.Tq = 1;
   s.Tk = N;
@@ -107,9 +107,9 @@ Batch run_batch(const SnrConfig& c) {
   std::vector<float> sout(static_cast<size_t>(B)), slse(static_cast<size_t>(B));
   s.out = sout.data();
   s.lse = slse.data();
-  attention_fwd(s);
+  kernels::attention_fwd(s);
   r.std.resize(static_cast<size_t>(B * N));
-  attention_probs(s, 0, r.std.data());
+  kernels::attention_probs(s, 0, r.std.data());
   return r;
 }
 

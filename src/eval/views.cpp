@@ -13,7 +13,7 @@
 namespace diffattn::eval {
 
 AttentionViews views_of(const std::vector<std::string>& tokens, const float* q, const float* k,
-                        const float* v, int64_t D, int64_t Dv, float lambda, DiffMode mode,
+                        const float* v, int64_t D, int64_t Dv, float lambda, kernels::DiffMode mode,
                         bool causal) {
   const int64_t T = static_cast<int64_t>(tokens.size());
   // A NaN or infinite lambda would give NaN maps, not an answer.
@@ -27,41 +27,41 @@ AttentionViews views_of(const std::vector<std::string>& tokens, const float* q, 
   r.mode = mode;
   r.causal = causal;
   r.Dv = Dv;
-  AttnOptions opts;
+  kernels::AttnOptions opts;
   opts.mode = mode;
   opts.causal = causal;
   const float lam[1] = {lambda};
-  AttnParams p = diff_attn_params({q, {1, T, 2, D}}, {k, {1, T, 2, D}}, {v, {1, T, 1, Dv}},
+  kernels::AttnParams p = kernels::diff_attn_params({q, {1, T, 2, D}}, {k, {1, T, 2, D}}, {v, {1, T, 1, Dv}},
                                   {lam, {1}}, opts);
   std::vector<float> lse(static_cast<size_t>(2 * T));
   r.out_diff.resize(static_cast<size_t>(T * Dv));
   p.out = r.out_diff.data();
   p.lse = lse.data();
-  attention_fwd(p);
+  kernels::attention_fwd(p);
   r.map1.resize(static_cast<size_t>(T * T));
   r.map2.resize(static_cast<size_t>(T * T));
-  attention_probs(p, 0, r.map1.data());
-  attention_probs(p, 1, r.map2.data());
+  kernels::attention_probs(p, 0, r.map1.data());
+  kernels::attention_probs(p, 1, r.map2.data());
   r.diff.resize(static_cast<size_t>(T * T));
   for (int64_t i = 0; i < T; ++i) {
     // Masked keys have zero probability in both maps, so their weight is zero in either mode.
-    diff_row_weights(&r.map1[i * T], &r.map2[i * T], lambda, mode, T, &r.diff[i * T]);
+    kernels::diff_row_weights(&r.map1[i * T], &r.map2[i * T], lambda, mode, T, &r.diff[i * T]);
   }
   // Standard attention reads both halves as one head of width 2D: (T, 2, D) is (T, 1, 2D).
-  AttnOptions sopts;
+  kernels::AttnOptions sopts;
   sopts.causal = causal;
-  AttnParams s = attn_params({q, {1, T, 1, 2 * D}}, {k, {1, T, 1, 2 * D}}, {v, {1, T, 1, Dv}}, sopts);
+  kernels::AttnParams s = kernels::attn_params({q, {1, T, 1, 2 * D}}, {k, {1, T, 1, 2 * D}}, {v, {1, T, 1, Dv}}, sopts);
   std::vector<float> slse(static_cast<size_t>(T));
   r.out_standard.resize(static_cast<size_t>(T * Dv));
   s.out = r.out_standard.data();
   s.lse = slse.data();
-  attention_fwd(s);
+  kernels::attention_fwd(s);
   r.standard.resize(static_cast<size_t>(T * T));
-  attention_probs(s, 0, r.standard.data());
+  kernels::attention_probs(s, 0, r.standard.data());
   return r;
 }
 
-AttentionViews textbook_views(float lambda, DiffMode mode, bool causal) {
+AttentionViews textbook_views(float lambda, kernels::DiffMode mode, bool causal) {
   const std::vector<std::string> tokens(textbook::kWords.begin(), textbook::kWords.end());
   AttentionViews r = views_of(tokens, textbook::kQ.data(), textbook::kK.data(),
                               textbook::kV.data(), 2, 4, lambda, mode, causal);
@@ -69,7 +69,7 @@ AttentionViews textbook_views(float lambda, DiffMode mode, bool causal) {
   return r;
 }
 
-AttentionViews random_views(int64_t T, int64_t D, uint64_t seed, float lambda, DiffMode mode,
+AttentionViews random_views(int64_t T, int64_t D, uint64_t seed, float lambda, kernels::DiffMode mode,
                             bool causal) {
   if (T < 1 || D < 1) {
     throw InvalidArgument("random_views: length and head size must be >= 1, got " +
@@ -93,7 +93,7 @@ std::vector<std::string> export_views(const AttentionViews& v, const std::string
   char lam[32];
   std::snprintf(lam, sizeof lam, "%.3g", v.lambda);
   const std::string l = v.lambda_varies ? std::string("lambda_t") : std::string(lam);
-  std::string diff_title = v.mode == DiffMode::Signed ? "A1 - " + l + " A2 (signed)"
+  std::string diff_title = v.mode == kernels::DiffMode::Signed ? "A1 - " + l + " A2 (signed)"
                                                       : "max(A1 - " + l + " A2, 0), renormalised";
   if (v.lambda_varies) diff_title += ", lambda per row, mean " + std::string(lam);
   const bool model = v.source == "model";
@@ -110,7 +110,7 @@ std::vector<std::string> export_views(const AttentionViews& v, const std::string
       {"map1", "Map 1: softmax(s Q1 K1^T)", &v.map1, viz::ColorScale::Sequential},
       {"map2", "Map 2: softmax(s Q2 K2^T)", &v.map2, viz::ColorScale::Sequential},
       {"diff", diff_title,
-       &v.diff, v.mode == DiffMode::Signed ? viz::ColorScale::Diverging : viz::ColorScale::Sequential},
+       &v.diff, v.mode == kernels::DiffMode::Signed ? viz::ColorScale::Diverging : viz::ColorScale::Sequential},
       {"standard", std_title, &v.standard, viz::ColorScale::Sequential},
   };
   std::vector<std::string> written;

@@ -205,7 +205,7 @@ json nullable_matrix(const std::vector<float>& m, int64_t T) {
 }
 
 // The source "model": one head (or the head mean) of one layer of a loaded model on a prompt.
-json model_views(const json& req, float lambda, bool lambda_given, DiffMode mode) {
+json model_views(const json& req, float lambda, bool lambda_given, kernels::DiffMode mode) {
   auto& models = loaded_models();
   if (models.empty()) throw BadRequest{"\"source\": \"model\" needs a model: start the server with --model DIR"};
   const int64_t idx = int_field(req, "model", 0, 0, static_cast<int64_t>(models.size()) - 1);
@@ -247,7 +247,7 @@ json model_views(const json& req, float lambda, bool lambda_given, DiffMode mode
           {"lambda", v.lambda},
           {"lambda_learned", !lambda_given || c.attention == nn::AttnKind::Standard},
           {"lambda_varies", v.lambda_varies},
-          {"mode", diff_mode_name(mode)},
+          {"mode", kernels::diff_mode_name(mode)},
           {"causal", true},
           {"views",
            {{"map1", nullable_matrix(v.map1, v.T)},
@@ -294,11 +294,11 @@ json views(const std::string& body) {
   }
   const float lambda =
       static_cast<float>(number_field(req, "lambda", 0.4, -kMaxAbsLambda, kMaxAbsLambda));
-  DiffMode mode = DiffMode::Signed;
+  kernels::DiffMode mode = kernels::DiffMode::Signed;
   if (req.contains("mode")) {
     if (!req["mode"].is_string()) throw BadRequest{"\"mode\" must be a string"};
     try {
-      mode = parse_diff_mode(req["mode"].get<std::string>(), "\"mode\"");
+      mode = kernels::parse_diff_mode(req["mode"].get<std::string>(), "\"mode\"");
     } catch (const InvalidArgument& e) {
       throw BadRequest{e.what()};
     }
@@ -324,7 +324,7 @@ json views(const std::string& body) {
   return {{"source", v.source},
           {"tokens", v.tokens},
           {"lambda", v.lambda},
-          {"mode", diff_mode_name(mode)},
+          {"mode", kernels::diff_mode_name(mode)},
           {"causal", v.causal},
           {"views",
            {{"map1", matrix(v.map1, v.T, v.T)},

@@ -10,7 +10,7 @@
 #include "kernels/fused.h"
 #include "kernels/indexing.h"
 
-namespace diffattn {
+namespace diffattn::kernels {
 
 namespace {
 
@@ -277,9 +277,9 @@ void attention_probs(const AttnProblem& p, const float* lse_saved, int map, floa
   }
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::kernels
 
-namespace diffattn {
+namespace diffattn::kernels {
 
 void diff_row_weights(const float* a1, const float* a2, float lam, DiffMode mode, int64_t n,
                       float* w) {
@@ -296,4 +296,4 @@ void diff_row_weights(const float* a1, const float* a2, float lam, DiffMode mode
   }
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::kernels

@@ -25,7 +25,7 @@
 #include "kernels/fused.h"
 
 HWY_BEFORE_NAMESPACE();
-namespace diffattn::HWY_NAMESPACE {
+namespace diffattn::kernels::HWY_NAMESPACE {
 
 namespace {
 
@@ -604,11 +604,11 @@ void FusedDecodePaged(const PagedAttnParams& pp) {
   RunDecode<PagedKV>(p, f, threads, w, pp);
 }
 
-}  // namespace diffattn::HWY_NAMESPACE
+}  // namespace diffattn::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-namespace diffattn {
+namespace diffattn::kernels {
 
 HWY_EXPORT(FusedDecode);
 HWY_EXPORT(FusedDecodePaged);
@@ -620,5 +620,5 @@ void attention_decode_paged_fused(const PagedAttnParams& p) {
   HWY_DYNAMIC_DISPATCH(FusedDecodePaged)(p);
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::kernels
 #endif

@@ -10,7 +10,7 @@
 #include "kernels/fused.h"
 #include "kernels/indexing.h"
 
-namespace diffattn {
+namespace diffattn::kernels {
 
 Backend parse_backend(const std::string& name, const std::string& where) {
   if (name == "auto") return Backend::Auto;
@@ -243,4 +243,4 @@ void attention_bwd(const AttnBwdParams& p, Backend backend) {
   attention_bwd_fused(p);
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::kernels

@@ -14,7 +14,7 @@
 #include "kernels/fused_traits.h"
 #include "kernels/indexing.h"
 
-namespace diffattn {
+namespace diffattn::kernels {
 
 namespace fused {
 // One sequence's K/V kept in the blocks of a pool (attention_paged's rows of a sequence, run by
@@ -113,4 +113,4 @@ inline void pack_transposed(float* dst, int64_t cols, const float* src, int64_t 
 }
 
 }  // namespace fused
-}  // namespace diffattn
+}  // namespace diffattn::kernels

@@ -28,7 +28,7 @@
 #include "kernels/fused.h"
 
 HWY_BEFORE_NAMESPACE();
-namespace diffattn::HWY_NAMESPACE {
+namespace diffattn::kernels::HWY_NAMESPACE {
 
 namespace {
 
@@ -265,15 +265,15 @@ void FusedBackward(const AttnBwdParams& p) {
   }
 }
 
-}  // namespace diffattn::HWY_NAMESPACE
+}  // namespace diffattn::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-namespace diffattn {
+namespace diffattn::kernels {
 
 HWY_EXPORT(FusedBackward);
 
 void attention_bwd_fused(const AttnBwdParams& p) { HWY_DYNAMIC_DISPATCH(FusedBackward)(p); }
 
-}  // namespace diffattn
+}  // namespace diffattn::kernels
 #endif

@@ -19,7 +19,7 @@
 #include "kernels/fused.h"
 
 HWY_BEFORE_NAMESPACE();
-namespace diffattn::HWY_NAMESPACE {
+namespace diffattn::kernels::HWY_NAMESPACE {
 
 namespace {
 
@@ -376,11 +376,11 @@ bool FusedForward(const AttnParams& p, const fused::KvPages* pages) {
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
-}  // namespace diffattn::HWY_NAMESPACE
+}  // namespace diffattn::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-namespace diffattn {
+namespace diffattn::kernels {
 
 HWY_EXPORT(FusedForward);
 HWY_EXPORT(TargetName);
@@ -391,5 +391,5 @@ bool attention_fwd_fused(const AttnParams& p, const fused::KvPages* pages) {
 
 const char* fused_simd_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 
-}  // namespace diffattn
+}  // namespace diffattn::kernels
 #endif

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-namespace diffattn::fused {
+namespace diffattn::kernels::fused {
 
 // Rows of every packed buffer are padded to a multiple of this, so the micro-kernels never see
 // a partial row block (kMR below divides it on every target).
@@ -82,4 +82,4 @@ struct MicroTile<16> {
 };
 static_assert(kRowPad % MicroTile<32>::kMR == 0 && kRowPad % MicroTile<16>::kMR == 0);
 
-}  // namespace diffattn::fused
+}  // namespace diffattn::kernels::fused

@@ -6,7 +6,7 @@
 
 #include "diffattn/kernels/attention.h"
 
-namespace diffattn {
+namespace diffattn::kernels {
 
 struct Rows {
   const AttnProblem& p;
@@ -60,4 +60,4 @@ struct Rows {
   }
 };
 
-}  // namespace diffattn
+}  // namespace diffattn::kernels

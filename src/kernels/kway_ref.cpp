@@ -7,7 +7,7 @@
 
 #include "diffattn/kernels/kway.h"
 
-namespace diffattn {
+namespace diffattn::kernels {
 
 namespace {
 
@@ -138,4 +138,4 @@ void kway_attention_ref(const KWayParams& p) {
   }
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::kernels

@@ -9,16 +9,7 @@
 #include "diffattn/kernels/attention.h"
 #include "kernels/fused.h"
 
-namespace diffattn {
-
-std::string shape_str(const Shape& shape) {
-  std::ostringstream os;
-  os << '(';
-  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  if (shape.size() == 1) os << ',';
-  os << ')';
-  return os.str();
-}
+namespace diffattn::kernels {
 
 int64_t AttnProblem::numel(const Shape& s) const {
   int64_t n = 1;
@@ -511,4 +502,4 @@ double attention_fwd_flops(const AttnProblem& p) {
          static_cast<double>(p.D + p.Dv);
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::kernels

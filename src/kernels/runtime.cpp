@@ -11,7 +11,7 @@
 
 #include "diffattn/base/error.h"
 
-namespace diffattn {
+namespace diffattn::kernels {
 
 namespace {
 
@@ -54,4 +54,4 @@ bool idle_threads_sleep() {
   return passive;
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::kernels

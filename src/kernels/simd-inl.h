@@ -19,7 +19,7 @@
 #include "kernels/fused_traits.h"
 
 HWY_BEFORE_NAMESPACE();
-namespace diffattn::HWY_NAMESPACE {
+namespace diffattn::kernels::HWY_NAMESPACE {
 
 namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
@@ -323,7 +323,7 @@ HWY_INLINE void Axpy(float a, const float* HWY_RESTRICT x, float* HWY_RESTRICT y
   }
 }
 
-}  // namespace diffattn::HWY_NAMESPACE
+}  // namespace diffattn::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
 #endif  // DIFFATTN_SIMD_INL_H_

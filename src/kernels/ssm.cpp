@@ -10,7 +10,7 @@
 
 #include "diffattn/base/error.h"
 
-namespace diffattn {
+namespace diffattn::kernels {
 
 // The SIMD kernels (ssm_simd.cpp), params already checked.
 void selective_scan_fused(const ScanParams& p);
@@ -206,4 +206,4 @@ void causal_conv1d_silu(const ConvParams& p, Backend backend) {
   if (p.T > 0) causal_conv1d_silu_fused(p);
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::kernels

@@ -20,7 +20,7 @@
 #include "kernels/fused_traits.h"
 
 HWY_BEFORE_NAMESPACE();
-namespace diffattn::HWY_NAMESPACE {
+namespace diffattn::kernels::HWY_NAMESPACE {
 
 namespace {
 
@@ -238,11 +238,11 @@ void CausalConv1dSilu(const ConvParams& p) {
   }
 }
 
-}  // namespace diffattn::HWY_NAMESPACE
+}  // namespace diffattn::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-namespace diffattn {
+namespace diffattn::kernels {
 
 HWY_EXPORT(SelectiveScan);
 HWY_EXPORT(CausalConv1dSilu);
@@ -250,5 +250,5 @@ HWY_EXPORT(CausalConv1dSilu);
 void selective_scan_fused(const ScanParams& p) { HWY_DYNAMIC_DISPATCH(SelectiveScan)(p); }
 void causal_conv1d_silu_fused(const ConvParams& p) { HWY_DYNAMIC_DISPATCH(CausalConv1dSilu)(p); }
 
-}  // namespace diffattn
+}  // namespace diffattn::kernels
 #endif

@@ -77,7 +77,7 @@ namespace {
 
 // The operator's params for q from `proj` (B, Tq rows, stride n_proj) and k, v either from
 // `proj` too or from a cache (Tk rows, batch stride capacity rows).
-AttnParams make_params(const AttnLayerShape& s, int64_t B, int64_t Tq, const float* proj,
+kernels::AttnParams make_params(const AttnLayerShape& s, int64_t B, int64_t Tq, const float* proj,
                        const float* lam, const KVCache* cache, int64_t k0 = 0) {
   const int64_t np = s.n_proj();
   const int64_t Tk = cache ? cache->len : Tq;
@@ -90,23 +90,23 @@ AttnParams make_params(const AttnLayerShape& s, int64_t B, int64_t Tq, const flo
   const float* v = !cache ? proj + s.n_q() + s.n_k()
                    : c16  ? reinterpret_cast<const float*>(cache->v16.data())
                           : cache->v.data();
-  AttnOptions opts;
+  kernels::AttnOptions opts;
   opts.causal = true;
   // q is a column block of the (B, T, n_proj) projection; k and v are too, or rows of the
   // cache, whose batches are `capacity` positions apart.
   const int64_t krow = cache ? s.n_k() : np, vrow = cache ? s.n_v() : np;
   const int64_t kcap = cache ? cache->capacity : Tq;
-  const ConstView qv{q, {B, Tq, s.q_heads(), s.D}, {Tq * np, np, s.D, 1}};
-  const ConstView kv{k, {B, Tk, s.k_heads(), s.D}, {kcap * krow, krow, s.D, 1}};
-  const ConstView vv{v, {B, Tk, s.G, s.Dv()}, {kcap * vrow, vrow, s.Dv(), 1}};
-  AttnParams p;
+  const kernels::ConstView qv{q, {B, Tq, s.q_heads(), s.D}, {Tq * np, np, s.D, 1}};
+  const kernels::ConstView kv{k, {B, Tk, s.k_heads(), s.D}, {kcap * krow, krow, s.D, 1}};
+  const kernels::ConstView vv{v, {B, Tk, s.G, s.Dv()}, {kcap * vrow, vrow, s.Dv(), 1}};
+  kernels::AttnParams p;
   if (s.kind == AttnKind::Standard) {
-    p = attn_params(qv, kv, vv, opts);
+    p = kernels::attn_params(qv, kv, vv, opts);
   } else {
     // V1: the layer's one lambda (acts.lam holds it per pair for the paged decode; the
     // operator reads its first entry, and its gradient is one sum)
     const Shape lam_shape = s.kind == AttnKind::DiffV1 ? Shape{1} : Shape{B, Tq, s.H};
-    p = diff_attn_params(qv, kv, vv, {lam, lam_shape}, opts);
+    p = kernels::diff_attn_params(qv, kv, vv, {lam, lam_shape}, opts);
   }
   p.noise_share = s.noise_share;
   if (c16) {
@@ -194,7 +194,7 @@ void check_pool_and_tables(const KVPool& pool, const AttnLayerShape& s, const Pa
 void paged_attention(AttnLayerActs& acts, const AttnLayerShape& s, const KVPool& pool,
                      const PagedSeqs& seqs, const float* q, int64_t ldq,
                      const int64_t* q_starts = nullptr) {
-  PagedAttnParams p;
+  kernels::PagedAttnParams p;
   p.B = seqs.B, p.H = s.H, p.G = s.G, p.D = s.D, p.Dv = s.Dv(), p.maps = s.maps();
   p.shared_keys = s.kind == AttnKind::DiffV2;
   p.lam_per_token = s.kind == AttnKind::DiffV2;
@@ -213,7 +213,7 @@ void paged_attention(AttnLayerActs& acts, const AttnLayerShape& s, const KVPool&
   p.q_row_stride = ldq;
   acts.att.resize(static_cast<size_t>(p.rows() * s.n_out()));
   p.out = acts.att.data();
-  attention_paged(p);
+  kernels::attention_paged(p);
 }
 
 // acts.proj (N, n_proj) = the stacked projection of inp (N rows) plus its biases, and acts.lam:
@@ -279,7 +279,7 @@ void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
     rope_apply(proj, cos_t, sin_t, B, T, s.q_heads(), s.D, np, T * np, false);
     rope_apply(proj + s.n_q(), cos_t, sin_t, B, T, s.k_heads(), s.D, np, T * np, false);
   }
-  AttnParams p = make_params(s, B, T, proj, acts.lam.data(), nullptr);
+  kernels::AttnParams p = make_params(s, B, T, proj, acts.lam.data(), nullptr);
   acts.att.resize(static_cast<size_t>(BT * s.n_out()));
   p.out = acts.att.data();
   if (save_stats) {
@@ -290,7 +290,7 @@ void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
       p.o2 = acts.o2.data();
     }
   }
-  attention_fwd(p);
+  kernels::attention_fwd(p);
   output(out, acts, w, s, BT);
 }
 
@@ -377,9 +377,9 @@ void attn_layer_window(float* out, AttnLayerActs& acts, const float* inp,
     if (q.n == 1) {  // a decode step: the ring's keys, in any order, are the window
       append_kv(ring, s, q.pos0 % W, rows);
       ring.len = std::min(q.pos0 + 1, W);
-      AttnParams p = make_params(s, 1, 1, rows, acts.lam.data(), &ring);
+      kernels::AttnParams p = make_params(s, 1, 1, rows, acts.lam.data(), &ring);
       p.out = att;
-      attention_fwd(p);
+      kernels::attention_fwd(p);
       continue;
     }
     // A chunk: the window's cached positions [s0, pos0) in order, then the chunk's, contiguous.
@@ -408,15 +408,15 @@ void attn_layer_window(float* out, AttnLayerActs& acts, const float* inp,
     // themselves (causal, bottom-right): position i = pos0 + t with i - W + 1 <= s0.
     const int64_t nA = std::min(q.n, s0 + W - q.pos0);
     scratch.len = prior + nA;
-    AttnParams pa = make_params(s, 1, nA, rows, acts.lam.data(), &scratch);
+    kernels::AttnParams pa = make_params(s, 1, nA, rows, acts.lam.data(), &scratch);
     pa.out = att;
-    attention_fwd(pa);
+    kernels::attention_fwd(pa);
     // The rest see exactly W keys ending at themselves: one call, a batch of one-row queries
     // whose keys start one position apart (inputs may overlap).
     const int64_t nB = q.n - nA;
     if (nB > 0) {
       scratch.len = W;
-      AttnParams pb = make_params(s, 1, 1, rows + nA * np, acts.lam.data(), &scratch,
+      kernels::AttnParams pb = make_params(s, 1, 1, rows + nA * np, acts.lam.data(), &scratch,
                                   prior + nA - W + 1);
       pb.B = nB;
       pb.q_batch_stride = np;
@@ -424,7 +424,7 @@ void attn_layer_window(float* out, AttnLayerActs& acts, const float* inp,
       pb.v_batch_stride = s.n_v();
       pb.o_batch_stride = s.n_out();
       pb.out = att + nA * s.n_out();
-      attention_fwd(pb);
+      kernels::attention_fwd(pb);
     }
     // The chunk's last min(n, W) positions into the ring.
     for (int64_t t = std::max<int64_t>(0, q.n - W); t < q.n; ++t) {
@@ -435,7 +435,7 @@ void attn_layer_window(float* out, AttnLayerActs& acts, const float* inp,
   output(out, acts, w, s, N);
 }
 
-AttnBwdParams attn_layer_params(const AttnLayerActs& acts, const AttnLayerShape& s, int64_t B,
+kernels::AttnBwdParams attn_layer_params(const AttnLayerActs& acts, const AttnLayerShape& s, int64_t B,
                              int64_t T) {
   const int64_t BT = B * T;
   if (static_cast<int64_t>(acts.proj.size()) != BT * s.n_proj() ||
@@ -444,7 +444,7 @@ AttnBwdParams attn_layer_params(const AttnLayerActs& acts, const AttnLayerShape&
     throw InvalidArgument("attention layer: no saved statistics of a forward over (B, T) = (" +
                           std::to_string(B) + ", " + std::to_string(T) + ")");
   }
-  AttnBwdParams p(make_params(s, B, T, acts.proj.data(), acts.lam.data(), nullptr));
+  kernels::AttnBwdParams p(make_params(s, B, T, acts.proj.data(), acts.lam.data(), nullptr));
   p.out = acts.att.data();
   p.lse = acts.lse.data();
   return p;
@@ -484,7 +484,7 @@ void attn_layer_bwd(float* dinp, const AttnLayerGrads& g, const float* dout,
       std::fill_n(dproj + i * np + (np - s.n_lam()), s.n_lam(), 0.0f);
     }
   }
-  AttnBwdParams bp(make_params(s, B, T, acts.proj.data(), acts.lam.data(), nullptr));
+  kernels::AttnBwdParams bp(make_params(s, B, T, acts.proj.data(), acts.lam.data(), nullptr));
   bp.out = acts.att.data();
   bp.lse = acts.lse.data();
   bp.o2 = s.maps() == 2 ? acts.o2.data() : nullptr;
@@ -496,7 +496,7 @@ void attn_layer_bwd(float* dinp, const AttnLayerGrads& g, const float* dout,
     sc.dlam.assign(acts.lam.size(), 0.0f);
     bp.dlam = sc.dlam.data();
   }
-  attention_bwd(bp);
+  kernels::attention_bwd(bp);
 
   if (v1) {
     // The layer's lambda is broadcast to every pair: the operator took it as one lambda (1),

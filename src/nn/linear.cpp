@@ -13,7 +13,7 @@ namespace diffattn::nn {
 
 void sync_blas_threads() {
   static thread_local int current = 0;
-  const int n = num_threads();
+  const int n = kernels::num_threads();
   if (n != current) {
     openblas_set_num_threads(n);
     current = n;
@@ -34,9 +34,9 @@ class SmallProductThreads {
  public:
   explicit SmallProductThreads(double macs) {
     sync_blas_threads();
-    const bool passive = idle_threads_sleep();
+    const bool passive = kernels::idle_threads_sleep();
     constexpr double kMinMacs = 1 << 20;
-    all_ = num_threads();
+    all_ = kernels::num_threads();
     const int n = passive ? static_cast<int>(std::clamp(macs / kMinMacs, 1.0, static_cast<double>(all_))) : all_;
     if (n != all_) {
       openblas_set_num_threads(n);

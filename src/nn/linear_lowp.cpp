@@ -117,7 +117,7 @@ HWY_NOINLINE void GemvTile(float* HWY_RESTRICT out, int64_t ldo, const float* HW
       const int i = g * kN + j;
       t[j] = i < kAcc ? acc[i % R][i / R] : hn::Zero(df);
     }
-    hn::Store(diffattn::HWY_NAMESPACE::SumsOfLanes(df, t), df, sums + g * kN);
+    hn::Store(diffattn::kernels::HWY_NAMESPACE::SumsOfLanes(df, t), df, sums + g * kN);
   }
   for (int m = 0; m < M; ++m) {
     for (int r = 0; r < R; ++r) {
@@ -230,7 +230,7 @@ void check_lowp(DType t, const char* what) {
 // a core; see SmallProductThreads in linear.cpp).
 int threads_for(double work) {
   constexpr double kMinWork = 1 << 18;
-  return static_cast<int>(std::clamp(work / kMinWork, 1.0, static_cast<double>(num_threads())));
+  return static_cast<int>(std::clamp(work / kMinWork, 1.0, static_cast<double>(kernels::num_threads())));
 }
 
 // Weight rows per task of the matrix-vector kernel: a multiple of its register tile, small

@@ -44,12 +44,12 @@ void mamba_fwd(float* out, MambaActs& a, const float* inp, const MambaWeights& w
   a.y.resize(static_cast<size_t>(N * E));
   linear_fwd(a.xz.data(), inp, w.in_proj, N, s.C, 2 * E);
   for (const MambaSeq& q : seqs) {  // u = silu(conv1d(x)), each sequence from its conv state
-    ConvParams c;
+    kernels::ConvParams c;
     c.T = q.n, c.E = E, c.K = s.K;
     c.x = a.xz.data() + q.row0 * 2 * E, c.x_stride = 2 * E;
     c.w = w.conv_w, c.bias = w.conv_b, c.state = q.conv;
     c.out = a.xc.data() + q.row0 * E, c.out_stride = E;
-    causal_conv1d_silu(c);
+    kernels::causal_conv1d_silu(c);
   }
   linear_fwd(a.dbc.data(), a.xc.data(), w.x_proj, N, E, NB);
   for (int64_t i = 0; i < N; ++i) {
@@ -58,7 +58,7 @@ void mamba_fwd(float* out, MambaActs& a, const float* inp, const MambaWeights& w
   }
   linear_fwd(a.dt.data(), a.dtr.data(), w.dt_proj, N, s.R, E);
   for (const MambaSeq& q : seqs) {
-    ScanParams p;
+    kernels::ScanParams p;
     p.T = q.n, p.E = E, p.N = s.N;
     p.u = a.xc.data() + q.row0 * E, p.u_stride = E;
     p.delta = a.dt.data() + q.row0 * E, p.delta_stride = E;
@@ -69,7 +69,7 @@ void mamba_fwd(float* out, MambaActs& a, const float* inp, const MambaWeights& w
     p.h = q.ssm;
     p.y = a.y.data() + q.row0 * E, p.y_stride = E;
     if (mem) p.y_pre = mem + q.row0 * E, p.y_pre_stride = E;
-    selective_scan(p);
+    kernels::selective_scan(p);
   }
   linear_fwd(out, a.y.data(), w.out_proj, N, E, s.C);
 }

@@ -32,7 +32,7 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST(KWay, TwoMapsAreDifferentialAttention) {
   for (bool causal : {false, true}) {
-    for (DiffMode mode : {DiffMode::Signed, DiffMode::Clamp}) {
+    for (kernels::DiffMode mode : {kernels::DiffMode::Signed, kernels::DiffMode::Clamp}) {
       Problem pr;
       pr.B = 2;
       pr.Tq = 5;
@@ -44,18 +44,18 @@ TEST(KWay, TwoMapsAreDifferentialAttention) {
       pr.causal = causal;
       pr.mode = mode;
       pr.randomize(11, 0.6f, 0.6f);  // one lambda shared by all pairs
-      AttnParams p = pr.params();
+      kernels::AttnParams p = pr.params();
       std::vector<float> want(static_cast<size_t>(pr.B * pr.Tq * pr.H * pr.Dv)), got(want.size());
       p.out = want.data();
-      attention_fwd_ref(p);
+      kernels::attention_fwd_ref(p);
       const float coef[2] = {1.0f, -pr.lam[0]};
-      AttnOptions o;
+      kernels::AttnOptions o;
       o.causal = causal;
       o.mode = mode;
-      KWayParams k = kway_params({pr.q.data(), pr.q_shape()}, {pr.k.data(), pr.k_shape()},
+      kernels::KWayParams k = kernels::kway_params({pr.q.data(), pr.q_shape()}, {pr.k.data(), pr.k_shape()},
                                  {pr.v.data(), pr.v_shape()}, {coef, {2}}, 2, o);
       k.out = got.data();
-      kway_attention_ref(k);
+      kernels::kway_attention_ref(k);
       EXPECT_LT(max_abs_diff(got, want), 1e-6) << "causal " << causal;
     }
   }
@@ -64,16 +64,16 @@ TEST(KWay, TwoMapsAreDifferentialAttention) {
 TEST(KWay, BadShapesNameTheTensor) {
   std::vector<float> q(1 * 4 * 6 * 2), k(q.size()), v(1 * 4 * 2 * 3), c(3, 1.0f);
   try {
-    kway_params({q.data(), {1, 4, 6, 2}}, {k.data(), {1, 4, 6, 2}}, {v.data(), {1, 4, 3, 3}},
-                {c.data(), {3}}, 3, AttnOptions{});
+    kernels::kway_params({q.data(), {1, 4, 6, 2}}, {k.data(), {1, 4, 6, 2}}, {v.data(), {1, 4, 3, 3}},
+                {c.data(), {3}}, 3, kernels::AttnOptions{});
     FAIL() << "expected InvalidArgument";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("v has shape (1, 4, 3, 3), expected (B, Tk, H, Dv) = (1, 4, 2, 3)"),
               std::string::npos)
         << e.what();
   }
-  EXPECT_THROW(kway_params({q.data(), {1, 4, 6, 2}}, {k.data(), {1, 4, 6, 2}},
-                           {v.data(), {1, 4, 2, 3}}, {c.data(), {2}}, 3, AttnOptions{}),
+  EXPECT_THROW(kernels::kway_params({q.data(), {1, 4, 6, 2}}, {k.data(), {1, 4, 6, 2}},
+                           {v.data(), {1, 4, 2, 3}}, {c.data(), {2}}, 3, kernels::AttnOptions{}),
                InvalidArgument);
 }
 

@@ -90,7 +90,7 @@ TEST_P(Fused, ForwardSignedMatchesReference) {
 TEST_P(Fused, ForwardClampMatchesReference) {
   if (GetParam().maps == 1) GTEST_SKIP() << "clamp is a differential mode";
   Problem pr = problem_of(GetParam(), 12);
-  pr.mode = DiffMode::Clamp;
+  pr.mode = kernels::DiffMode::Clamp;
   check_forward(pr, "clamp");
 }
 
@@ -99,21 +99,21 @@ TEST_P(Fused, BackwardMatchesReference) { check_backward(problem_of(GetParam(), 
 TEST_P(Fused, OneAndTwoThreadsAgreeAndRepeatExactly) {
   const Problem pr = problem_of(GetParam(), 14);
   const std::vector<float> dout = bench::randn(pr.B * pr.Tq * pr.H * pr.Dv, 78);
-  const int saved = num_threads();
-  set_num_threads(1);
-  const testing::BwdResult one = testing::run_bwd(pr, dout, Backend::Fused);
-  const testing::FwdResult f1 = testing::run_fwd(pr, Backend::Fused);
-  set_num_threads(2);
-  const testing::BwdResult two = testing::run_bwd(pr, dout, Backend::Fused);
-  const testing::BwdResult again = testing::run_bwd(pr, dout, Backend::Fused);
-  const testing::FwdResult f2 = testing::run_fwd(pr, Backend::Fused);
-  set_num_threads(saved);
+  const int saved = kernels::num_threads();
+  kernels::set_num_threads(1);
+  const testing::BwdResult one = testing::run_bwd(pr, dout, kernels::Backend::Fused);
+  const testing::FwdResult f1 = testing::run_fwd(pr, kernels::Backend::Fused);
+  kernels::set_num_threads(2);
+  const testing::BwdResult two = testing::run_bwd(pr, dout, kernels::Backend::Fused);
+  const testing::BwdResult again = testing::run_bwd(pr, dout, kernels::Backend::Fused);
+  const testing::FwdResult f2 = testing::run_fwd(pr, kernels::Backend::Fused);
+  kernels::set_num_threads(saved);
   // Repeated runs with the same thread count are bit-identical (training resumes).
   EXPECT_EQ(std::memcmp(two.dq.data(), again.dq.data(), two.dq.size() * 4), 0);
   EXPECT_EQ(std::memcmp(two.dk.data(), again.dk.data(), two.dk.size() * 4), 0);
   EXPECT_EQ(std::memcmp(two.dv.data(), again.dv.data(), two.dv.size() * 4), 0);
   // 1 and 2 threads: the same within rounding (dQ partials sum in another order).
-  const testing::BwdResult ref = testing::run_bwd(pr, dout, Backend::Reference);
+  const testing::BwdResult ref = testing::run_bwd(pr, dout, kernels::Backend::Reference);
   const bench::NaiveGrads naive = bench::naive_bwd(pr.params(), dout.data());
   const double terms = std::max({max_abs(ref.dq), max_abs(ref.dk), max_abs(ref.dv)});
   expect_close("dq 1 vs 2 threads", one.dq, two.dq, naive.dq, terms);
@@ -126,13 +126,13 @@ TEST_P(Fused, OneAndTwoThreadsAgreeAndRepeatExactly) {
 // with each other and both differ from the oracle, which recomputes the maps.
 TEST_P(Fused, EveryBackendHonoursTheSavedStatistics) {
   const Problem pr = problem_of(GetParam(), 15);
-  if (pr.mode == DiffMode::Clamp) GTEST_SKIP() << "clamp mode has no backward";
+  if (pr.mode == kernels::DiffMode::Clamp) GTEST_SKIP() << "clamp mode has no backward";
   const std::vector<float> dout = bench::randn(pr.B * pr.Tq * pr.H * pr.Dv, 79);
   Problem other = pr;
   for (float& x : other.k) x *= 1.25f;  // saved statistics of another forward
-  const testing::FwdResult f = testing::run_fwd(other, Backend::Reference);
+  const testing::FwdResult f = testing::run_fwd(other, kernels::Backend::Reference);
   auto grads = [&](int which) {
-    AttnBwdParams p(pr.params());
+    kernels::AttnBwdParams p(pr.params());
     p.out = f.out.data();
     p.lse = f.lse.data();
     p.o2 = pr.maps == 2 ? f.o2.data() : nullptr;
@@ -146,9 +146,9 @@ TEST_P(Fused, EveryBackendHonoursTheSavedStatistics) {
       r.dlam.assign(pr.lam.size(), NAN);
       p.dlam = r.dlam.data();
     }
-    if (which == 0) attention_bwd(p, Backend::Reference);
-    if (which == 1) attention_bwd(p, Backend::Fused);
-    if (which == 2) attention_bwd_oracle(p);
+    if (which == 0) kernels::attention_bwd(p, kernels::Backend::Reference);
+    if (which == 1) kernels::attention_bwd(p, kernels::Backend::Fused);
+    if (which == 2) kernels::attention_bwd_oracle(p);
     return r;
   };
   const testing::BwdResult ref = grads(0), fused = grads(1), oracle = grads(2);
@@ -172,15 +172,15 @@ TEST(FusedDecode, ExplicitEntryWithManySplitsMatchesReference) {
   for (int64_t Tq : {1, 3}) {
     for (bool causal : {false, true}) {
       Problem pr = problem_of(AttnCase{"", 2, 2, Tq, 1000, 4, 2, 16, 32, false, true, causal}, 31);
-      AttnDecodeParams p(pr.params());
+      kernels::AttnDecodeParams p(pr.params());
       p.key_chunk = 100;  // rounded up to whole tiles: 128 keys, 8 splits
-      testing::FwdResult ref = testing::run_fwd(pr, Backend::Reference), got = ref;
+      testing::FwdResult ref = testing::run_fwd(pr, kernels::Backend::Reference), got = ref;
       std::fill(got.out.begin(), got.out.end(), NAN);
       std::fill(got.lse.begin(), got.lse.end(), NAN);
       p.out = got.out.data();
       p.lse = got.lse.data();
       p.o2 = got.o2.data();
-      attention_decode(p);
+      kernels::attention_decode(p);
       const std::vector<float> naive = bench::naive_fwd(pr.params());
       SCOPED_TRACE("Tq " + std::to_string(Tq) + (causal ? " causal" : ""));
       expect_close("out", got.out, ref.out, naive);
@@ -194,8 +194,8 @@ TEST(FusedDecode, ExplicitEntryWithManySplitsMatchesReference) {
 // pr's K/V rounded to dt and stored as 16 bits (bench::Kv16); params() reads them (k16/v16).
 struct Kv16 : bench::Kv16 {
   Kv16(const Problem& pr, DType dt) : bench::Kv16(pr.k, pr.v, dt) {}
-  AttnParams params(const Problem& pr, testing::FwdResult& res) const {
-    AttnParams p = pr.params();
+  kernels::AttnParams params(const Problem& pr, testing::FwdResult& res) const {
+    kernels::AttnParams p = pr.params();
     use_in(p);
     res.out.assign(static_cast<size_t>(p.numel(p.out_shape())), NAN);
     res.lse.assign(static_cast<size_t>(p.numel(p.lse_shape())), NAN);
@@ -227,23 +227,23 @@ TEST(FusedDecode, Cache16MatchesFloat64ReferenceAndTheFloat32Path) {
       Problem rounded = pr;  // the float32 path on the rounded values
       rounded.k = kv.k_rounded;
       rounded.v = kv.v_rounded;
-      const testing::FwdResult truth64 = testing::run_fwd(pr, Backend::Reference);
+      const testing::FwdResult truth64 = testing::run_fwd(pr, kernels::Backend::Reference);
       const std::vector<float> plain = bench::naive_fwd(rounded.params());
-      const testing::FwdResult truth_r = testing::run_fwd(rounded, Backend::Reference);
-      const testing::FwdResult f32_r = testing::run_fwd(rounded, Backend::Fused);
+      const testing::FwdResult truth_r = testing::run_fwd(rounded, kernels::Backend::Reference);
+      const testing::FwdResult f32_r = testing::run_fwd(rounded, kernels::Backend::Fused);
       const std::vector<float> naive_r = plain;
       for (int route = 0; route < 3; ++route) {
         SCOPED_TRACE(route == 0 ? "auto" : route == 1 ? "attention_decode, 5 splits" : "reference");
         testing::FwdResult got;
-        AttnParams p = kv.params(pr, got);
+        kernels::AttnParams p = kv.params(pr, got);
         if (route == 0) {
-          attention_fwd(p);
+          kernels::attention_fwd(p);
         } else if (route == 1) {
-          AttnDecodeParams dp(p);
+          kernels::AttnDecodeParams dp(p);
           dp.key_chunk = (c.Tk + 4) / 5;
-          attention_decode(dp);
+          kernels::attention_decode(dp);
         } else {
-          attention_fwd(p, Backend::Reference);
+          kernels::attention_fwd(p, kernels::Backend::Reference);
         }
         expect_within_dtype_error("out", got.out, truth64.out, plain);
         // Against the float32 path on the same (rounded) values: float32 rounding only.
@@ -272,23 +272,23 @@ TEST(FusedDecode, EverySimdTargetMatchesReference) {
         for (int64_t chunk : {0, 100}) {
           const AttnCase c = base.with_lengths(Tq, base.Tk);
           const Problem pr = problem_of(c, 71);
-          AttnDecodeParams p(pr.params());
+          kernels::AttnDecodeParams p(pr.params());
           p.key_chunk = chunk;
-          testing::FwdResult ref = testing::run_fwd(pr, Backend::Reference), got = ref;
+          testing::FwdResult ref = testing::run_fwd(pr, kernels::Backend::Reference), got = ref;
           std::fill(got.out.begin(), got.out.end(), NAN);
           p.out = got.out.data();
           p.lse = got.lse.data();
           if (c.maps == 2) p.o2 = got.o2.data();
-          attention_decode(p);
+          kernels::attention_decode(p);
           SCOPED_TRACE(c.name + " Tq " + std::to_string(Tq) + " chunk " + std::to_string(chunk));
           expect_close("out", got.out, ref.out, bench::naive_fwd(pr.params()));
           expect_lse_close(got.lse, ref.lse);
           // The same cache stored as BF16: against the float64 reference on the rounded K/V.
           const Kv16 kv(pr, DType::BF16);
           testing::FwdResult got16;
-          AttnDecodeParams p16(kv.params(pr, got16));
+          kernels::AttnDecodeParams p16(kv.params(pr, got16));
           p16.key_chunk = chunk;
-          attention_decode(p16);
+          kernels::attention_decode(p16);
           Problem rounded = pr;
           rounded.k = kv.k_rounded;
           rounded.v = kv.v_rounded;
@@ -304,29 +304,29 @@ TEST(FusedDecode, Cache16RefusedWhereFloat32IsNeeded) {
   const Problem pr = problem_of(AttnCase{"", 2, 1, 1, 300, 2, 1, 8, 16, false, false, true}, 62);
   const Kv16 kv(pr, DType::BF16);
   testing::FwdResult res;
-  AttnParams p = kv.params(pr, res);
-  AttnBwdParams bp(p);
+  kernels::AttnParams p = kv.params(pr, res);
+  kernels::AttnBwdParams bp(p);
   std::vector<float> dout(res.out.size(), 1.0f), dq(pr.q.size()), dk(pr.k.size()), dv(pr.v.size()),
       dlam(pr.lam.size());
   bp.dout = dout.data(), bp.dq = dq.data(), bp.dk = dk.data(), bp.dv = dv.data(),
   bp.dlam = dlam.data();
-  for (Backend be : {Backend::Fused, Backend::Reference}) {
+  for (kernels::Backend be : {kernels::Backend::Fused, kernels::Backend::Reference}) {
     try {
-      attention_bwd(bp, be);
+      kernels::attention_bwd(bp, be);
       ADD_FAILURE() << "the backward took a BF16 k/v";
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find("BF16"), std::string::npos) << e.what();
     }
   }
   std::vector<float> probs(static_cast<size_t>(p.B * p.H * p.Tq * p.Tk));
-  attention_fwd(p);
-  EXPECT_THROW(attention_probs(p, 0, probs.data()), InvalidArgument);
-  AttnParams both = p;  // 16-bit type with float pointers too: ambiguous, refused
+  kernels::attention_fwd(p);
+  EXPECT_THROW(kernels::attention_probs(p, 0, probs.data()), InvalidArgument);
+  kernels::AttnParams both = p;  // 16-bit type with float pointers too: ambiguous, refused
   both.k = pr.k.data();
-  EXPECT_THROW(attention_fwd(both), InvalidArgument);
-  AttnParams missing = p;
+  EXPECT_THROW(kernels::attention_fwd(both), InvalidArgument);
+  kernels::AttnParams missing = p;
   missing.v16 = nullptr;
-  EXPECT_THROW(attention_fwd(missing), InvalidArgument);
+  EXPECT_THROW(kernels::attention_fwd(missing), InvalidArgument);
 }
 
 // ---- paged decode: B sequences of different lengths, K/V in blocks of one pool ----
@@ -420,8 +420,8 @@ struct PagedCase {
   int64_t total_rows() const { return rows.empty() ? static_cast<int64_t>(lens.size()) : starts.back(); }
   int64_t row0(int64_t b) const { return rows.empty() ? b : starts[static_cast<size_t>(b)]; }
 
-  PagedAttnParams params(std::vector<float>& out) const {
-    PagedAttnParams p;
+  kernels::PagedAttnParams params(std::vector<float>& out) const {
+    kernels::PagedAttnParams p;
     p.B = static_cast<int64_t>(lens.size());
     p.q_starts = rows.empty() ? nullptr : starts.data();
     p.H = var.H, p.G = var.G, p.D = var.D, p.Dv = var.Dv, p.maps = var.maps;
@@ -453,7 +453,7 @@ struct PagedCase {
   // pool holds them (16-bit read in place), with key_chunk: out (H, Dv).
   std::vector<float> contiguous_decode(int64_t b, int64_t key_chunk) const {
     const Problem& pr = seqs[static_cast<size_t>(b)];
-    AttnDecodeParams p(rounded[static_cast<size_t>(b)].params());
+    kernels::AttnDecodeParams p(rounded[static_cast<size_t>(b)].params());
     std::optional<bench::Kv16> kv;
     if (dt != DType::F32) {
       kv.emplace(pr.k, pr.v, dt, /*keep_rounded=*/false);
@@ -462,7 +462,7 @@ struct PagedCase {
     std::vector<float> out(static_cast<size_t>(var.H * var.Dv), NAN);
     p.out = out.data();
     p.key_chunk = key_chunk;
-    attention_decode(p);
+    kernels::attention_decode(p);
     return out;
   }
 };
@@ -481,15 +481,15 @@ std::vector<int64_t> paged_lengths(int64_t bs) { return {1, bs - 1, bs, bs + 1, 
 // The paged call of pc with key_chunk on one thread and on two: {one, two}.
 std::pair<std::vector<float>, std::vector<float>> one_and_two_threads(const PagedCase& pc,
                                                                       int64_t key_chunk) {
-  const int saved = num_threads();
+  const int saved = kernels::num_threads();
   std::vector<float> one, two;
-  PagedAttnParams p1 = pc.params(one), p2 = pc.params(two);
+  kernels::PagedAttnParams p1 = pc.params(one), p2 = pc.params(two);
   p1.key_chunk = p2.key_chunk = key_chunk;
-  set_num_threads(1);
-  attention_paged(p1);
-  set_num_threads(2);
-  attention_paged(p2);
-  set_num_threads(saved);
+  kernels::set_num_threads(1);
+  kernels::attention_paged(p1);
+  kernels::set_num_threads(2);
+  kernels::attention_paged(p2);
+  kernels::set_num_threads(saved);
   return {std::move(one), std::move(two)};
 }
 
@@ -511,15 +511,15 @@ TEST(FusedDecodePaged, MatchesEachSequenceAloneForEveryVariantDtypeAndBlockSize)
         for (const int64_t chunk : {0, 128}) {
           SCOPED_TRACE("key_chunk " + std::to_string(chunk));
           std::vector<float> out;
-          PagedAttnParams p = pc.params(out);
+          kernels::PagedAttnParams p = pc.params(out);
           p.key_chunk = chunk;
-          attention_paged(p);
+          kernels::attention_paged(p);
           for (int64_t b = 0; b < B; ++b) {
             SCOPED_TRACE("sequence " + std::to_string(b) + " of length " +
                          std::to_string(pc.lens[static_cast<size_t>(b)]));
             const Problem& r = pc.rounded[static_cast<size_t>(b)];
             const std::vector<float> got = slice(out, b, n);
-            expect_close("out", got, testing::run_fwd(r, Backend::Reference).out,
+            expect_close("out", got, testing::run_fwd(r, kernels::Backend::Reference).out,
                          bench::naive_fwd(r.params()));
             if (chunk > 0 && bs % 16 == 0) {
               const std::vector<float> alone = pc.contiguous_decode(b, chunk);
@@ -545,7 +545,7 @@ TEST(FusedDecodePaged, OneAndTwoThreadsAndTheReferenceBackend) {
     const std::vector<float> nb = bench::naive_fwd(pc.rounded[b].params());
     naive.insert(naive.end(), nb.begin(), nb.end());
   }
-  attention_paged(pc.params(ref), Backend::Reference);
+  kernels::attention_paged(pc.params(ref), kernels::Backend::Reference);
   expect_close("1 thread", one, ref, naive);
   expect_close("2 threads", two, ref, naive);
   const auto [c1, c2] = one_and_two_threads(pc, 64);
@@ -573,7 +573,7 @@ TEST(FusedDecodePaged, TwoThreadsSplitSequencesKeysAndHeadGroupsBitForBit) {
           << "sequence " << b;
     }
     const Problem& r = pc.rounded[0];
-    expect_close("out of sequence 0", slice(two, 0, n), testing::run_fwd(r, Backend::Reference).out,
+    expect_close("out of sequence 0", slice(two, 0, n), testing::run_fwd(r, kernels::Backend::Reference).out,
                  bench::naive_fwd(r.params()));
   }
 }
@@ -583,20 +583,20 @@ TEST(FusedDecodePaged, StridedQueryAndOutput) {
   const PagedCase pc(kPagedVariants[1], 16, DType::F32, {5, 40, 33}, 73);
   const int64_t B = 3, qh = 2 * pc.var.H, D = pc.var.D, H = pc.var.H, Dv = pc.var.Dv;
   std::vector<float> want;
-  attention_paged(pc.params(want));
+  kernels::attention_paged(pc.params(want));
   const int64_t qrow = qh * D + 11, orow = H * (Dv + 3) + 5;
   std::vector<float> q(static_cast<size_t>(B * qrow), NAN), out(static_cast<size_t>(B * orow), -7.0f);
   for (int64_t b = 0; b < B; ++b) {
     std::copy_n(&pc.q[static_cast<size_t>(b * qh * D)], qh * D, &q[static_cast<size_t>(b * qrow)]);
   }
   std::vector<float> unused;
-  PagedAttnParams p = pc.params(unused);
+  kernels::PagedAttnParams p = pc.params(unused);
   p.q = q.data();
   p.q_row_stride = qrow;
   p.out = out.data();
   p.o_row_stride = orow;
   p.o_head_stride = Dv + 3;
-  attention_paged(p);
+  kernels::attention_paged(p);
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
       for (int64_t d = 0; d < Dv; ++d) {
@@ -612,9 +612,9 @@ TEST(FusedDecodePaged, StridedQueryAndOutput) {
 TEST(FusedDecodePaged, RefusesBadParamsNamingTheField) {
   const PagedCase pc(kPagedVariants[0], 16, DType::F32, {5, 40, 33}, 74);
   std::vector<float> out;
-  auto refused = [&](const PagedAttnParams& p, const std::string& what) {
+  auto refused = [&](const kernels::PagedAttnParams& p, const std::string& what) {
     try {
-      attention_paged(p);
+      kernels::attention_paged(p);
       ADD_FAILURE() << "accepted: " << what;
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
@@ -622,7 +622,7 @@ TEST(FusedDecodePaged, RefusesBadParamsNamingTheField) {
   };
   std::vector<int32_t> tables = pc.tables;
   tables[static_cast<size_t>(1 * pc.stride + 2)] = static_cast<int32_t>(pc.n_blocks);
-  PagedAttnParams p = pc.params(out);
+  kernels::PagedAttnParams p = pc.params(out);
   p.block_tables = tables.data();
   refused(p, "block_tables[1][2]");
   tables = pc.tables;
@@ -659,9 +659,9 @@ TEST(FusedDecodePaged, RefusesBadParamsNamingTheField) {
   refused(p, "not divisible");
   // The table entries past a sequence's length are never read (they hold -1 here).
   p = pc.params(out);
-  EXPECT_NO_THROW(attention_paged(p));
+  EXPECT_NO_THROW(kernels::attention_paged(p));
   p.B = 0;  // nothing to do
-  EXPECT_NO_THROW(attention_paged(p));
+  EXPECT_NO_THROW(kernels::attention_paged(p));
 }
 
 // ---- paged attention with many query rows per sequence (prompt chunks) ----
@@ -676,7 +676,7 @@ constexpr int64_t kSplitKvRows = 4;
 // the tiled forward (for more).
 std::vector<float> contiguous_rows(const PagedCase& pc, int64_t b, bool decode, int64_t key_chunk) {
   const Problem& pr = pc.seqs[static_cast<size_t>(b)];
-  AttnDecodeParams p(pc.rounded[static_cast<size_t>(b)].params());
+  kernels::AttnDecodeParams p(pc.rounded[static_cast<size_t>(b)].params());
   std::optional<bench::Kv16> kv;
   if (pc.dt != DType::F32) {
     kv.emplace(pr.k, pr.v, pc.dt, /*keep_rounded=*/false);
@@ -686,10 +686,10 @@ std::vector<float> contiguous_rows(const PagedCase& pc, int64_t b, bool decode, 
   p.out = out.data();
   p.key_chunk = key_chunk;
   if (decode) {
-    attention_decode(p);
+    kernels::attention_decode(p);
   } else {
     EXPECT_GT(p.Tq, kSplitKvRows);
-    attention_fwd(p);
+    kernels::attention_fwd(p);
   }
   return out;
 }
@@ -709,15 +709,15 @@ TEST(FusedPaged, PromptChunksReadTheBlocksInPlaceForEveryVariantDtypeAndBlockSiz
         SCOPED_TRACE(var.name + " " + dtype_name(dt) + " block " + std::to_string(bs));
         const PagedCase pc(var, bs, dt, lens, 91, rows);
         std::vector<float> out;
-        PagedAttnParams p = pc.params(out);
+        kernels::PagedAttnParams p = pc.params(out);
         p.key_chunk = 64;
-        attention_paged(p);
+        kernels::attention_paged(p);
         for (int64_t b = 0; b < static_cast<int64_t>(lens.size()); ++b) {
           SCOPED_TRACE("sequence " + std::to_string(b) + ": " + std::to_string(pc.n_rows(b)) +
                        " rows of " + std::to_string(lens[static_cast<size_t>(b)]));
           const Problem& r = pc.rounded[static_cast<size_t>(b)];
           const std::vector<float> got = pc.rows_of(out, b);
-          expect_close("out", got, testing::run_fwd(r, Backend::Reference).out,
+          expect_close("out", got, testing::run_fwd(r, kernels::Backend::Reference).out,
                        bench::naive_fwd(r.params()));
           const bool decode = pc.n_rows(b) <= kSplitKvRows;
           if (decode && bs % 16 != 0) continue;
@@ -748,15 +748,15 @@ TEST(FusedPaged, PromptChunksOnOneAndTwoThreadsAndTheReferenceBackend) {
         }
       }
       std::vector<float> ref, one, two;
-      PagedAttnParams pr = pc.params(ref), p1 = pc.params(one), p2 = pc.params(two);
+      kernels::PagedAttnParams pr = pc.params(ref), p1 = pc.params(one), p2 = pc.params(two);
       p1.noise_share = p2.noise_share = ns;
-      attention_paged(pr, Backend::Reference);
-      const int saved = num_threads();
-      set_num_threads(1);
-      attention_paged(p1);
-      set_num_threads(2);
-      attention_paged(p2);
-      set_num_threads(saved);
+      kernels::attention_paged(pr, kernels::Backend::Reference);
+      const int saved = kernels::num_threads();
+      kernels::set_num_threads(1);
+      kernels::attention_paged(p1);
+      kernels::set_num_threads(2);
+      kernels::attention_paged(p2);
+      kernels::set_num_threads(saved);
       if (ns > 1) {  // the copies changed q: the per-sequence problems no longer hold it
         const double tol = 1e-5 * (1 + max_abs(ref));
         EXPECT_LE(max_diff(one, ref), tol);
@@ -784,7 +784,7 @@ TEST(FusedPaged, ANonFiniteValueReachesOnlyTheRowsThatSeeIt) {
     const int64_t at = pc.tables[static_cast<size_t>(last / 16)] * 16 + last % 16;
     pc.vpool[static_cast<size_t>(at * vrow)] = NAN;
     std::vector<float> out;
-    attention_paged(pc.params(out));
+    kernels::attention_paged(pc.params(out));
     const int64_t per = pc.var.H * pc.var.Dv;
     for (int64_t t = 0; t + 1 < n; ++t) {
       for (int64_t i = 0; i < per; ++i) {
@@ -799,16 +799,16 @@ TEST(FusedPaged, ANonFiniteValueReachesOnlyTheRowsThatSeeIt) {
 TEST(FusedPaged, RefusesBadQueryStarts) {
   const PagedCase pc(kPagedVariants[0], 16, DType::F32, {5, 40, 33}, 94, {2, 8, 1});
   std::vector<float> out;
-  auto refused = [&](const PagedAttnParams& p, const std::string& what) {
+  auto refused = [&](const kernels::PagedAttnParams& p, const std::string& what) {
     try {
-      attention_paged(p);
+      kernels::attention_paged(p);
       ADD_FAILURE() << "accepted: " << what;
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
     }
   };
   std::vector<int64_t> starts = pc.starts;
-  PagedAttnParams p = pc.params(out);
+  kernels::PagedAttnParams p = pc.params(out);
   p.q_starts = starts.data();
   starts[0] = 1;
   refused(p, "q_starts[0] = 1");
@@ -818,7 +818,7 @@ TEST(FusedPaged, RefusesBadQueryStarts) {
   starts = {0, 6, 14, 15};  // sequence 0: 6 rows, 5 positions
   refused(p, "seq_lens[0] = 5 is fewer than the sequence's 6 query rows");
   starts = pc.starts;
-  EXPECT_NO_THROW(attention_paged(p));
+  EXPECT_NO_THROW(kernels::attention_paged(p));
 }
 
 // ---- strided views: a fused QKV buffer and a KV cache with spare capacity ----
@@ -849,18 +849,18 @@ TEST(FusedStrides, StridedViewsGiveTheContiguousResult) {
     for (int64_t bt = 0; bt < B * Tq; ++bt)
       std::copy_n(&dout[bt * H * Dv], H * Dv, &dout_buf[bt * orow]);
 
-    AttnParams p = pr.params();
+    kernels::AttnParams p = pr.params();
     p.q = qbuf.data() + 2, p.q_row_stride = qrow, p.q_batch_stride = Tq * qrow;
     p.k = kbuf.data(), p.k_row_stride = krow, p.k_batch_stride = Tcap * krow;
     p.v = vbuf.data(), p.v_row_stride = vrow, p.v_batch_stride = Tcap * vrow;
     p.o_row_stride = orow, p.o_batch_stride = Tq * orow;
-    for (Backend be : {Backend::Fused, Backend::Reference}) {
-      SCOPED_TRACE(backend_name(be));
+    for (kernels::Backend be : {kernels::Backend::Fused, kernels::Backend::Reference}) {
+      SCOPED_TRACE(kernels::backend_name(be));
       const testing::BwdResult want_g = testing::run_bwd(pr, dout, be, true);
       const testing::FwdResult want = testing::run_fwd(pr, be);
       std::vector<float> obuf(B * Tq * orow, -7.0f), lse(want.lse.size()), o2(want.o2.size());
       p.out = obuf.data(), p.lse = lse.data(), p.o2 = o2.data();
-      attention_fwd(p, be);
+      kernels::attention_fwd(p, be);
       for (int64_t bt = 0; bt < B * Tq; ++bt) {
         for (int64_t x = 0; x < H * Dv; ++x) EXPECT_EQ(obuf[bt * orow + x], want.out[bt * H * Dv + x]);
         for (int64_t x = H * Dv; x < orow; ++x) EXPECT_EQ(obuf[bt * orow + x], -7.0f);
@@ -870,12 +870,12 @@ TEST(FusedStrides, StridedViewsGiveTheContiguousResult) {
 
       // Backward through the same views: gradients land with their input's strides, and
       // nothing outside the views is written.
-      AttnBwdParams bp(p);
+      kernels::AttnBwdParams bp(p);
       bp.dout = dout_buf.data();
       std::vector<float> dq(qbuf.size(), -3.0f), dk(kbuf.size(), -3.0f), dv(vbuf.size(), -3.0f),
           dlam(H);
       bp.dq = dq.data() + 2, bp.dk = dk.data(), bp.dv = dv.data(), bp.dlam = dlam.data();
-      attention_bwd(bp, be);
+      kernels::attention_bwd(bp, be);
       for (int64_t b = 0; b < B; ++b) {
         for (int64_t t = 0; t < Tq; ++t)
           for (int64_t x = 0; x < qrow; ++x) {
@@ -901,17 +901,17 @@ TEST(FusedStrides, StridedViewsGiveTheContiguousResult) {
 
     // Decode on the same cache: the newest 2 query rows against the whole cache, through the
     // views, against the reference on the same views.
-    AttnParams pd = p;
+    kernels::AttnParams pd = p;
     pd.Tq = 2;
     pd.o_batch_stride = 2 * orow;
     std::vector<float> ref_out(B * 2 * orow, 0.0f), ref_lse(B * 2 * H * 2), got_out = ref_out,
         got_lse = ref_lse;
     pd.out = ref_out.data(), pd.lse = ref_lse.data(), pd.o2 = nullptr;
-    attention_fwd(pd, Backend::Reference);
+    kernels::attention_fwd(pd, kernels::Backend::Reference);
     pd.out = got_out.data(), pd.lse = got_lse.data();
-    AttnDecodeParams dp(pd);
+    kernels::AttnDecodeParams dp(pd);
     dp.key_chunk = 64;
-    attention_decode(dp);
+    kernels::attention_decode(dp);
     Problem pq = pr;  // the naive float32 error of the same rows, for the tolerance
     pq.Tq = 2;
     pq.q.resize(B * 2 * 2 * H * D);
@@ -927,8 +927,8 @@ TEST(FusedStrides, StridedViewsGiveTheContiguousResult) {
 // ---- one lambda for every pair (lam (1), a V1 layer's scalar) ----
 
 TEST(FusedScalarLambda, EqualsTheBroadcastLambdaAndItsGradientIsOneSum) {
-  for (Backend be : {Backend::Fused, Backend::Reference}) {
-    SCOPED_TRACE(backend_name(be));
+  for (kernels::Backend be : {kernels::Backend::Fused, kernels::Backend::Reference}) {
+    SCOPED_TRACE(kernels::backend_name(be));
     Problem pr = problem_of(AttnCase{"", 2, 2, 37, 37, 4, 2, 8, 16, false, false, true}, 61);
     Problem one = pr;
     one.lam_scalar = true;
@@ -952,10 +952,10 @@ TEST(FusedScalarLambda, EqualsTheBroadcastLambdaAndItsGradientIsOneSum) {
   Problem one = problem_of(AttnCase{"", 2, 2, 37, 37, 4, 2, 8, 16, false, false, true}, 61);
   one.lam_scalar = true;
   one.lam = {0.37f};
-  const testing::FwdResult f = testing::run_fwd(one, Backend::Reference);
+  const testing::FwdResult f = testing::run_fwd(one, kernels::Backend::Reference);
   const std::vector<float> dout = bench::randn(f.out.size(), 62);
-  const float fused = testing::run_bwd(one, dout, Backend::Fused).dlam[0];
-  const float ref = testing::run_bwd(one, dout, Backend::Reference).dlam[0];
+  const float fused = testing::run_bwd(one, dout, kernels::Backend::Fused).dlam[0];
+  const float ref = testing::run_bwd(one, dout, kernels::Backend::Reference).dlam[0];
   EXPECT_NEAR(fused, ref, 1e-5 * (1 + std::abs(ref)));
 }
 
@@ -985,10 +985,10 @@ TEST(FusedNoiseShare, OneNoiseMapPerRunEqualsThePerPairMapsAndReadsTheRunsFirstP
       pr.B = 2, pr.Tq = Tq, pr.Tk = Tk, pr.H = 8, pr.G = 2, pr.D = 8, pr.Dv = 16, pr.causal = true;
       pr.randomize(71);
       copy_noise_rows(pr, ns);
-      const testing::FwdResult ref = testing::run_fwd(pr, Backend::Reference);
+      const testing::FwdResult ref = testing::run_fwd(pr, kernels::Backend::Reference);
       Problem sh = pr;
       sh.noise_share = ns;
-      const testing::FwdResult got = testing::run_fwd(sh, Backend::Fused);
+      const testing::FwdResult got = testing::run_fwd(sh, kernels::Backend::Fused);
       const double tol = 1e-5 * (1 + max_abs(ref.out));
       EXPECT_LE(max_diff(got.out, ref.out), tol);
       EXPECT_LE(max_diff(got.o2, ref.o2), tol);
@@ -1006,20 +1006,20 @@ TEST(FusedNoiseShare, OneNoiseMapPerRunEqualsThePerPairMapsAndReadsTheRunsFirstP
           }
         }
       }
-      const testing::FwdResult moved = testing::run_fwd(odd, Backend::Fused);
+      const testing::FwdResult moved = testing::run_fwd(odd, kernels::Backend::Fused);
       EXPECT_LE(max_diff(moved.out, got.out), tol);
-      EXPECT_GT(max_diff(testing::run_fwd(odd, Backend::Reference).out, ref.out), 100 * tol);
+      EXPECT_GT(max_diff(testing::run_fwd(odd, kernels::Backend::Reference).out, ref.out), 100 * tol);
       // The split-KV decode (explicit entry, many splits) shares the map the same way.
       if (Tq <= 9) {
         for (const Problem* in : {&sh, &odd}) {
-          AttnDecodeParams dp(in->params());
+          kernels::AttnDecodeParams dp(in->params());
           dp.key_chunk = 64;
           testing::FwdResult dec = ref;
           std::fill(dec.out.begin(), dec.out.end(), NAN);
           std::fill(dec.o2.begin(), dec.o2.end(), NAN);
           std::fill(dec.lse.begin(), dec.lse.end(), NAN);
           dp.out = dec.out.data(), dp.o2 = dec.o2.data(), dp.lse = dec.lse.data();
-          attention_decode(dp);
+          kernels::attention_decode(dp);
           EXPECT_LE(max_diff(dec.out, ref.out), tol);
           EXPECT_LE(max_diff(dec.o2, ref.o2), tol);
           for (size_t i = 0; i < ref.lse.size(); ++i) ASSERT_NEAR(dec.lse[i], ref.lse[i], 1e-5 * (1 + std::abs(ref.lse[i])));
@@ -1031,7 +1031,7 @@ TEST(FusedNoiseShare, OneNoiseMapPerRunEqualsThePerPairMapsAndReadsTheRunsFirstP
   bad.H = 8, bad.G = 2;
   bad.randomize(3);
   bad.noise_share = 3;  // does not divide the 4 pairs of a group
-  EXPECT_THROW(testing::run_fwd(bad, Backend::Fused), InvalidArgument);
+  EXPECT_THROW(testing::run_fwd(bad, kernels::Backend::Fused), InvalidArgument);
 }
 
 // ---- numerical edge cases ----
@@ -1039,12 +1039,12 @@ TEST(FusedNoiseShare, OneNoiseMapPerRunEqualsThePerPairMapsAndReadsTheRunsFirstP
 TEST(FusedEdgeCases, HugeLogits) {
   Problem pr = problem_of(AttnCase{"", 2, 1, 40, 40, 2, 1, 8, 16, false, true, true, -0.5f, 1.5f}, 51);
   for (float& x : pr.q) x *= 4e3f;  // scores around +-1e4
-  const testing::FwdResult ref = testing::run_fwd(pr, Backend::Reference);
-  const testing::FwdResult got = testing::run_fwd(pr, Backend::Fused);
+  const testing::FwdResult ref = testing::run_fwd(pr, kernels::Backend::Reference);
+  const testing::FwdResult got = testing::run_fwd(pr, kernels::Backend::Fused);
   ASSERT_TRUE(testing::all_finite(got.out) && testing::all_finite(got.lse));
   expect_close("out", got.out, ref.out, bench::naive_fwd(pr.params()));
   const testing::BwdResult g =
-      testing::run_bwd(pr, bench::randn(ref.out.size(), 3), Backend::Fused);
+      testing::run_bwd(pr, bench::randn(ref.out.size(), 3), kernels::Backend::Fused);
   EXPECT_TRUE(testing::all_finite(g.dq) && testing::all_finite(g.dk) &&
               testing::all_finite(g.dv) && testing::all_finite(g.dlam));
 }
@@ -1053,13 +1053,13 @@ TEST(FusedEdgeCases, RowsThatSeeNoKeyAreZero) {
   // Causal with Tq > Tk: rows 0..Tq-Tk-1 see no key: out 0, lse +inf, gradients 0.
   for (int64_t Tk : {3, 300}) {
     Problem pr = problem_of(AttnCase{"", 2, 1, Tk + 5, Tk, 1, 1, 4, 8, false, false, true}, 52);
-    const testing::FwdResult got = testing::run_fwd(pr, Backend::Fused);
+    const testing::FwdResult got = testing::run_fwd(pr, kernels::Backend::Fused);
     for (int64_t i = 0; i < 5; ++i) {
       for (int64_t d = 0; d < 8; ++d) EXPECT_EQ(got.out[i * 8 + d], 0.0f);
       EXPECT_TRUE(std::isinf(got.lse[i]) && got.lse[i] > 0);
     }
     const testing::BwdResult g =
-        testing::run_bwd(pr, bench::randn(got.out.size(), 4), Backend::Fused);
+        testing::run_bwd(pr, bench::randn(got.out.size(), 4), kernels::Backend::Fused);
     for (int64_t x = 0; x < 5 * 2 * 4; ++x) EXPECT_EQ(g.dq[x], 0.0f);
     check_forward(pr, "masked rows");
   }
@@ -1067,7 +1067,7 @@ TEST(FusedEdgeCases, RowsThatSeeNoKeyAreZero) {
 
 TEST(FusedEdgeCases, ClampRowThatClampsToAllZerosStaysZero) {
   Problem pr = problem_of(AttnCase{"", 2, 1, 30, 30, 1, 1, 3, 6, false, false, false}, 53);
-  pr.mode = DiffMode::Clamp;
+  pr.mode = kernels::DiffMode::Clamp;
   for (int64_t t = 0; t < 30; ++t) {
     for (int64_t d = 0; d < 3; ++d) {
       pr.q[t * 6 + 3 + d] = pr.q[t * 6 + d];
@@ -1075,24 +1075,24 @@ TEST(FusedEdgeCases, ClampRowThatClampsToAllZerosStaysZero) {
     }
   }
   pr.lam = {1.5f};
-  const testing::FwdResult got = testing::run_fwd(pr, Backend::Fused);
+  const testing::FwdResult got = testing::run_fwd(pr, kernels::Backend::Fused);
   for (float x : got.out) EXPECT_EQ(x, 0.0f);
 }
 
 TEST(FusedEdgeCases, EmptyShapes) {
   Problem pr = problem_of(AttnCase{"", 2, 0, 5, 5, 1, 1, 4, 8, false, false, false}, 54);
-  EXPECT_TRUE(testing::run_fwd(pr, Backend::Fused).out.empty());
+  EXPECT_TRUE(testing::run_fwd(pr, kernels::Backend::Fused).out.empty());
   pr = problem_of(AttnCase{"", 2, 1, 0, 5, 1, 1, 4, 8, false, false, false}, 54);
-  EXPECT_TRUE(testing::run_fwd(pr, Backend::Fused).out.empty());
+  EXPECT_TRUE(testing::run_fwd(pr, kernels::Backend::Fused).out.empty());
   pr = problem_of(AttnCase{"", 2, 1, 3, 0, 1, 1, 4, 8, false, false, false}, 54);
-  const testing::FwdResult f = testing::run_fwd(pr, Backend::Fused);
+  const testing::FwdResult f = testing::run_fwd(pr, kernels::Backend::Fused);
   for (float x : f.out) EXPECT_EQ(x, 0.0f);
 }
 
 TEST(FusedDispatch, BackendNamesAndSimdTarget) {
-  EXPECT_EQ(resolve_backend(Backend::Reference), Backend::Reference);
-  EXPECT_EQ(resolve_backend(Backend::Fused), Backend::Fused);
-  const std::string target = fused_simd_target();
+  EXPECT_EQ(kernels::resolve_backend(kernels::Backend::Reference), kernels::Backend::Reference);
+  EXPECT_EQ(kernels::resolve_backend(kernels::Backend::Fused), kernels::Backend::Fused);
+  const std::string target = kernels::fused_simd_target();
   EXPECT_FALSE(target.empty());
 }
 
@@ -1113,7 +1113,7 @@ TEST(AttnCase, FlopsAndBytesAreTheKernelsCounts) {
   EXPECT_DOUBLE_EQ(c.fwd_flops(), pairs * 4 * 2 * 2 * (64 + 128));
   EXPECT_DOUBLE_EQ(c.bwd_flops(), 2.5 * c.fwd_flops());
   const bench::Tensors t(c, 1, /*with_grads=*/false);
-  EXPECT_DOUBLE_EQ(c.fwd_flops(), attention_fwd_flops(t.p));
+  EXPECT_DOUBLE_EQ(c.fwd_flops(), kernels::attention_fwd_flops(t.p));
   EXPECT_EQ(c.str(), "B=1 H=4 G=4 Tq=4096 Tk=4096 D=64 Dv=128 V1");
   // Decode: K (2G heads of D) and V (G heads of Dv) once, 4 bytes each; half in 16 bits.
   AttnCase d = c.with_lengths(1, 32768);
@@ -1185,8 +1185,8 @@ TEST(AttnCase, CheckCaseCatchesAWrongResult) {
   ASSERT_EQ(r16.size(), 4u);  // out vs float64, out, lse, o2
   for (const bench::Comparison& x : r16) EXPECT_TRUE(x.ok()) << x.str();
   Problem pr = problem_of(c, 1);
-  const testing::FwdResult ref = testing::run_fwd(pr, Backend::Reference);
-  std::vector<float> wrong = testing::run_fwd(pr, Backend::Fused).out;
+  const testing::FwdResult ref = testing::run_fwd(pr, kernels::Backend::Reference);
+  std::vector<float> wrong = testing::run_fwd(pr, kernels::Backend::Fused).out;
   wrong[wrong.size() / 2] += 1e-3f;
   EXPECT_FALSE(bench::compare("out", wrong, ref.out, bench::naive_fwd(pr.params())).ok());
 }

@@ -171,7 +171,7 @@ ModelConfig tiny(nn::AttnKind kind) {
 }
 
 // Dense softmax of map m of pair/head h, row i, from the views layer_attention gives, in double.
-std::vector<double> dense_row(const AttnProblem& p, int64_t h, int m, int64_t i) {
+std::vector<double> dense_row(const kernels::AttnProblem& p, int64_t h, int m, int64_t i) {
   const int64_t qh = p.maps == 2 ? 2 * h + m : h;
   const int64_t g = h / (p.H / p.G);
   const int64_t kh = (p.maps == 2 && !p.shared_keys) ? 2 * g + m : g;
@@ -205,7 +205,7 @@ TEST_P(MapsOfKind, AgreeWithADenseRecomputationAndTheOutput) {
   for (int64_t l = 0; l < 2; ++l) {
     const int64_t b = 1;
     const eval::LayerMaps mp = eval::layer_maps(m, l, b);
-    AttnBwdParams p = m.layer_attention(l).params;
+    kernels::AttnBwdParams p = m.layer_attention(l).params;
     p.q += b * p.q_batch_stride;
     p.k += b * p.k_batch_stride;
     p.v += b * p.v_batch_stride;

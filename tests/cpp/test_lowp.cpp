@@ -298,20 +298,20 @@ TEST(LinearLowp, EveryTarget) {
 }
 
 TEST(LinearLowp, SameResultOnOneAndTwoThreads) {
-  const int saved = num_threads();
+  const int saved = kernels::num_threads();
   for (int64_t N : {int64_t{1}, int64_t{8}, int64_t{200}}) {
     const int64_t C = 300, OC = 1000;
     const std::vector<float> x = testing::randn(N * C, 5), w0 = testing::randn(OC * C, 6);
     std::vector<uint16_t> wq(w0.size());
     convert_from_f32(wq.data(), w0.data(), DType::BF16, OC * C);
     std::vector<float> a(static_cast<size_t>(N * OC)), b(a.size());
-    set_num_threads(1);
+    kernels::set_num_threads(1);
     nn::linear_fwd(a.data(), x.data(), TypedPtr{wq.data(), DType::BF16}, N, C, OC);
-    set_num_threads(2);
+    kernels::set_num_threads(2);
     nn::linear_fwd(b.data(), x.data(), TypedPtr{wq.data(), DType::BF16}, N, C, OC);
     EXPECT_EQ(a, b) << "N=" << N;
   }
-  set_num_threads(saved);
+  kernels::set_num_threads(saved);
 }
 
 TEST(LinearLowp, F32IsTheFloatPathBitForBit) {

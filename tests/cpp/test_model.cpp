@@ -83,7 +83,7 @@ class GradCheck : public ::testing::TestWithParam<FdCase> {};
 // estimated from the gap between steps h and 2h.
 TEST_P(GradCheck, EveryTensorAgreesWithFiniteDifferences) {
   const FdCase fc = GetParam();
-  set_num_threads(1);
+  kernels::set_num_threads(1);
   Model m(tiny(fc.kind, fc.tie));
   scale_weights(m, 3);
   const int64_t B = 2, T = 7;

@@ -59,7 +59,7 @@ constexpr float kOutStd[T][4] = {{0.2254f, 0.4135f, 0.2964f, 0.2964f},
 // Half a unit in the 4th decimal, plus float rounding.
 constexpr float kTol4 = 0.5e-4f + 1e-6f;
 
-Problem textbook_problem(DiffMode mode, float lam = eval::textbook::kLambda) {
+Problem textbook_problem(kernels::DiffMode mode, float lam = eval::textbook::kLambda) {
   Problem pr;
   pr.B = 1;
   pr.Tq = pr.Tk = T;
@@ -75,20 +75,20 @@ Problem textbook_problem(DiffMode mode, float lam = eval::textbook::kLambda) {
 }
 
 std::vector<float> probs(const Problem& pr, const testing::FwdResult& f, int map) {
-  const AttnParams p = pr.params();
+  const kernels::AttnParams p = pr.params();
   std::vector<float> a(static_cast<size_t>(p.B * p.H * p.Tq * p.Tk));
-  attention_probs(p, f.lse.data(), map, a.data());
+  kernels::attention_probs(p, f.lse.data(), map, a.data());
   return a;
 }
 
 TEST(Textbook, ClampModeReproducesEveryStep) {
-  const Problem pr = textbook_problem(DiffMode::Clamp);
+  const Problem pr = textbook_problem(kernels::DiffMode::Clamp);
   const testing::FwdResult f = testing::run_fwd(pr);
   const std::vector<float> a1 = probs(pr, f, 0), a2 = probs(pr, f, 1);
   for (int i = 0; i < T; ++i) {
     std::vector<float> d(T), w(T);
-    diff_row_weights(&a1[i * T], &a2[i * T], eval::textbook::kLambda, DiffMode::Signed, T, d.data());
-    diff_row_weights(&a1[i * T], &a2[i * T], eval::textbook::kLambda, DiffMode::Clamp, T, w.data());
+    kernels::diff_row_weights(&a1[i * T], &a2[i * T], eval::textbook::kLambda, kernels::DiffMode::Signed, T, d.data());
+    kernels::diff_row_weights(&a1[i * T], &a2[i * T], eval::textbook::kLambda, kernels::DiffMode::Clamp, T, w.data());
     float row_sum = 0;
     for (int j = 0; j < T; ++j) {
       SCOPED_TRACE("row " + std::to_string(i) + " col " + std::to_string(j));
@@ -103,14 +103,14 @@ TEST(Textbook, ClampModeReproducesEveryStep) {
   }
   // The two exact zeros of the book: cat->on and sat->on.
   std::vector<float> w(T);
-  diff_row_weights(&a1[1 * T], &a2[1 * T], eval::textbook::kLambda, DiffMode::Clamp, T, w.data());
+  kernels::diff_row_weights(&a1[1 * T], &a2[1 * T], eval::textbook::kLambda, kernels::DiffMode::Clamp, T, w.data());
   EXPECT_EQ(w[3], 0.0f);
-  diff_row_weights(&a1[2 * T], &a2[2 * T], eval::textbook::kLambda, DiffMode::Clamp, T, w.data());
+  kernels::diff_row_weights(&a1[2 * T], &a2[2 * T], eval::textbook::kLambda, kernels::DiffMode::Clamp, T, w.data());
   EXPECT_EQ(w[3], 0.0f);
 }
 
 TEST(Textbook, SignedModeIsTheBooksDifferentialMapTimesV) {
-  const Problem pr = textbook_problem(DiffMode::Signed);
+  const Problem pr = textbook_problem(kernels::DiffMode::Signed);
   const testing::FwdResult f = testing::run_fwd(pr);
   for (int i = 0; i < T; ++i) {
     for (int c = 0; c < 4; ++c) {
@@ -245,7 +245,7 @@ TEST(EdgeCases, ClampRowThatClampsToAllZerosStaysZero) {
   // Identical maps (q1 = q2, k1 = k2) and lambda = 1.5: every weight is (1 - 1.5) A1 < 0.
   Problem pr;
   pr.B = 1, pr.Tq = 4, pr.Tk = 4, pr.H = 1, pr.G = 1, pr.D = 3, pr.Dv = 6;
-  pr.mode = DiffMode::Clamp;
+  pr.mode = kernels::DiffMode::Clamp;
   pr.randomize(11);
   for (int64_t t = 0; t < 4; ++t) {
     for (int64_t d = 0; d < 3; ++d) {
@@ -319,7 +319,7 @@ TEST(Errors, ShapesAreNamedWithExpectedAndActual) {
   std::vector<float> buf(4096, 0.5f);
   const float* d = buf.data();
   auto diff = [&](Shape q, Shape k, Shape v, Shape lam) {
-    return error_of([&] { diff_attn_params({d, q}, {d, k}, {d, v}, {d, lam}, AttnOptions{}); });
+    return error_of([&] { kernels::diff_attn_params({d, q}, {d, k}, {d, v}, {d, lam}, kernels::AttnOptions{}); });
   };
   std::string e = diff({1, 5, 2}, {1, 5, 2, 2}, {1, 5, 1, 4}, {1});
   EXPECT_NE(e.find("q has shape (1, 5, 2) (rank 3), expected rank 4 (B, Tq, 2H, D)"),
@@ -344,7 +344,7 @@ TEST(Errors, ShapesAreNamedWithExpectedAndActual) {
   EXPECT_NE(e.find("lam has shape (1, 4, 1), expected (B, Tq, H) = (1, 5, 1)"),
             std::string::npos) << e;
   e = error_of([&] {
-    attn_params({d, {1, 5, 2, 4}}, {d, {1, 5, 2, 3}}, {d, {1, 5, 2, 4}}, AttnOptions{});
+    kernels::attn_params({d, {1, 5, 2, 4}}, {d, {1, 5, 2, 3}}, {d, {1, 5, 2, 4}}, kernels::AttnOptions{});
   });
   EXPECT_NE(e.find("attention: k has shape (1, 5, 2, 3), expected (B, Tk, G, D) = (1, 5, 2, 4)"),
             std::string::npos) << e;
@@ -353,26 +353,26 @@ TEST(Errors, ShapesAreNamedWithExpectedAndActual) {
 TEST(Errors, NanLambdaIsRejectedByTheDataCheck) {
   // check_lambda reads lambda (the Python and CLI surfaces call it); check_params reads no
   // tensor data, so the kernels themselves see a NaN lambda and give NaN, never a finite lie.
-  Problem pr = textbook_problem(DiffMode::Signed, NAN);
+  Problem pr = textbook_problem(kernels::DiffMode::Signed, NAN);
   std::vector<float> out(20);
-  AttnParams p = pr.params();
+  kernels::AttnParams p = pr.params();
   p.out = out.data();
-  const std::string e = error_of([&] { check_lambda(p, "diff_attention"); });
+  const std::string e = error_of([&] { kernels::check_lambda(p, "diff_attention"); });
   EXPECT_NE(e.find("lam[0] is nan"), std::string::npos) << e;
-  EXPECT_NO_THROW(check_params(p, "diff_attention"));
-  for (Backend b : {Backend::Reference, Backend::Fused}) {
+  EXPECT_NO_THROW(kernels::check_params(p, "diff_attention"));
+  for (kernels::Backend b : {kernels::Backend::Reference, kernels::Backend::Fused}) {
     const testing::FwdResult r = testing::run_fwd(pr, b);
-    EXPECT_TRUE(std::isnan(r.out[0])) << backend_name(b);
+    EXPECT_TRUE(std::isnan(r.out[0])) << kernels::backend_name(b);
   }
   pr.lam = {INFINITY};
   p = pr.params();
   p.out = out.data();
-  EXPECT_NE(error_of([&] { check_lambda(p, "diff_attention"); }).find("must be finite"),
+  EXPECT_NE(error_of([&] { kernels::check_lambda(p, "diff_attention"); }).find("must be finite"),
             std::string::npos);
 }
 
 TEST(Errors, ClampModeHasNoBackward) {
-  Problem pr = textbook_problem(DiffMode::Clamp);
+  Problem pr = textbook_problem(kernels::DiffMode::Clamp);
   const std::string e = error_of([&] { testing::run_bwd(pr, std::vector<float>(20, 1.0f)); });
   EXPECT_NE(e.find("clamp mode has a forward only"), std::string::npos) << e;
 }

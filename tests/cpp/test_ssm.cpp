@@ -135,8 +135,8 @@ ScanOut fresh_out(const ScanData& s) {
 }
 
 // Tokens [t0, t0 + T) of s as one call on o's buffers.
-ScanParams params_of(const ScanData& s, ScanOut& o, int64_t t0, int64_t T) {
-  ScanParams p;
+kernels::ScanParams params_of(const ScanData& s, ScanOut& o, int64_t t0, int64_t T) {
+  kernels::ScanParams p;
   p.T = T, p.E = s.c.E, p.N = s.c.N;
   p.u = s.u.data() + t0 * s.us, p.u_stride = s.us;
   p.delta = s.delta.data() + t0 * s.ds, p.delta_stride = s.ds;
@@ -152,9 +152,9 @@ ScanParams params_of(const ScanData& s, ScanOut& o, int64_t t0, int64_t T) {
   return p;
 }
 
-ScanOut run_scan(const ScanData& s, Backend backend) {
+ScanOut run_scan(const ScanData& s, kernels::Backend backend) {
   ScanOut o = fresh_out(s);
-  selective_scan(params_of(s, o, 0, s.c.T), backend);
+  kernels::selective_scan(params_of(s, o, 0, s.c.T), backend);
   return o;
 }
 
@@ -239,9 +239,9 @@ TEST(SelectiveScan, MatchesFloat64OnEveryTargetAndReference) {
     const Plain<float> nv = plain_scan<float>(s);
     {
       SCOPED_TRACE("reference");
-      expect_scan_ok(s, run_scan(s, Backend::Reference), tr, nv);
+      expect_scan_ok(s, run_scan(s, kernels::Backend::Reference), tr, nv);
     }
-    testing::for_each_target([&] { expect_scan_ok(s, run_scan(s, Backend::Fused), tr, nv); });
+    testing::for_each_target([&] { expect_scan_ok(s, run_scan(s, kernels::Backend::Fused), tr, nv); });
     if (HasFailure()) return;
   }
 }
@@ -255,8 +255,8 @@ TEST(SelectiveScan, SoftplusLinearBranch) {
     const ScanData s(c, 7);
     const Plain<double> tr = plain_scan<double>(s);
     const Plain<float> nv = plain_scan<float>(s);
-    expect_scan_ok(s, run_scan(s, Backend::Reference), tr, nv);
-    testing::for_each_target([&] { expect_scan_ok(s, run_scan(s, Backend::Fused), tr, nv); });
+    expect_scan_ok(s, run_scan(s, kernels::Backend::Reference), tr, nv);
+    testing::for_each_target([&] { expect_scan_ok(s, run_scan(s, kernels::Backend::Fused), tr, nv); });
   }
 }
 
@@ -279,45 +279,45 @@ TEST(SelectiveScan, ChunkedCallsEqualOneCall) {
                             ScanCase{17, 7, 5, false, true}, ScanCase{9, 37, 1, true, false}}) {
     SCOPED_TRACE(name_of(c));
     const ScanData s(c, 21);
-    const auto check = [&](Backend backend) {
+    const auto check = [&](kernels::Backend backend) {
       const ScanOut one = run_scan(s, backend);
       ScanOut parts = fresh_out(s);
       int64_t t0 = 0;
       for (int64_t n : pieces_of(c.T)) {
-        selective_scan(params_of(s, parts, t0, n), backend);
+        kernels::selective_scan(params_of(s, parts, t0, n), backend);
         t0 += n;
       }
       EXPECT_TRUE(same_bits(one.y, parts.y));
       EXPECT_TRUE(same_bits(one.y_pre, parts.y_pre) || !c.pre);
       EXPECT_TRUE(same_bits(one.h, parts.h));
     };
-    check(Backend::Reference);
-    testing::for_each_target([&] { check(Backend::Fused); });
+    check(kernels::Backend::Reference);
+    testing::for_each_target([&] { check(kernels::Backend::Fused); });
   }
 }
 
 TEST(SelectiveScan, ThreadCountsGiveTheSameBits) {
   const ScanData s({16, 5120, 16, true, true}, 31);
-  const int saved = num_threads();
+  const int saved = kernels::num_threads();
   testing::for_each_target([&] {
-    set_num_threads(1);
-    const ScanOut one = run_scan(s, Backend::Fused);
-    set_num_threads(3);
-    const ScanOut three = run_scan(s, Backend::Fused);
+    kernels::set_num_threads(1);
+    const ScanOut one = run_scan(s, kernels::Backend::Fused);
+    kernels::set_num_threads(3);
+    const ScanOut three = run_scan(s, kernels::Backend::Fused);
     EXPECT_TRUE(same_bits(one.y, three.y));
     EXPECT_TRUE(same_bits(one.y_pre, three.y_pre));
     EXPECT_TRUE(same_bits(one.h, three.h));
   });
-  set_num_threads(saved);
+  kernels::set_num_threads(saved);
 }
 
 TEST(SelectiveScan, NoTokensIsANoOp) {
   const ScanData s({1, 7, 5, true, true}, 3);
   ScanOut o = fresh_out(s);
-  ScanParams p = params_of(s, o, 0, 0);
+  kernels::ScanParams p = params_of(s, o, 0, 0);
   p.u = p.delta = p.Bm = p.Cm = nullptr;
-  selective_scan(p);
-  selective_scan(p, Backend::Reference);
+  kernels::selective_scan(p);
+  kernels::selective_scan(p, kernels::Backend::Reference);
   EXPECT_TRUE(same_bits(o.h, s.h0));
 }
 
@@ -359,8 +359,8 @@ ConvOut fresh_out(const ConvData& s) {
   return {std::vector<float>(static_cast<size_t>(s.c.T * s.os), NAN), s.state0};
 }
 
-ConvParams params_of(const ConvData& s, ConvOut& o, int64_t t0, int64_t T) {
-  ConvParams p;
+kernels::ConvParams params_of(const ConvData& s, ConvOut& o, int64_t t0, int64_t T) {
+  kernels::ConvParams p;
   p.T = T, p.E = s.c.E, p.K = s.c.K;
   p.x = s.x.data() + t0 * s.xs, p.x_stride = s.xs;
   p.w = s.w.data(), p.bias = s.bias.data();
@@ -369,9 +369,9 @@ ConvParams params_of(const ConvData& s, ConvOut& o, int64_t t0, int64_t T) {
   return p;
 }
 
-ConvOut run_conv(const ConvData& s, Backend backend) {
+ConvOut run_conv(const ConvData& s, kernels::Backend backend) {
   ConvOut o = fresh_out(s);
-  causal_conv1d_silu(params_of(s, o, 0, s.c.T), backend);
+  kernels::causal_conv1d_silu(params_of(s, o, 0, s.c.T), backend);
   return o;
 }
 
@@ -412,7 +412,7 @@ TEST(CausalConv1dSilu, MatchesFloat64OnEveryTargetAndReference) {
         const std::vector<double> tr = plain_conv<double>(s);
         const std::vector<float> nv = plain_conv<float>(s);
         const std::vector<float> st = expected_state(s);
-        const auto check = [&](Backend backend) {
+        const auto check = [&](kernels::Backend backend) {
           const ConvOut o = run_conv(s, backend);
           EXPECT_TRUE(within_rule("out", dense(o.out, T, E, s.os), tr, nv));
           EXPECT_TRUE(same_bits(o.state, st)) << "state";
@@ -420,8 +420,8 @@ TEST(CausalConv1dSilu, MatchesFloat64OnEveryTargetAndReference) {
             ASSERT_TRUE(std::isnan(o.out[t * s.os + E])) << "out padding";
           }
         };
-        check(Backend::Reference);
-        testing::for_each_target([&] { check(Backend::Fused); });
+        check(kernels::Backend::Reference);
+        testing::for_each_target([&] { check(kernels::Backend::Fused); });
         if (HasFailure()) return;
       }
     }
@@ -434,34 +434,34 @@ TEST(CausalConv1dSilu, ChunkedCallsEqualOneCall) {
                             ConvCase{9, 7, 1}}) {
     SCOPED_TRACE(name_of(c));
     const ConvData s(c, 41);
-    const auto check = [&](Backend backend) {
+    const auto check = [&](kernels::Backend backend) {
       const ConvOut one = run_conv(s, backend);
       ConvOut parts = fresh_out(s);
       int64_t t0 = 0;
       for (int64_t n : pieces_of(c.T)) {
-        causal_conv1d_silu(params_of(s, parts, t0, n), backend);
+        kernels::causal_conv1d_silu(params_of(s, parts, t0, n), backend);
         t0 += n;
       }
       EXPECT_TRUE(same_bits(one.out, parts.out));
       EXPECT_TRUE(same_bits(one.state, parts.state));
     };
-    check(Backend::Reference);
-    testing::for_each_target([&] { check(Backend::Fused); });
+    check(kernels::Backend::Reference);
+    testing::for_each_target([&] { check(kernels::Backend::Fused); });
   }
 }
 
 TEST(CausalConv1dSilu, ThreadCountsGiveTheSameBits) {
   const ConvData s({64, 5120, 4}, 51);
-  const int saved = num_threads();
+  const int saved = kernels::num_threads();
   testing::for_each_target([&] {
-    set_num_threads(1);
-    const ConvOut one = run_conv(s, Backend::Fused);
-    set_num_threads(3);
-    const ConvOut three = run_conv(s, Backend::Fused);
+    kernels::set_num_threads(1);
+    const ConvOut one = run_conv(s, kernels::Backend::Fused);
+    kernels::set_num_threads(3);
+    const ConvOut three = run_conv(s, kernels::Backend::Fused);
     EXPECT_TRUE(same_bits(one.out, three.out));
     EXPECT_TRUE(same_bits(one.state, three.state));
   });
-  set_num_threads(saved);
+  kernels::set_num_threads(saved);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -470,11 +470,11 @@ TEST(CausalConv1dSilu, ThreadCountsGiveTheSameBits) {
 // f throws InvalidArgument whose message names `field` (and the operator), for both backends.
 template <typename P>
 void expect_rejected(const P& p, const std::string& field,
-                     const std::function<void(const P&, Backend)>& call) {
-  for (Backend b : {Backend::Fused, Backend::Reference}) {
+                     const std::function<void(const P&, kernels::Backend)>& call) {
+  for (kernels::Backend b : {kernels::Backend::Fused, kernels::Backend::Reference}) {
     try {
       call(p, b);
-      ADD_FAILURE() << "accepted bad " << field << " (" << backend_name(b) << ")";
+      ADD_FAILURE() << "accepted bad " << field << " (" << kernels::backend_name(b) << ")";
     } catch (const InvalidArgument& e) {
       const std::string what = e.what();
       EXPECT_NE(what.find(field), std::string::npos)
@@ -486,82 +486,82 @@ void expect_rejected(const P& p, const std::string& field,
 TEST(SelectiveScan, BadParamsThrowNamingTheField) {
   const ScanData s({3, 7, 5, true, true}, 61);
   ScanOut o = fresh_out(s);
-  const ScanParams good = params_of(s, o, 0, 3);
-  const std::function<void(const ScanParams&, Backend)> call = [](const ScanParams& p, Backend b) {
-    selective_scan(p, b);
+  const kernels::ScanParams good = params_of(s, o, 0, 3);
+  const std::function<void(const kernels::ScanParams&, kernels::Backend)> call = [](const kernels::ScanParams& p, kernels::Backend b) {
+    kernels::selective_scan(p, b);
   };
-  selective_scan(good);  // the baseline is accepted
-  const auto bad = [&](const std::string& field, const std::function<void(ScanParams&)>& edit) {
-    ScanParams p = good;
+  kernels::selective_scan(good);  // the baseline is accepted
+  const auto bad = [&](const std::string& field, const std::function<void(kernels::ScanParams&)>& edit) {
+    kernels::ScanParams p = good;
     edit(p);
     SCOPED_TRACE(field);
     expect_rejected(p, field, call);
   };
-  bad("T", [](ScanParams& p) { p.T = -1; });
-  bad("E", [](ScanParams& p) { p.E = 0; });
-  bad("N", [](ScanParams& p) { p.N = 0; });
-  bad("N", [](ScanParams& p) { p.N = 257; });
-  bad("u", [](ScanParams& p) { p.u = nullptr; });
-  bad("delta", [](ScanParams& p) { p.delta = nullptr; });
-  bad("delta_bias", [](ScanParams& p) { p.delta_bias = nullptr; });
-  bad("A", [](ScanParams& p) { p.A = nullptr; });
-  bad("Bm", [](ScanParams& p) { p.Bm = nullptr; });
-  bad("Cm", [](ScanParams& p) { p.Cm = nullptr; });
-  bad("D", [](ScanParams& p) { p.D = nullptr; });
-  bad("h", [](ScanParams& p) { p.h = nullptr; });
-  bad("y", [](ScanParams& p) { p.y = nullptr; });
-  bad("u_stride", [](ScanParams& p) { p.u_stride = p.E - 1; });
-  bad("delta_stride", [](ScanParams& p) { p.delta_stride = 0; });
-  bad("b_stride", [](ScanParams& p) { p.b_stride = p.N - 1; });
-  bad("c_stride", [](ScanParams& p) { p.c_stride = -4; });
-  bad("z_stride", [](ScanParams& p) { p.z_stride = 1; });
-  bad("y_stride", [](ScanParams& p) { p.y_stride = p.E - 1; });
-  bad("y_pre_stride", [](ScanParams& p) { p.y_pre_stride = 3; });
+  bad("T", [](kernels::ScanParams& p) { p.T = -1; });
+  bad("E", [](kernels::ScanParams& p) { p.E = 0; });
+  bad("N", [](kernels::ScanParams& p) { p.N = 0; });
+  bad("N", [](kernels::ScanParams& p) { p.N = 257; });
+  bad("u", [](kernels::ScanParams& p) { p.u = nullptr; });
+  bad("delta", [](kernels::ScanParams& p) { p.delta = nullptr; });
+  bad("delta_bias", [](kernels::ScanParams& p) { p.delta_bias = nullptr; });
+  bad("A", [](kernels::ScanParams& p) { p.A = nullptr; });
+  bad("Bm", [](kernels::ScanParams& p) { p.Bm = nullptr; });
+  bad("Cm", [](kernels::ScanParams& p) { p.Cm = nullptr; });
+  bad("D", [](kernels::ScanParams& p) { p.D = nullptr; });
+  bad("h", [](kernels::ScanParams& p) { p.h = nullptr; });
+  bad("y", [](kernels::ScanParams& p) { p.y = nullptr; });
+  bad("u_stride", [](kernels::ScanParams& p) { p.u_stride = p.E - 1; });
+  bad("delta_stride", [](kernels::ScanParams& p) { p.delta_stride = 0; });
+  bad("b_stride", [](kernels::ScanParams& p) { p.b_stride = p.N - 1; });
+  bad("c_stride", [](kernels::ScanParams& p) { p.c_stride = -4; });
+  bad("z_stride", [](kernels::ScanParams& p) { p.z_stride = 1; });
+  bad("y_stride", [](kernels::ScanParams& p) { p.y_stride = p.E - 1; });
+  bad("y_pre_stride", [](kernels::ScanParams& p) { p.y_pre_stride = 3; });
   // outputs that alias inputs or each other
-  bad("y", [&](ScanParams& p) { p.y = const_cast<float*>(p.u), p.y_stride = p.u_stride; });
-  bad("y_pre", [&](ScanParams& p) { p.y_pre = p.y, p.y_pre_stride = p.y_stride; });
-  bad("h", [&](ScanParams& p) { p.h = const_cast<float*>(p.A) + 1; });
+  bad("y", [&](kernels::ScanParams& p) { p.y = const_cast<float*>(p.u), p.y_stride = p.u_stride; });
+  bad("y_pre", [&](kernels::ScanParams& p) { p.y_pre = p.y, p.y_pre_stride = p.y_stride; });
+  bad("h", [&](kernels::ScanParams& p) { p.h = const_cast<float*>(p.A) + 1; });
   // y in the columns of z's rows overlaps it; beside them, in the same rows, it does not
   std::vector<float> zy(static_cast<size_t>(3 * 2 * 7));
-  bad("y", [&](ScanParams& p) {
+  bad("y", [&](kernels::ScanParams& p) {
     p.z = zy.data(), p.z_stride = 14, p.y = zy.data() + 3, p.y_stride = 14;
   });
-  ScanParams side = good;
+  kernels::ScanParams side = good;
   side.z = zy.data(), side.z_stride = 14, side.y = zy.data() + 7, side.y_stride = 14;
-  EXPECT_NO_THROW(selective_scan(side));
+  EXPECT_NO_THROW(kernels::selective_scan(side));
 }
 
 TEST(CausalConv1dSilu, BadParamsThrowNamingTheField) {
   const ConvData s({3, 7, 4}, 71);
   ConvOut o = fresh_out(s);
-  const ConvParams good = params_of(s, o, 0, 3);
-  const std::function<void(const ConvParams&, Backend)> call = [](const ConvParams& p, Backend b) {
-    causal_conv1d_silu(p, b);
+  const kernels::ConvParams good = params_of(s, o, 0, 3);
+  const std::function<void(const kernels::ConvParams&, kernels::Backend)> call = [](const kernels::ConvParams& p, kernels::Backend b) {
+    kernels::causal_conv1d_silu(p, b);
   };
-  const auto bad = [&](const std::string& field, const std::function<void(ConvParams&)>& edit) {
-    ConvParams p = good;
+  const auto bad = [&](const std::string& field, const std::function<void(kernels::ConvParams&)>& edit) {
+    kernels::ConvParams p = good;
     edit(p);
     SCOPED_TRACE(field);
     expect_rejected(p, field, call);
   };
-  bad("T", [](ConvParams& p) { p.T = -2; });
-  bad("E", [](ConvParams& p) { p.E = 0; });
-  bad("K", [](ConvParams& p) { p.K = 0; });
-  bad("K", [](ConvParams& p) { p.K = 17; });
-  bad("x", [](ConvParams& p) { p.x = nullptr; });
-  bad("w", [](ConvParams& p) { p.w = nullptr; });
-  bad("bias", [](ConvParams& p) { p.bias = nullptr; });
-  bad("state", [](ConvParams& p) { p.state = nullptr; });
-  bad("out", [](ConvParams& p) { p.out = nullptr; });
-  bad("x_stride", [](ConvParams& p) { p.x_stride = p.E - 1; });
-  bad("out_stride", [](ConvParams& p) { p.out_stride = 0; });
-  bad("out", [](ConvParams& p) { p.out = const_cast<float*>(p.x), p.out_stride = p.x_stride; });
-  bad("state", [](ConvParams& p) { p.state = p.out + 1; });
+  bad("T", [](kernels::ConvParams& p) { p.T = -2; });
+  bad("E", [](kernels::ConvParams& p) { p.E = 0; });
+  bad("K", [](kernels::ConvParams& p) { p.K = 0; });
+  bad("K", [](kernels::ConvParams& p) { p.K = 17; });
+  bad("x", [](kernels::ConvParams& p) { p.x = nullptr; });
+  bad("w", [](kernels::ConvParams& p) { p.w = nullptr; });
+  bad("bias", [](kernels::ConvParams& p) { p.bias = nullptr; });
+  bad("state", [](kernels::ConvParams& p) { p.state = nullptr; });
+  bad("out", [](kernels::ConvParams& p) { p.out = nullptr; });
+  bad("x_stride", [](kernels::ConvParams& p) { p.x_stride = p.E - 1; });
+  bad("out_stride", [](kernels::ConvParams& p) { p.out_stride = 0; });
+  bad("out", [](kernels::ConvParams& p) { p.out = const_cast<float*>(p.x), p.out_stride = p.x_stride; });
+  bad("state", [](kernels::ConvParams& p) { p.state = p.out + 1; });
   // out in z's half of the (x | z) rows is apart from x
   std::vector<float> xz(static_cast<size_t>(3 * 14));
-  ConvParams side = good;
+  kernels::ConvParams side = good;
   side.x = xz.data(), side.x_stride = 14, side.out = xz.data() + 7, side.out_stride = 14;
-  EXPECT_NO_THROW(causal_conv1d_silu(side));
+  EXPECT_NO_THROW(kernels::causal_conv1d_silu(side));
 }
 
 }  // namespace

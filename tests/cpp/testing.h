@@ -33,7 +33,7 @@ struct Problem {
   bool lam_scalar = false;  // lam (1): one lambda for every pair
   int64_t noise_share = 1;  // pairs sharing one noise map (AttnProblem::noise_share)
   float scale = 0.0f;
-  DiffMode mode = DiffMode::Signed;
+  kernels::DiffMode mode = kernels::DiffMode::Signed;
   std::vector<float> q, k, v, lam;
 
   Shape q_shape() const { return {B, Tq, maps * H, D}; }
@@ -54,18 +54,18 @@ struct Problem {
     for (float& x : lam) x = u(rng);
   }
 
-  AttnParams params() const {
-    AttnOptions o;
+  kernels::AttnParams params() const {
+    kernels::AttnOptions o;
     o.causal = causal;
     o.scale = scale;
     o.mode = mode;
     if (maps == 2) {
-      AttnParams p = diff_attn_params({q.data(), q_shape()}, {k.data(), k_shape()},
+      kernels::AttnParams p = kernels::diff_attn_params({q.data(), q_shape()}, {k.data(), k_shape()},
                                       {v.data(), v_shape()}, {lam.data(), lam_shape()}, o);
       p.noise_share = noise_share;
       return p;
     }
-    return attn_params({q.data(), q_shape()}, {k.data(), k_shape()}, {v.data(), v_shape()}, o);
+    return kernels::attn_params({q.data(), q_shape()}, {k.data(), k_shape()}, {v.data(), v_shape()}, o);
   }
 };
 
@@ -73,8 +73,8 @@ struct FwdResult {
   std::vector<float> out, lse, o2;
 };
 
-inline FwdResult run_fwd(const Problem& pr, Backend backend = Backend::Reference) {
-  AttnParams p = pr.params();
+inline FwdResult run_fwd(const Problem& pr, kernels::Backend backend = kernels::Backend::Reference) {
+  kernels::AttnParams p = pr.params();
   FwdResult r;
   r.out.assign(static_cast<size_t>(p.numel(p.out_shape())), NAN);
   r.lse.assign(static_cast<size_t>(p.numel(p.lse_shape())), NAN);
@@ -84,7 +84,7 @@ inline FwdResult run_fwd(const Problem& pr, Backend backend = Backend::Reference
     r.o2.assign(r.out.size(), NAN);
     p.o2 = r.o2.data();
   }
-  attention_fwd(p, backend);
+  kernels::attention_fwd(p, backend);
   return r;
 }
 
@@ -95,9 +95,9 @@ struct BwdResult {
 // Backend::Reference runs the oracle (attention_bwd_oracle) unless as_backend: then the
 // reference backend itself (attention_bwd), e.g. to compare two ways of calling one backend.
 inline BwdResult run_bwd(const Problem& pr, const std::vector<float>& dout,
-                         Backend backend = Backend::Reference, bool as_backend = false) {
+                         kernels::Backend backend = kernels::Backend::Reference, bool as_backend = false) {
   FwdResult f = run_fwd(pr, backend);
-  AttnBwdParams p(pr.params());
+  kernels::AttnBwdParams p(pr.params());
   p.out = f.out.data();
   p.lse = f.lse.data();
   p.o2 = pr.maps == 2 ? f.o2.data() : nullptr;
@@ -115,10 +115,10 @@ inline BwdResult run_bwd(const Problem& pr, const std::vector<float>& dout,
   }
   // The reference side of a comparison is the oracle, which recomputes the maps rather than
   // trusting the saved lse (Backend::Reference's backward honours it, as every backend does).
-  if (backend == Backend::Reference && !as_backend) {
-    attention_bwd_oracle(p);
+  if (backend == kernels::Backend::Reference && !as_backend) {
+    kernels::attention_bwd_oracle(p);
   } else {
-    attention_bwd(p, backend);
+    kernels::attention_bwd(p, backend);
   }
   return r;
 }

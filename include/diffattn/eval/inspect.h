@@ -35,7 +35,7 @@ struct MapOptions {
   // NaN: the model's own lambda (V1: the layer's; V2: sigmoid(lambda_proj x) per token).
   // A number replaces it for the differential map (the explorer's slider).
   double lambda = std::numeric_limits<double>::quiet_NaN();
-  DiffMode mode = DiffMode::Signed;
+  kernels::DiffMode mode = kernels::DiffMode::Signed;
   bool with_standard = true;  // DIFF models: also compute the full-width standard view
 };
 

@@ -18,7 +18,7 @@ struct AttentionViews {
   int64_t T = 0;
   float lambda = 0.0f;              // a model's views: the mean of the rows' lambdas
   bool lambda_varies = false;       // rows used different lambdas (V2: per token)
-  DiffMode mode = DiffMode::Signed;
+  kernels::DiffMode mode = kernels::DiffMode::Signed;
   bool causal = false;
   std::vector<float> map1, map2;  // (T, T) softmax(s Q1 K1^T), softmax(s Q2 K2^T)
   std::vector<float> diff;        // (T, T) A1 - lambda A2, or clamped and renormalised
@@ -29,16 +29,16 @@ struct AttentionViews {
 };
 
 // The textbook's worked example (include/diffattn/eval/textbook.h) at any lambda, mode and mask.
-AttentionViews textbook_views(float lambda, DiffMode mode, bool causal);
+AttentionViews textbook_views(float lambda, kernels::DiffMode mode, bool causal);
 
 // A seeded random head: T tokens named t0..t{T-1}, q and k (T, 2, D) and v (T, 2D) drawn from
 // N(0, 1); standard attention reads the concatenated halves (width 2D), as in the textbook.
-AttentionViews random_views(int64_t T, int64_t D, uint64_t seed, float lambda, DiffMode mode,
+AttentionViews random_views(int64_t T, int64_t D, uint64_t seed, float lambda, kernels::DiffMode mode,
                             bool causal);
 
 // The views of a differential head given its tensors: q, k (T, 2, D) sub-heads, v (T, Dv).
 AttentionViews views_of(const std::vector<std::string>& tokens, const float* q, const float* k,
-                        const float* v, int64_t D, int64_t Dv, float lambda, DiffMode mode,
+                        const float* v, int64_t D, int64_t Dv, float lambda, kernels::DiffMode mode,
                         bool causal);
 
 // Writes each view as a heatmap PNG and a .npy (T, T) into dir (created if missing), named

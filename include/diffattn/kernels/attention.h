@@ -10,7 +10,7 @@
 #include "diffattn/base/dtype.h"
 #include "diffattn/base/error.h"
 
-namespace diffattn {
+namespace diffattn::kernels {
 
 // signed: out = A1 V - lam A2 V (the paper). clamp: weights max(A1 - lam A2, 0) renormalised
 // per row, a row that clamps to all zeros stays zero (the textbook's teaching variant).
@@ -308,13 +308,13 @@ double attention_fwd_flops(const AttnProblem& p);
 // Number of (query, key) pairs visible in one (batch, head) slice.
 double visible_pairs(const AttnProblem& p);
 
-}  // namespace diffattn
+}  // namespace diffattn::kernels
 
-namespace diffattn {
+namespace diffattn::kernels {
 
 // The differential weights of one row from its two maps: a1 - lam*a2 (signed), or that clamped
 // at zero and renormalised to sum to 1 (clamp; a row that clamps to all zeros stays zero).
 void diff_row_weights(const float* a1, const float* a2, float lam, DiffMode mode, int64_t n,
                       float* w);
 
-}  // namespace diffattn
+}  // namespace diffattn::kernels

@@ -9,7 +9,7 @@
 
 #include "diffattn/kernels/attention.h"
 
-namespace diffattn {
+namespace diffattn::kernels {
 
 struct KWayParams {
   int64_t B = 0, Tq = 0, Tk = 0;
@@ -39,4 +39,4 @@ KWayParams kway_params(const ConstView& q, const ConstView& k, const ConstView& 
 // The forward, plain loops with double accumulation. Checks the params first.
 void kway_attention_ref(const KWayParams& p);
 
-}  // namespace diffattn
+}  // namespace diffattn::kernels

@@ -3,7 +3,7 @@
 // thread OpenMP sees); set_num_threads changes it; the CLI's --threads N calls it.
 #pragma once
 
-namespace diffattn {
+namespace diffattn::kernels {
 
 int num_threads();
 // n >= 1; throws InvalidArgument otherwise. Layers that call BLAS follow this value too.
@@ -13,4 +13,4 @@ void set_num_threads(int n);
 // on fewer threads. Read once, from the environment (libgomp reads it once too).
 bool idle_threads_sleep();
 
-}  // namespace diffattn
+}  // namespace diffattn::kernels

@@ -8,7 +8,7 @@
 
 #include "diffattn/kernels/attention.h"  // Backend
 
-namespace diffattn {
+namespace diffattn::kernels {
 
 // Mamba-1's selective scan (mamba_ssm selective_scan_fn with delta_softplus=True) over T tokens of
 // one sequence, continuing state h:
@@ -70,4 +70,4 @@ void causal_conv1d_silu_ref(const ConvParams& p);
 void check_params(const ScanParams& p, const char* op);
 void check_params(const ConvParams& p, const char* op);
 
-}  // namespace diffattn
+}  // namespace diffattn::kernels

@@ -89,7 +89,7 @@ class Model {
   // copied and the forward is unchanged (it keeps no T x T buffer). Valid until the next
   // forward; throws before any forward.
   struct LayerAttention {
-    AttnBwdParams params;  // the forward's outputs read only
+    kernels::AttnBwdParams params;  // the forward's outputs read only
     nn::AttnLayerShape shape;
   };
   LayerAttention layer_attention(int64_t layer) const;

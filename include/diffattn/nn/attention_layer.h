@@ -188,7 +188,7 @@ void attn_layer_window(float* out, AttnLayerActs& acts, const float* inp,
 // The operator call a forward with save_stats made, rebuilt from its saved acts for looking
 // inside (no cache): q and k after RoPE and v as strided views of acts.proj, lam, out = acts.att
 // and lse = acts.lse, all read only (a saved forward: the type the backward reads).
-AttnBwdParams attn_layer_params(const AttnLayerActs& acts, const AttnLayerShape& s, int64_t B,
+kernels::AttnBwdParams attn_layer_params(const AttnLayerActs& acts, const AttnLayerShape& s, int64_t B,
                              int64_t T);
 
 struct AttnLayerScratch {
