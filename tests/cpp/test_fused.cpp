@@ -608,18 +608,20 @@ TEST(FusedDecodePaged, StridedQueryAndOutput) {
   }
 }
 
+// attention_paged(p) throws InvalidArgument whose message holds `what`.
+void refused(const kernels::PagedAttnParams& p, const std::string& what) {
+  try {
+    kernels::attention_paged(p);
+    ADD_FAILURE() << "accepted: " << what;
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+}
+
 // Bad params are refused before anything is read, naming the field.
 TEST(FusedDecodePaged, RefusesBadParamsNamingTheField) {
   const PagedCase pc(kPagedVariants[0], 16, DType::F32, {5, 40, 33}, 74);
   std::vector<float> out;
-  auto refused = [&](const kernels::PagedAttnParams& p, const std::string& what) {
-    try {
-      kernels::attention_paged(p);
-      ADD_FAILURE() << "accepted: " << what;
-    } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-    }
-  };
   std::vector<int32_t> tables = pc.tables;
   tables[static_cast<size_t>(1 * pc.stride + 2)] = static_cast<int32_t>(pc.n_blocks);
   kernels::PagedAttnParams p = pc.params(out);
@@ -799,14 +801,6 @@ TEST(FusedPaged, ANonFiniteValueReachesOnlyTheRowsThatSeeIt) {
 TEST(FusedPaged, RefusesBadQueryStarts) {
   const PagedCase pc(kPagedVariants[0], 16, DType::F32, {5, 40, 33}, 94, {2, 8, 1});
   std::vector<float> out;
-  auto refused = [&](const kernels::PagedAttnParams& p, const std::string& what) {
-    try {
-      kernels::attention_paged(p);
-      ADD_FAILURE() << "accepted: " << what;
-    } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-    }
-  };
   std::vector<int64_t> starts = pc.starts;
   kernels::PagedAttnParams p = pc.params(out);
   p.q_starts = starts.data();
