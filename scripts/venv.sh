@@ -30,7 +30,16 @@ fi
 want=$(sha256sum "$reqs" | cut -d' ' -f1)
 stamp="$venv/.requirements.sha256"
 if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
+  # About 2.3 GB land in .venv (torch, triton, transformers), about 1 GB in the build trees. A
+  # full disk fails deep inside pip ("No space left on device"): say so first, naming the folder.
+  free_kb=$(df -Pk "$root" | awk 'NR == 2 {print $4}')
+  if [[ -n "$free_kb" && "$free_kb" -lt $((3 * 1024 * 1024)) ]]; then
+    echo "diffattn venv: $((free_kb / 1024)) MB free on the disk of $root; the test environment" \
+         "(2.3 GB) and the builds (1 GB) need about 3.5 GB: free some space and run again" >&2
+    exit 1
+  fi
   echo "diffattn venv: pip install -r requirements-test.txt"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$reqs"
+  # --no-cache-dir: the wheels are not kept a second time in pip's cache.
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir -r "$reqs"
   echo "$want" > "$stamp"
 fi
