@@ -20,9 +20,9 @@
 // so each weight is read once per step, and each layer's attention is one
 // attention_paged call over all the decoding sequences, of different lengths, reading
 // K/V in place from their blocks (no gather copy). A prompt chunk (a Session::decode call of
-// the sequence's rows) writes its K/V into the sequence's blocks; its attention gathers the
-// sequence's earlier positions into a contiguous copy and runs the tiled forward (prompt chunks
-// are few and compute bound; decode steps are many and memory bound).
+// the sequence's rows) writes its K/V into the sequence's blocks, and its attention reads the
+// earlier positions in place as well (attention_paged with several query rows per sequence:
+// the tiled forward packs its K/V tiles straight from the blocks).
 #pragma once
 
 #include <chrono>
