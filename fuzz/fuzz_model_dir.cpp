@@ -23,6 +23,7 @@
 #include "diffattn/infer/session.h"
 #include "diffattn/model/checkpoint.h"
 #include "diffattn/model/model.h"
+#include "diffattn/model/train_context.h"
 
 namespace {
 
@@ -115,8 +116,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       session.decode(b, logits.data());
       return 0;
     }
-    m.forward(tokens, nullptr, 1, 3);
-    if (m.logits().size() != 3 * 16) std::abort();
+    diffattn::TrainContext run(m);
+    run.forward(tokens, nullptr, 1, 3);
+    if (run.logits().size() != 3 * 16) std::abort();
   } catch (const diffattn::Error&) {
   }
   return 0;

@@ -19,6 +19,7 @@
 #include "diffattn/infer/session.h"
 #include "diffattn/model/model.h"
 #include "diffattn/model/safetensors.h"
+#include "diffattn/model/train_context.h"
 #include "diffattn/train/train.h"
 
 namespace py = pybind11;
@@ -114,13 +115,24 @@ py::dict tensors_of(const Model& m, const std::vector<float>& buf) {
   return d;
 }
 
+// Each call runs in its own TrainContext (the model is shared read only, so threads that
+// released the GIL never share run state). V2's lambda is per token: the mean of the call's
+// forward is kept on the Python object for lambdas().
+void keep_lambdas(const py::object& self_obj, const TrainContext& run) {
+  if (run.model().config().attention == nn::AttnKind::DiffV2) {
+    self_obj.attr("_forward_lambdas") = py::cast(run.layer_lambdas());
+  }
+}
+
 }  // namespace
 
 void bind_model(py::module_& m) {
-  py::class_<Model>(m, "Model", "A Differential Transformer language model (docs/FORMAT.md).")
+  py::class_<Model>(m, "Model", py::dynamic_attr(),
+                    "A Differential Transformer language model (docs/FORMAT.md).")
       .def(
           "forward",
-          [](Model& self, const py::handle& tokens) {
+          [](const py::object& self_obj, const py::handle& tokens) {
+            const Model& self = self_obj.cast<const Model&>();
             const Batch b = batch_of("Model.forward", self, tokens, nullptr);
             const int64_t V = self.config().vocab_size;
             if (self.config().recurrent()) {
@@ -137,35 +149,47 @@ void bind_model(py::module_& m) {
               }
               return out;
             }
+            TrainContext run(self);
             {
               py::gil_scoped_release nogil;
-              self.forward(b.tokens.data(), nullptr, b.B, b.T);
+              run.forward(b.tokens.data(), nullptr, b.B, b.T);
             }
+            keep_lambdas(self_obj, run);
             py::array_t<float> out = new_array({b.B, b.T, V});
-            std::memcpy(out.mutable_data(), self.logits().data(), sizeof(float) * self.logits().size());
+            std::memcpy(out.mutable_data(), run.logits().data(), sizeof(float) * run.logits().size());
             return out;
           },
           py::arg("tokens"), "logits (B, T, vocab) of int64 tokens (B, T)")
       .def(
           "loss",
-          [](Model& self, const py::handle& tokens, const py::handle& targets) {
+          [](const py::object& self_obj, const py::handle& tokens, const py::handle& targets) {
+            const Model& self = self_obj.cast<const Model&>();
             const Batch b = batch_of("Model.loss", self, tokens, &targets);
-            py::gil_scoped_release nogil;
-            return self.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+            TrainContext run(self);
+            double loss = 0;
+            {
+              py::gil_scoped_release nogil;
+              loss = run.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+            }
+            keep_lambdas(self_obj, run);
+            return loss;
           },
           py::arg("tokens"), py::arg("targets"),
           "mean cross-entropy over all (B, T) positions")
       .def(
           "gradients",
-          [](Model& self, const py::handle& tokens, const py::handle& targets) {
+          [](const py::object& self_obj, const py::handle& tokens, const py::handle& targets) {
+            const Model& self = self_obj.cast<const Model&>();
             const Batch b = batch_of("Model.gradients", self, tokens, &targets);
+            TrainContext run(self);
             {
               py::gil_scoped_release nogil;
-              self.zero_grads();
-              self.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
-              self.backward(1.0f);
+              run.zero_grads();
+              run.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+              run.backward(1.0f);
             }
-            return tensors_of(self, self.grads);
+            keep_lambdas(self_obj, run);
+            return tensors_of(self, run.grads());
           },
           py::arg("tokens"), py::arg("targets"),
           "gradients of the mean loss: {tensor name: array} for every FORMAT.md tensor")
@@ -184,7 +208,7 @@ void bind_model(py::module_& m) {
           "the weights: {tensor name: float32 array} (copies; BF16/F16 weights converted)")
       .def(
           "generate",
-          [](Model& self, const std::vector<int32_t>& prompt, int64_t max_new, double temperature,
+          [](const Model& self, const std::vector<int32_t>& prompt, int64_t max_new, double temperature,
              uint64_t seed, const std::vector<int32_t>& stop_ids, const std::string& kv_dtype) {
             infer::GenerateOptions o;
             o.max_new = max_new;
@@ -223,8 +247,14 @@ void bind_model(py::module_& m) {
       .def_property_readonly("trainable", &Model::trainable,
                              "False for a model over weights kept as loaded (Hugging Face BF16/F16)")
       .def_property_readonly("storage", &Model::storage, "where the weights live")
-      .def("lambdas", &Model::layer_lambdas,
-           "lambda per layer: V1 the scalar of Eq. 2; V2 the mean sigmoid of the last forward")
+      .def(
+          "lambdas",
+          [](const py::object& self_obj) -> py::object {
+            if (py::hasattr(self_obj, "_forward_lambdas")) return self_obj.attr("_forward_lambdas");
+            return py::cast(self_obj.cast<const Model&>().layer_lambdas());
+          },
+          "lambda per layer: V1 the scalar of Eq. 2; V2 the mean sigmoid of the last forward, "
+          "loss or gradients call (NaN before one)")
       .def_property_readonly(
           "config",
           [](const Model& self) {

@@ -14,6 +14,7 @@
 #include "diffattn/eval/lm_experiment.h"
 #include "diffattn/kernels/runtime.h"
 #include "diffattn/model/checkpoint.h"
+#include "diffattn/model/train_context.h"
 
 namespace diffattn::cli {
 
@@ -288,12 +289,13 @@ int run_analyze(const std::vector<std::string>& argv) {
   const std::string dir = a.str("--model");
   const int64_t samples = a.integer("--samples");
   if (samples < 1) throw UsageError("--samples must be >= 1");
-  Model m = load_model(dir);
+  const Model m = load_model(dir);
+  TrainContext run(m);
   data::RetrievalSpec spec = data::read_retrieval_spec(dir).value_or(data::RetrievalSpec{});
   apply_task_options(a, spec);
   spec.min_context = 0;
   spec = eval::heldout(spec);
-  const eval::NoiseAnalysis r = eval::analyze_noise(m, spec, samples);
+  const eval::NoiseAnalysis r = eval::analyze_noise(run, spec, samples);
   const bool pair = r.kind != nn::AttnKind::Standard;
   std::cout << nn::attn_kind_name(r.kind) << " model " << dir << ": " << plural(r.samples, "held-out context") << " of "
             << plural(spec.context, "token") << ", " << plural(r.rows, "answer row") << ", answer accuracy " << fixed(100 * r.accuracy, 1)

@@ -9,6 +9,7 @@
 #include "cli/table.h"
 #include "diffattn/infer/kv_store.h"
 #include "diffattn/model/checkpoint.h"
+#include "diffattn/model/train_context.h"
 #include "diffattn/train/train.h"
 
 namespace diffattn::cli {
@@ -21,7 +22,7 @@ int run_info(const std::vector<std::string>& argv) {
   if (!a.parse(argv)) return 0;
   const std::string dir = a.str("DIR");
   const ModelDir md = open_model_dir(dir);
-  Model m = load_model(md);
+  const Model m = load_model(md);
   const ModelConfig& c = m.config();
   // A Hugging Face directory may come without its tokenizer: say so rather than refuse to show it.
   std::unique_ptr<data::Tokenizer> tok;
@@ -78,8 +79,9 @@ int run_info(const std::vector<std::string>& argv) {
     const std::string sample = "In the beginning God created the heaven and the earth.";
     std::vector<int32_t> ids = tok->encode(sample);
     if (static_cast<int64_t>(ids.size()) > c.max_seq_len) ids.resize(static_cast<size_t>(c.max_seq_len));
-    m.forward(ids.data(), nullptr, 1, static_cast<int64_t>(ids.size()));
-    const std::vector<double> lam = m.layer_lambdas();
+    TrainContext run(m);
+    run.forward(ids.data(), nullptr, 1, static_cast<int64_t>(ids.size()));
+    const std::vector<double> lam = run.layer_lambdas();
     for (int64_t l = 0; l < c.n_layers; ++l) lrows.push_back({std::to_string(l), fixed(lam[static_cast<size_t>(l)])});
     std::cout << "\nlambda per layer: sigmoid(lambda_proj x), mean over the tokens and heads of \""
               << sample << "\"\n";

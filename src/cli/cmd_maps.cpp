@@ -9,6 +9,7 @@
 #include "cli/table.h"
 #include "diffattn/eval/inspect.h"
 #include "diffattn/model/checkpoint.h"
+#include "diffattn/model/train_context.h"
 #include "diffattn/train/train.h"
 #include "diffattn/viz/viz.h"
 
@@ -85,7 +86,7 @@ int run_maps(const std::vector<std::string>& argv) {
   int64_t layer = a.integer("--layer");
   const int64_t head_flag = a.integer("--head");
   const ModelDir md = open_model_dir(dir);
-  Model m = load_model(md);
+  const Model m = load_model(md);
   const auto tok = data::tokenizer_for(md, choice);
   const Prompt p = tokenize(*tok, a.str("--prompt"), m.config().max_seq_len);
   const int64_t T = static_cast<int64_t>(p.ids.size()), L = m.config().n_layers;
@@ -98,7 +99,8 @@ int run_maps(const std::vector<std::string>& argv) {
   if (head < -1 || head >= heads) {
     throw UsageError("--head " + std::to_string(head) + " is outside [0, " + std::to_string(heads) + ")");
   }
-  m.forward(p.ids.data(), nullptr, 1, T);
+  TrainContext run(m);
+  run.forward(p.ids.data(), nullptr, 1, T);
 
   const std::string kind = nn::attn_kind_name(m.config().attention);
   const std::string who = head < 0 ? std::string("mean of ") + std::to_string(heads) + " heads"
@@ -107,12 +109,12 @@ int run_maps(const std::vector<std::string>& argv) {
   std::string stem;
   if (a.on("--mean-layers")) {
     std::vector<eval::AttentionViews> per;
-    for (int64_t l = 0; l < L; ++l) per.push_back(eval::head_views(eval::layer_maps(m, l, 0, mo), head, p.labels));
+    for (int64_t l = 0; l < L; ++l) per.push_back(eval::head_views(eval::layer_maps(run, l, 0, mo), head, p.labels));
     v = eval::mean_views(per);
     v.title = kind + " model, mean of " + std::to_string(L) + " layers, " + who;
     stem = head < 0 ? "mean_layers_mean_heads" : "mean_layers_head" + std::to_string(head);
   } else {
-    v = eval::head_views(eval::layer_maps(m, layer, 0, mo), head, p.labels);
+    v = eval::head_views(eval::layer_maps(run, layer, 0, mo), head, p.labels);
     v.title = kind + " model, layer " + std::to_string(layer) + ", " + who;
     stem = "layer" + std::to_string(layer) + (head < 0 ? "_mean_heads" : "_head" + std::to_string(head));
   }

@@ -286,7 +286,7 @@ int run_train(const std::vector<std::string>& argv) {
   tr->run(train, &valid, 0, [&](const train::StepLog& s) { last = s; });
   const int64_t T = tr->options().seq_len;
   if (static_cast<int64_t>(valid.size()) > T) {
-    const double val = data::eval_loss(tr->model(), valid, tr->options().batch, T,
+    const double val = data::eval_loss(tr->context(), valid, tr->options().batch, T,
                                        tr->options().eval_batches);
     std::printf("step %lld  train loss %.4f  val loss %.4f  val ppl %.2f  -> %s\n",
                 static_cast<long long>(tr->steps_done()), last.loss, val, std::exp(val), dir.c_str());

@@ -64,7 +64,7 @@ void demo_language_model(std::ostream& os, int section, int64_t steps) {
     }
     bar.done();
     runs[r].seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    runs[r].val = data::eval_loss(runs[r].tr->model(), valid, o.batch, o.seq_len, 16);
+    runs[r].val = data::eval_loss(runs[r].tr->context(), valid, o.batch, o.seq_len, 16);
   }
 
   std::vector<std::vector<std::string>> rows;
@@ -79,7 +79,7 @@ void demo_language_model(std::ostream& os, int section, int64_t steps) {
   os << "Training loss (mean of the last " << kEvery << " steps):\n";
   print_table(os, {"step", "DIFF V1", "standard"}, rows);
 
-  const std::vector<double> lam = runs[0].tr->model().layer_lambdas();
+  const std::vector<double> lam = runs[0].tr->context().layer_lambdas();
   os << "\nDIFF V1's lambda per layer after training:";
   const ModelConfig& c1 = runs[0].tr->model().config();
   for (size_t l = 0; l < lam.size(); ++l) {

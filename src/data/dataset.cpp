@@ -33,7 +33,7 @@ std::string TokenWindows::describe() const {
   return name_ + " (" + std::to_string(tokens_.size()) + " tokens, random windows)";
 }
 
-double eval_loss(Model& model, const std::vector<int32_t>& tokens, int64_t B, int64_t T,
+double eval_loss(TrainContext& run, const std::vector<int32_t>& tokens, int64_t B, int64_t T,
                  int64_t max_batches) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t windows = n > T ? (n - 1) / T : 0;
@@ -53,7 +53,7 @@ double eval_loss(Model& model, const std::vector<int32_t>& tokens, int64_t B, in
         tgt[static_cast<size_t>(b * T + t)] = tokens[static_cast<size_t>(s + t + 1)];
       }
     }
-    sum += model.forward(tok.data(), tgt.data(), nb, T) * static_cast<double>(nb * T);
+    sum += run.forward(tok.data(), tgt.data(), nb, T) * static_cast<double>(nb * T);
     scored += nb * T;
   }
   return sum / static_cast<double>(scored);

@@ -126,20 +126,20 @@ data::RetrievalSpec heldout(const data::RetrievalSpec& task) {
   return h;
 }
 
-double retrieval_accuracy(Model& m, const data::RetrievalSpec& spec, int64_t samples, bool only_first,
+double retrieval_accuracy(TrainContext& run, const data::RetrievalSpec& spec, int64_t samples, bool only_first,
                           int64_t batch) {
-  const int64_t V = m.config().vocab_size;
+  const int64_t V = run.model().config().vocab_size;
   int64_t correct = 0, total = 0;
   for (int64_t s0 = 0; s0 < samples; s0 += batch) {
     const int64_t B = std::min(batch, samples - s0);
     const data::RetrievalBatch rb = data::make_retrieval_batch(spec, static_cast<uint64_t>(s0), B);
     const std::vector<data::RetrievalSample>& ss = rb.samples;
     const int64_t T = rb.T;
-    m.forward(rb.tokens.data(), nullptr, B, T);
+    run.forward(rb.tokens.data(), nullptr, B, T);
     for (int64_t b = 0; b < B; ++b) {
       const auto& qs = ss[static_cast<size_t>(b)].queries;
       for (size_t q = 0; q < (only_first ? 1 : qs.size()); ++q) {
-        const float* lg = &m.logits()[static_cast<size_t>((b * T + qs[q].answer_pos) * V)];
+        const float* lg = &run.logits()[static_cast<size_t>((b * T + qs[q].answer_pos) * V)];
         correct += std::max_element(lg, lg + V) - lg == qs[q].answer;
         ++total;
       }
@@ -208,26 +208,26 @@ RetrievalExperimentResult run_retrieval_experiment(const RetrievalExperimentOpti
       tr.run(task, nullptr, 0, [&](const train::StepLog& s) { mr.loss_curve.push_back(s.loss); });
     }
     mr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    Model& m = tr.model();
+    TrainContext& run = tr.context();
     for (int64_t c : o.lengths) {
       data::RetrievalSpec s = held;
       s.context = c;
       s.min_context = 0;
-      mr.acc_by_length.push_back(retrieval_accuracy(m, s, o.eval_samples));
+      mr.acc_by_length.push_back(retrieval_accuracy(run, s, o.eval_samples));
     }
     for (double d : o.depths) {
       data::RetrievalSpec s = held;
       s.context = o.depth_context;
       s.min_context = 0;
       s.depth = d;
-      mr.acc_by_depth.push_back(retrieval_accuracy(m, s, o.eval_samples, true));
+      mr.acc_by_depth.push_back(retrieval_accuracy(run, s, o.eval_samples, true));
     }
     data::RetrievalSpec ns = held;
     ns.context = o.task.context;
     ns.min_context = 0;
-    mr.noise = analyze_noise(m, ns, o.noise_samples);
+    mr.noise = analyze_noise(run, ns, o.noise_samples);
     if (kind == nn::AttnKind::DiffV1) {
-      mr.lambdas = m.layer_lambdas();
+      mr.lambdas = run.model().layer_lambdas();
     } else if (kind == nn::AttnKind::DiffV2) {
       for (const NoiseLayer& l : mr.noise.layers) mr.lambdas.push_back(l.lambda);
     }
@@ -256,16 +256,16 @@ struct QueryRows {
   bool signed_map = false;
 };
 
-QueryRows query_rows(Model& m, const data::RetrievalSample& s) {
+QueryRows query_rows(TrainContext& run, const data::RetrievalSample& s) {
   const int64_t T = static_cast<int64_t>(s.tokens.size());
-  m.forward(s.tokens.data(), nullptr, 1, T);
+  run.forward(s.tokens.data(), nullptr, 1, T);
   QueryRows q;
   const data::RetrievalQuery& first = s.queries[0];
   q.n = first.answer_pos + 1;
   MapOptions mo;
   mo.with_standard = false;
-  for (int64_t l = 0; l < m.config().n_layers; ++l) {
-    const LayerMaps mp = layer_maps(m, l, 0, mo);
+  for (int64_t l = 0; l < run.model().config().n_layers; ++l) {
+    const LayerMaps mp = layer_maps(run, l, 0, mo);
     q.signed_map = mp.has_pair();
     const std::vector<float>& src = mp.has_pair() ? mp.diff : mp.standard;
     for (int64_t h = 0; h < mp.H; ++h) {
@@ -352,8 +352,9 @@ std::vector<std::string> write_retrieval_report(RetrievalExperimentResult& r, co
   std::vector<viz::Canvas> panels;
   for (RetrievalModelResult& mr : r.models) {
     if (mr.dir.empty()) continue;
-    Model m = load_model(mr.dir);
-    const QueryRows q = query_rows(m, sample);
+    const Model m = load_model(mr.dir);
+    TrainContext run(m);
+    const QueryRows q = query_rows(run, sample);
     viz::HeatmapSpec spec;
     spec.title = kind_label(mr.kind) + (q.signed_map ? ": A1 - lambda A2" : ": softmax") + ", row of the query \"" +
                  sample.text().substr(static_cast<size_t>(sample.context), static_cast<size_t>(o.task.query_len() - 1)) + "\"";

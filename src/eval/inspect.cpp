@@ -1,5 +1,5 @@
 // Maps of a trained model (inspect.h): every map comes from attention_probs over the views and
-// the saved lse that Model::layer_attention exposes after a forward; only the full-width
+// the saved lse that TrainContext::layer_attention exposes after a forward; only the full-width
 // standard view of a DIFF pair needs one more forward of its own (a standard head of width 2D).
 // The attention-noise analysis reads the answer rows of those maps on retrieval samples.
 #include "diffattn/eval/inspect.h"
@@ -63,8 +63,8 @@ void add_scaled(std::vector<float>& acc, const float* x, size_t n, float w) {
 
 }  // namespace
 
-LayerMaps layer_maps(const Model& m, int64_t layer, int64_t b, const MapOptions& o) {
-  const Model::LayerAttention la = m.layer_attention(layer);
+LayerMaps layer_maps(const TrainContext& run, int64_t layer, int64_t b, const MapOptions& o) {
+  const TrainContext::LayerAttention la = run.layer_attention(layer);
   if (b < 0 || b >= la.params.B) {
     throw InvalidArgument("layer_maps: sequence " + std::to_string(b) + " is outside the last forward's batch of " +
                           std::to_string(la.params.B));
@@ -218,14 +218,14 @@ void scale(NoiseStats& s, double f) {
 
 }  // namespace
 
-NoiseAnalysis analyze_noise(Model& m, const data::RetrievalSpec& spec, int64_t samples,
+NoiseAnalysis analyze_noise(TrainContext& run, const data::RetrievalSpec& spec, int64_t samples,
                             int64_t batch) {
   spec.validate();
   if (samples < 1 || batch < 1) {
     throw InvalidArgument("analyze_noise: samples and batch must be >= 1, got " + std::to_string(samples) +
                           " and " + std::to_string(batch));
   }
-  const ModelConfig& cfg = m.config();
+  const ModelConfig& cfg = run.model().config();
   const int64_t L = cfg.n_layers, V = cfg.vocab_size;
   NoiseAnalysis r;
   r.kind = cfg.attention;
@@ -244,11 +244,11 @@ NoiseAnalysis analyze_noise(Model& m, const data::RetrievalSpec& spec, int64_t s
       throw InvalidArgument("analyze_noise: samples of " + std::to_string(T) + " tokens exceed the model's max_seq_len = " +
                             std::to_string(cfg.max_seq_len));
     }
-    m.forward(rb.tokens.data(), nullptr, B, T);
+    run.forward(rb.tokens.data(), nullptr, B, T);
     for (int64_t b = 0; b < B; ++b) {
       const data::RetrievalSample& smp = ss[static_cast<size_t>(b)];
       for (const data::RetrievalQuery& q : smp.queries) {
-        const float* lg = &m.logits()[static_cast<size_t>((b * T + q.answer_pos) * V)];
+        const float* lg = &run.logits()[static_cast<size_t>((b * T + q.answer_pos) * V)];
         correct += std::max_element(lg, lg + V) - lg == q.answer;
         ++answers;
       }
@@ -256,7 +256,7 @@ NoiseAnalysis analyze_noise(Model& m, const data::RetrievalSpec& spec, int64_t s
     for (int64_t l = 0; l < L; ++l) {
       NoiseLayer& nl = r.layers[static_cast<size_t>(l)];
       for (int64_t b = 0; b < B; ++b) {
-        const LayerMaps mp = layer_maps(m, l, b, mo);
+        const LayerMaps mp = layer_maps(run, l, b, mo);
         const data::RetrievalSample& smp = ss[static_cast<size_t>(b)];
         for (const data::RetrievalQuery& q : smp.queries) {
           const data::RetrievalNeedle& nd = smp.needles[static_cast<size_t>(q.needle)];

@@ -263,14 +263,14 @@ LmExperimentResult run_lm_experiment(const LmExperimentOptions& o, const std::fu
       const auto t0 = std::chrono::steady_clock::now();
       for (int64_t s = 0; s < t.steps; ++s) mr.loss_curve.push_back(tr.step(train).loss);
       mr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      Model& m = tr.model();
-      const int64_t V = m.config().vocab_size;
+      TrainContext& run = tr.context();
+      const int64_t V = run.model().config().vocab_size;
       std::vector<double> dsum(nd, 0), dcnt(nd, 0);
       std::vector<std::vector<double>> bsum(nd, std::vector<double>(nb, 0)), bcnt = bsum;
       std::vector<double> lam_sum;
       for (const Window& w : windows) {
-        m.forward(w.tokens.data(), w.targets.data(), 1, T);
-        const std::vector<float>& lg = m.logits();
+        run.forward(w.tokens.data(), w.targets.data(), 1, T);
+        const std::vector<float>& lg = run.logits();
         for (int64_t i = 0; i < T; ++i) {
           const int32_t y = w.targets[static_cast<size_t>(i)];
           if (y < 0) continue;
@@ -290,12 +290,12 @@ LmExperimentResult run_lm_experiment(const LmExperimentOptions& o, const std::fu
           }
         }
         if (mr.kind == nn::AttnKind::DiffV2) {
-          const std::vector<double> l = m.layer_lambdas();
+          const std::vector<double> l = run.layer_lambdas();
           if (lam_sum.empty()) lam_sum.assign(l.size(), 0);
           for (size_t i = 0; i < l.size(); ++i) lam_sum[i] += l[i] / static_cast<double>(windows.size());
         }
       }
-      mr.lambdas = mr.kind == nn::AttnKind::DiffV1 ? m.layer_lambdas() : lam_sum;
+      mr.lambdas = mr.kind == nn::AttnKind::DiffV1 ? run.layer_lambdas() : lam_sum;
       double total = 0;
       for (size_t d = 0; d < nd; ++d) {
         mr.doc_loss.push_back(dcnt[d] > 0 ? dsum[d] / dcnt[d] : std::nan(""));

@@ -2,7 +2,6 @@
 // computes the views with the library (views.h) and returns them as JSON.
 #include <cmath>
 #include <memory>
-#include <mutex>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -13,6 +12,7 @@
 #include "diffattn/eval/views.h"
 #include "diffattn/explorer/explorer.h"
 #include "diffattn/model/checkpoint.h"
+#include "diffattn/model/train_context.h"
 #include "diffattn/train/train.h"
 #include "explorer/assets.h"
 
@@ -153,10 +153,9 @@ struct LoadedModel {
       : dir(d.path), model(load_model(d)), tok(data::tokenizer_for(d)),
         prompt(example_prompt(d.path, std::min<int64_t>(kMaxPromptTokens, model.config().max_seq_len))) {}
   std::string dir;
-  Model model;
+  const Model model;
   std::unique_ptr<data::Tokenizer> tok;
   std::string prompt;
-  std::mutex lock;  // forward() overwrites the saved activations the maps are read from
 };
 
 std::vector<std::unique_ptr<LoadedModel>>& loaded_models() {
@@ -234,9 +233,10 @@ json model_views(const json& req, float lambda, bool lambda_given, kernels::Diff
   if (lambda_given) mo.lambda = lambda;
   eval::AttentionViews v;
   {
-    std::lock_guard<std::mutex> g(lm.lock);
-    lm.model.forward(ids.data(), nullptr, 1, static_cast<int64_t>(ids.size()));
-    v = eval::head_views(eval::layer_maps(lm.model, layer, 0, mo), head, labels);
+    // The request's own run state: concurrent requests share the const model, no lock.
+    TrainContext run(lm.model);
+    run.forward(ids.data(), nullptr, 1, static_cast<int64_t>(ids.size()));
+    v = eval::head_views(eval::layer_maps(run, layer, 0, mo), head, labels);
   }
   return {{"source", "model"},
           {"model", idx},

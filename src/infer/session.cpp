@@ -140,7 +140,7 @@ void Session::decode_rows(const Batch& b, const std::vector<int64_t>& rows,
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     // The norm, projections and FFN over the B rows; RoPE and the K/V append per sequence,
     // one paged decode call over all of them.
-    m_.layer_infer(l, layer_, x_.data(), B, [&](float* out, const float* an) {
+    m_.layer(l, layer_, x_.data(), x_.data(), B, [&](float* out, const float* an) {
       nn::attn_layer_decode_paged(out, layer_.attn, an, m_.attn_weights(l), cfg.attn_shape(l),
                                   cos_.data(), sin_.data(), pools[static_cast<size_t>(l)], seqs);
     });
@@ -179,7 +179,7 @@ void Session::decode_chunk(const Batch& b, const std::vector<int64_t>& rows,
   const int64_t table_len = static_cast<int64_t>(s.table.size());
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     // The chunk's K/V go into the blocks; its attention reads every position in them in place.
-    m_.layer_infer(l, layer_, x_.data(), T, [&](float* out, const float* an) {
+    m_.layer(l, layer_, x_.data(), x_.data(), T, [&](float* out, const float* an) {
       nn::attn_layer_fwd_paged(out, layer_.attn, an, m_.attn_weights(l), cfg.attn_shape(l), T,
                                cos_.data(), sin_.data(), pools[static_cast<size_t>(l)],
                                s.table.data(), table_len, pos0);

@@ -1,6 +1,6 @@
-// The model's forward and backward over a batch (docs/FORMAT.md, "The computation"), and
-// KV-cache inference. Activations are kept per layer for the backward; every gradient
-// accumulates (+=) into Model::grads.
+// The model's weights (the tensor table, seeded initialisation) and the const layer pieces its
+// runners compose (docs/FORMAT.md, "The computation"): the training context's forward and
+// backward (train_context.cpp) and the inference session (src/infer/session.cpp).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -37,11 +37,11 @@ Model::Model(const ModelConfig& cfg) : cfg_(cfg) {
   table_ = tensor_table(cfg_);
   int64_t total = 0;
   for (const TensorInfo& t : table_) total += t.numel;
-  // params and grads (8 bytes a weight) before anything is allocated and touched.
-  check_fits_in_memory(8.0 * static_cast<double>(total),
-                       "a model of " + std::to_string(total) + " parameters (weights and gradients)");
+  // The weights (4 bytes each) before anything is allocated and touched; a training context's
+  // gradients check again for theirs.
+  check_fits_in_memory(4.0 * static_cast<double>(total),
+                       "a model of " + std::to_string(total) + " parameters");
   params.assign(static_cast<size_t>(total), 0.0f);
-  grads.assign(static_cast<size_t>(total), 0.0f);
   index_tensors();
 }
 
@@ -97,7 +97,6 @@ void Model::index_tensors() {
     o.act_b = at(p + "ffn.act_fn.bias");
     lt_.push_back(o);
   }
-  acts_.resize(static_cast<size_t>(cfg_.n_layers));
   inv_freq_ = nn::rope_inv_freq(cfg_.head_dim, cfg_.rope_theta, cfg_.rope_scaling);
 }
 
@@ -179,37 +178,8 @@ nn::AttnLayerWeights Model::attn_weights(int64_t l) const {
   return w;
 }
 
-nn::AttnLayerGrads Model::attn_grads(int64_t l) {
-  const LayerTensors& o = lt_[static_cast<size_t>(l)];
-  float* G = grads.data();
-  nn::AttnLayerGrads g;
-  g.proj = G + off(o.proj);
-  g.out_proj = G + off(o.out_proj);
-  if (cfg_.attention == nn::AttnKind::DiffV1) {
-    g.lambda_q1 = G + off(o.lambda_q1);
-    g.lambda_k1 = G + off(o.lambda_k1);
-    g.lambda_q2 = G + off(o.lambda_q2);
-    g.lambda_k2 = G + off(o.lambda_k2);
-    g.subln = G + off(o.subln);
-  }
-  return g;
-}
-
-void Model::rope_for(int64_t pos0, int64_t T) {
-  if (pos0 == rope_pos0_ && T == rope_T_) return;
-  const int64_t half = cfg_.head_dim / 2;
-  cos_.resize(static_cast<size_t>(T * half));
-  sin_.resize(static_cast<size_t>(T * half));
-  nn::rope_table(cos_.data(), sin_.data(), pos0, T, cfg_.head_dim, inv_freq_);
-  rope_pos0_ = pos0;
-  rope_T_ = T;
-}
-
-void Model::zero_grads() { std::fill(grads.begin(), grads.end(), 0.0f); }
-
-template <class Attn>
-void Model::layer_body(int64_t l, LayerActs& a, const float* x_in, float* x_out, int64_t N,
-                       Attn&& attn) const {
+void Model::layer(int64_t l, LayerActs& a, const float* x_in, float* x_out, int64_t N,
+                  const AttnFn& attn) const {
   const int64_t C = cfg_.d_model;
   const size_t nx = static_cast<size_t>(N * C);
   // x_mid = x_in + attn(rmsnorm(x_in, attn_norm))
@@ -222,14 +192,6 @@ void Model::layer_body(int64_t l, LayerActs& a, const float* x_in, float* x_out,
   a.x_mid.resize(nx);
   add3(a.x_mid.data(), x_in, a.attn_out.data(), N * C);
   ffn_fwd(l, a, x_out, N);
-}
-
-void Model::layer_fwd(int64_t l, LayerActs& a, const float* x_in, float* x_out, int64_t B,
-                      int64_t T, const float* cos_t, const float* sin_t, bool save) {
-  layer_body(l, a, x_in, x_out, B * T, [&](float* out, const float* an) {
-    nn::attn_layer_fwd(out, a.attn, an, attn_weights(l), cfg_.attn_shape(l), B, T, cos_t, sin_t,
-                       save);
-  });
 }
 
 void Model::ffn_fwd(int64_t l, LayerActs& a, float* x_out, int64_t BT) const {
@@ -268,121 +230,6 @@ void Model::ffn_fwd(int64_t l, LayerActs& a, float* x_out, int64_t BT) const {
   add3(x_out, a.x_mid.data(), a.attn_out.data(), BT * C);
 }
 
-double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) {
-  if (cfg_.recurrent()) {
-    throw InvalidArgument("a phi4flash (SambaY) model is inference only (no loss, gradients or "
-                          "training): it runs through an inference session (generate, serve; "
-                          "Model.forward and Model.generate in Python)");
-  }
-  if (B < 1 || T < 1) {
-    throw InvalidArgument("forward: tokens must be (B, T) with B, T >= 1, got (" +
-                          std::to_string(B) + ", " + std::to_string(T) + ")");
-  }
-  if (T > cfg_.max_seq_len) {
-    throw InvalidArgument("forward: tokens have T = " + std::to_string(T) +
-                          " positions, more than max_seq_len = " +
-                          std::to_string(cfg_.max_seq_len));
-  }
-  const int64_t C = cfg_.d_model, V = cfg_.vocab_size, BT = B * T;
-  B_ = B;
-  T_ = T;
-  tokens_.assign(tokens, tokens + BT);
-  if (targets) {
-    targets_.assign(targets, targets + BT);
-  } else {
-    targets_.clear();
-  }
-  rope_for(0, T);
-
-  // The residual stream: layer l reads x_in, writes x_mid = x_in + attn and the next layer's
-  // x_in (x_final_ after the last) = x_mid + ffn; each is kept for the backward.
-  const size_t nx = static_cast<size_t>(BT * C);
-  acts_[0].x_in.resize(nx);
-  x_final_.resize(nx);
-  nn::embedding_fwd(acts_[0].x_in.data(), tokens, wt(embed_), BT, C, V);
-  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
-    LayerActs& a = acts_[static_cast<size_t>(l)];
-    std::vector<float>& next =
-        l + 1 < cfg_.n_layers ? acts_[static_cast<size_t>(l + 1)].x_in : x_final_;
-    next.resize(nx);
-    layer_fwd(l, a, a.x_in.data(), next.data(), B, T, cos_.data(), sin_.data(), true);
-  }
-  nf_.resize(x_final_.size());
-  nf_rstd_.resize(static_cast<size_t>(BT));
-  nn::rmsnorm_fwd(nf_.data(), nf_rstd_.data(), x_final_.data(), wf(norm_), BT, C,
-                  cfg_.norm_eps);
-  logits_.resize(static_cast<size_t>(BT * V));
-  nn::linear_fwd(logits_.data(), nf_.data(), wt(head_), BT, C, V);
-  if (!targets) return 0.0;
-  lse_.resize(static_cast<size_t>(BT));
-  losses_.resize(static_cast<size_t>(BT));
-  nn::cross_entropy_fwd(losses_.data(), lse_.data(), logits_.data(), targets, BT, V);
-  double sum = 0;
-  counted_ = 0;
-  for (int64_t i = 0; i < BT; ++i) {
-    if (targets[i] >= 0) {
-      sum += losses_[static_cast<size_t>(i)];
-      ++counted_;
-    }
-  }
-  return counted_ ? sum / static_cast<double>(counted_) : 0.0;
-}
-
-void Model::backward(float dloss_scale) {
-  require_trainable("backward");
-  if (cfg_.attn_bias || cfg_.mlp_bias) {
-    throw InvalidArgument("backward: this model has projection biases (attention_bias / mlp_bias), which diffattn runs for inference only; training one is refused");
-  }
-  if (cfg_.mlp != MlpKind::SwiGLU || cfg_.noise_share != 1) {
-    throw InvalidArgument(std::string("backward: ") +
-                          (cfg_.mlp != MlpKind::SwiGLU ? "the PolyNorm MLP" : "shared noise heads (noise_share)") +
-                          " runs for inference only; training this model is refused");
-  }
-  if (targets_.empty()) throw InvalidArgument("backward: the last forward had no targets");
-  const int64_t B = B_, T = T_, C = cfg_.d_model, F = cfg_.ffn_dim, V = cfg_.vocab_size;
-  const int64_t BT = B * T;
-  const float* P = params.data();
-  float* Gr = grads.data();
-  dlogits_.resize(logits_.size());
-  const float dloss = counted_ ? dloss_scale / static_cast<float>(counted_) : 0.0f;
-  nn::cross_entropy_bwd(dlogits_.data(), logits_.data(), lse_.data(), targets_.data(), dloss, BT,
-                        V);
-  // logits = lm_head(nf)
-  dbuf_.resize(static_cast<size_t>(BT * C));
-  nn::linear_bwd(dbuf_.data(), Gr + off(head_), dlogits_.data(), nf_.data(), P + off(head_), BT, C,
-                 V, 0, true);
-  // nf = rmsnorm(x, norm)
-  dx_.assign(static_cast<size_t>(BT * C), 0.0f);
-  nn::rmsnorm_bwd(dx_.data(), Gr + off(norm_), dbuf_.data(), x_final_.data(), P + off(norm_),
-                  nf_rstd_.data(), BT, C);
-  for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
-    LayerActs& a = acts_[static_cast<size_t>(l)];
-    const LayerTensors& lt = lt_[static_cast<size_t>(l)];
-    struct {
-      int64_t down, gate_up, ffn_norm, attn_norm;
-    } o{off(lt.down), off(lt.gate), off(lt.ffn_norm), off(lt.attn_norm)};
-    // x_out = x_mid + down(h): dx flows through unchanged, plus the branch
-    dbig_.resize(static_cast<size_t>(BT * F));
-    nn::linear_bwd(dbig_.data(), Gr + o.down, dx_.data(), a.h.data(), P + o.down, BT, F, C, 0,
-                   true);
-    dgu_.assign(static_cast<size_t>(BT * 2 * F), 0.0f);
-    nn::swiglu_bwd(dgu_.data(), dgu_.data() + F, dbig_.data(), a.gu.data(), a.gu.data() + F, BT,
-                   F, 2 * F);
-    nn::linear_bwd(dbuf_.data(), Gr + o.gate_up, dgu_.data(), a.fn.data(), P + o.gate_up, BT, C,
-                   2 * F, 0, true);
-    nn::rmsnorm_bwd(dx_.data(), Gr + o.ffn_norm, dbuf_.data(), a.x_mid.data(), P + o.ffn_norm,
-                    a.fn_rstd.data(), BT, C);
-    // x_mid = x_in + attn(an)
-    dbuf_.assign(static_cast<size_t>(BT * C), 0.0f);
-    nn::attn_layer_bwd(dbuf_.data(), attn_grads(l), dx_.data(), a.attn, a.an.data(),
-                       attn_weights(l), cfg_.attn_shape(l), B, T, cos_.data(), sin_.data(),
-                       scratch_);
-    nn::rmsnorm_bwd(dx_.data(), Gr + o.attn_norm, dbuf_.data(), a.x_in.data(), P + o.attn_norm,
-                    a.an_rstd.data(), BT, C);
-  }
-  nn::embedding_bwd(Gr + off(embed_), dx_.data(), tokens_.data(), BT, C);
-}
-
 std::vector<double> Model::layer_lambdas() const {
   std::vector<double> out;
   if (cfg_.attention == nn::AttnKind::Standard) return out;
@@ -397,34 +244,14 @@ std::vector<double> Model::layer_lambdas() const {
     if (cfg_.attention == nn::AttnKind::DiffV1) {
       out.push_back(nn::v1_lambda(attn_weights(l), cfg_.attn_shape(l)));
     } else {
-      const std::vector<float>& lam = acts_[static_cast<size_t>(l)].attn.lam;
-      double s = 0;
-      for (float x : lam) s += x;
-      out.push_back(lam.empty() ? std::numeric_limits<double>::quiet_NaN()
-                                : s / static_cast<double>(lam.size()));
+      out.push_back(std::numeric_limits<double>::quiet_NaN());  // per token (TrainContext)
     }
   }
   return out;
 }
 
-Model::LayerAttention Model::layer_attention(int64_t layer) const {
-  if (layer < 0 || layer >= cfg_.n_layers) {
-    throw InvalidArgument("layer_attention: layer " + std::to_string(layer) + " is outside [0, " +
-                          std::to_string(cfg_.n_layers) + ")");
-  }
-  if (B_ == 0) throw InvalidArgument("layer_attention: run forward() first");
-  LayerAttention a;
-  a.shape = cfg_.attn_shape(layer);
-  a.params = nn::attn_layer_params(acts_[static_cast<size_t>(layer)].attn, a.shape, B_, T_);
-  return a;
-}
-
 void Model::embed(float* x, const int32_t* tokens, int64_t N) const {
   nn::embedding_fwd(x, tokens, wt(embed_), N, cfg_.d_model, cfg_.vocab_size);
-}
-
-void Model::layer_infer(int64_t l, LayerActs& a, float* x, int64_t N, const AttnFn& attn) const {
-  layer_body(l, a, x, x, N, attn);
 }
 
 void Model::head(float* logits, const float* x, int64_t N, std::vector<float>& normed,

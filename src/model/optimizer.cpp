@@ -2,6 +2,9 @@
 // warmup + cosine learning-rate schedule. Sums for the norm run in double over the flat
 // buffer in order, so they do not depend on threads; updates are element-wise.
 #include <cmath>
+#include <string>
+
+#include "diffattn/base/error.h"
 
 #include "diffattn/model/config.h"
 #include "diffattn/model/model.h"
@@ -33,9 +36,14 @@ void AdamW::reset(size_t n) {
   t = 0;
 }
 
-double AdamW::step(Model& model, const AdamWOptions& o, double lr) {
+double AdamW::step(Model& model, const std::vector<float>& grads, const AdamWOptions& o,
+                   double lr) {
+  if (grads.size() != model.params.size()) {
+    throw InvalidArgument("AdamW::step: " + std::to_string(grads.size()) + " gradients for " +
+                          std::to_string(model.params.size()) + " weights");
+  }
   if (m.size() != model.params.size()) reset(model.params.size());
-  const double norm = grad_norm(model.grads);
+  const double norm = grad_norm(grads);
   const float clip = (o.clip > 0 && norm > o.clip) ? static_cast<float>(o.clip / norm) : 1.0f;
   ++t;
   const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(t));
@@ -46,7 +54,7 @@ double AdamW::step(Model& model, const AdamWOptions& o, double lr) {
   for (const TensorInfo& ti : model.tensors()) {
     const float decay = ti.decay ? static_cast<float>(1.0 - lr * o.weight_decay) : 1.0f;
     float* p = model.params.data() + ti.offset;
-    const float* g = model.grads.data() + ti.offset;
+    const float* g = grads.data() + ti.offset;
     float* mm = m.data() + ti.offset;
     float* vv = v.data() + ti.offset;
 #pragma omp parallel for schedule(static) if (ti.numel >= nn::kParallelMin)

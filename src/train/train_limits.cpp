@@ -87,7 +87,7 @@ void Trainer::set_schedule(int64_t steps, int64_t eval_every, int64_t eval_batch
   o.eval_every = eval_every;
   o.eval_batches = eval_batches;
   o.save_every = save_every;
-  check_train_options(o, model_.config());
+  check_train_options(o, model_->config());
   opts_ = o;
   opts_.adamw.total_steps = steps;
 }

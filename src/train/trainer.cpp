@@ -132,7 +132,7 @@ std::string StepLog::to_json() const {
 }
 
 Trainer::Trainer(const std::string& dir, Model model, const TrainOptions& opts)
-    : dir_(dir), model_(std::move(model)), opts_(opts) {
+    : dir_(dir), model_(std::make_unique<Model>(std::move(model))), ctx_(*model_), opts_(opts) {
   auto positive = [](const char* what, int64_t v) {
     if (v < 1) throw InvalidArgument(std::string("train: ") + what + " must be at least 1, got " + std::to_string(v));
   };
@@ -140,19 +140,19 @@ Trainer::Trainer(const std::string& dir, Model model, const TrainOptions& opts)
   positive("batch", opts_.batch);
   positive("seq_len", opts_.seq_len);
   positive("accum", opts_.accum);
-  if (opts_.seq_len > model_.config().max_seq_len) {
+  if (opts_.seq_len > model_->config().max_seq_len) {
     throw InvalidArgument("train: seq_len = " + std::to_string(opts_.seq_len) +
                           " exceeds the model's max_seq_len = " +
-                          std::to_string(model_.config().max_seq_len));
+                          std::to_string(model_->config().max_seq_len));
   }
-  check_train_options(opts_, model_.config());
+  check_train_options(opts_, model_->config());
   opts_.adamw.total_steps = opts_.steps;
-  adam_.reset(model_.params.size());
+  adam_.reset(model_->params.size());
 }
 
 Trainer::Trainer(const std::string& dir, const ModelConfig& cfg, const TrainOptions& opts)
     : Trainer(dir, Model(cfg), opts) {
-  model_.init_weights(opts_.seed);
+  model_->init_weights(opts_.seed);
 }
 
 namespace {
@@ -228,7 +228,7 @@ Trainer Trainer::resume(const std::string& dir) {
   t.adam_.t = ts.adamw_t;
   for (const char* which : {"adamw.m.", "adamw.v."}) {
     std::vector<float>& dst = which[6] == 'm' ? t.adam_.m : t.adam_.v;
-    for (const TensorInfo& ti : t.model_.tensors()) {
+    for (const TensorInfo& ti : t.model_->tensors()) {
       const std::vector<float>& src = f.tensors.at(which + ti.name).data;
       for (size_t i = 0; i < src.size(); ++i) {
         // v is a mean of squares: negative is as corrupt as NaN (sqrt(v) in the update).
@@ -289,8 +289,8 @@ const std::vector<std::string>& Trainer::checkpoint_files() {
 void Trainer::save() const {
   make_dirs(dir_);
   std::vector<SafeTensorRef> refs;
-  for (const TensorInfo& t : model_.tensors()) refs.push_back({t.name, t.shape, model_.params.data() + t.offset});
-  for (const TensorInfo& t : model_.tensors()) {
+  for (const TensorInfo& t : model_->tensors()) refs.push_back({t.name, t.shape, model_->params.data() + t.offset});
+  for (const TensorInfo& t : model_->tensors()) {
     refs.push_back({"adamw.m." + t.name, t.shape, adam_.m.data() + t.offset});
     refs.push_back({"adamw.v." + t.name, t.shape, adam_.v.data() + t.offset});
   }
@@ -298,11 +298,11 @@ void Trainer::save() const {
                     {{"format", "diffattn-train/1"},
                      {"step", std::to_string(step_)},
                      {"adamw_t", std::to_string(adam_.t)},
-                     {"config", model_.config().to_json()},
+                     {"config", model_->config().to_json()},
                      {"train", opts_.to_json()}});
   // The model directory: config.json unchanged since the last save, model.safetensors is
   // renamed in alone; the first save swaps the whole model in.
-  save_model(model_, dir_, DType::F32, model_files);
+  save_model(*model_, dir_, DType::F32, model_files);
 }
 
 StepLog Trainer::step(const Dataset& train) {
@@ -310,19 +310,19 @@ StepLog Trainer::step(const Dataset& train) {
   const int64_t B = opts_.batch, T = opts_.seq_len;
   tok_.resize(static_cast<size_t>(B * T));
   tgt_.resize(tok_.size());
-  model_.zero_grads();
+  ctx_.zero_grads();
   double loss = 0;
   for (int64_t micro = 0; micro < opts_.accum; ++micro) {
     // The data position: batch number step * accum + micro of the dataset.
     train.batch(static_cast<uint64_t>(step_ * opts_.accum + micro), B, T, tok_.data(), tgt_.data());
-    loss += model_.forward(tok_.data(), tgt_.data(), B, T);
-    model_.backward(1.0f / static_cast<float>(opts_.accum));
+    loss += ctx_.forward(tok_.data(), tgt_.data(), B, T);
+    ctx_.backward(1.0f / static_cast<float>(opts_.accum));
   }
   StepLog log;
   log.loss = loss / static_cast<double>(opts_.accum);
-  log.lambdas = model_.layer_lambdas();
+  log.lambdas = ctx_.layer_lambdas();
   log.lr = lr_at(opts_.adamw, step_);
-  log.grad_norm = adam_.step(model_, opts_.adamw, log.lr);
+  log.grad_norm = adam_.step(*model_, ctx_.grads(), opts_.adamw, log.lr);
   ++step_;
   log.step = step_;
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -347,7 +347,7 @@ void Trainer::run(const Dataset& train, const std::vector<int32_t>* valid, int64
     while (step_ < end) {
       StepLog s = step(train);
       if (valid && opts_.eval_every > 0 && (step_ % opts_.eval_every == 0 || step_ == end)) {
-        s.val_loss = data::eval_loss(model_, *valid, opts_.batch, opts_.seq_len, opts_.eval_batches);
+        s.val_loss = data::eval_loss(ctx_, *valid, opts_.batch, opts_.seq_len, opts_.eval_batches);
       }
       if (log) {
         std::fprintf(log, "%s\n", s.to_json().c_str());

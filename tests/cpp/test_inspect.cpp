@@ -10,6 +10,7 @@
 #include "diffattn/data/retrieval.h"
 #include "diffattn/eval/experiment.h"
 #include "diffattn/eval/inspect.h"
+#include "diffattn/model/train_context.h"
 
 namespace diffattn {
 namespace {
@@ -196,16 +197,17 @@ class MapsOfKind : public ::testing::TestWithParam<nn::AttnKind> {};
 TEST_P(MapsOfKind, AgreeWithADenseRecomputationAndTheOutput) {
   Model m(tiny(GetParam()));
   m.init_weights(3);
-  EXPECT_THROW(m.layer_attention(0), InvalidArgument);  // no forward yet
+  TrainContext run(m);
+  EXPECT_THROW(run.layer_attention(0), InvalidArgument);  // no forward yet
   const int64_t B = 2, T = 20;
   std::mt19937 rng(5);
   std::vector<int32_t> tok(static_cast<size_t>(B * T));
   for (int32_t& t : tok) t = static_cast<int32_t>(rng() % 128);
-  m.forward(tok.data(), nullptr, B, T);
+  run.forward(tok.data(), nullptr, B, T);
   for (int64_t l = 0; l < 2; ++l) {
     const int64_t b = 1;
-    const eval::LayerMaps mp = eval::layer_maps(m, l, b);
-    kernels::AttnBwdParams p = m.layer_attention(l).params;
+    const eval::LayerMaps mp = eval::layer_maps(run, l, b);
+    kernels::AttnBwdParams p = run.layer_attention(l).params;
     p.q += b * p.q_batch_stride;
     p.k += b * p.k_batch_stride;
     p.v += b * p.v_batch_stride;
@@ -259,7 +261,7 @@ TEST_P(MapsOfKind, AgreeWithADenseRecomputationAndTheOutput) {
   if (GetParam() != nn::AttnKind::Standard) {
     eval::MapOptions o;
     o.lambda = 0.25;
-    const eval::LayerMaps a = eval::layer_maps(m, 1, 0), g = eval::layer_maps(m, 1, 0, o);
+    const eval::LayerMaps a = eval::layer_maps(run, 1, 0), g = eval::layer_maps(run, 1, 0, o);
     EXPECT_EQ(a.map1, g.map1);
     for (size_t k = 0; k < g.diff.size(); ++k) ASSERT_NEAR(g.diff[k], g.map1[k] - 0.25f * g.map2[k], 1e-6);
   }
@@ -274,7 +276,8 @@ TEST(Noise, AnalysisOfAnUntrainedModelIsConsistent) {
   for (nn::AttnKind kind : {nn::AttnKind::Standard, nn::AttnKind::DiffV1}) {
     Model m(tiny(kind));
     m.init_weights(1);
-    const eval::NoiseAnalysis r = eval::analyze_noise(m, s, 6, 4);
+    TrainContext run(m);
+    const eval::NoiseAnalysis r = eval::analyze_noise(run, s, 6, 4);
     EXPECT_EQ(r.samples, 6);
     EXPECT_EQ(r.rows, 12);
     ASSERT_EQ(r.layers.size(), 2u);

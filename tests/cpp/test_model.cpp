@@ -12,6 +12,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <tuple>
 
 #include "diffattn/kernels/runtime.h"
@@ -21,6 +22,7 @@
 #include "diffattn/model/optimizer.h"
 #include "diffattn/model/safetensors.h"
 #include "diffattn/infer/sampler.h"
+#include "diffattn/model/train_context.h"
 #include "one_sequence.h"
 
 namespace diffattn {
@@ -89,10 +91,11 @@ TEST_P(GradCheck, EveryTensorAgreesWithFiniteDifferences) {
   const int64_t B = 2, T = 7;
   const auto tok = random_tokens(B * T, m.config().vocab_size, 1);
   const auto tgt = random_tokens(B * T, m.config().vocab_size, 2);
-  m.zero_grads();
-  m.forward(tok.data(), tgt.data(), B, T);
-  m.backward(1.0f);
-  const std::vector<float> g = m.grads, w0 = m.params;
+  TrainContext run(m);
+  run.zero_grads();
+  run.forward(tok.data(), tgt.data(), B, T);
+  run.backward(1.0f);
+  const std::vector<float> g = run.grads(), w0 = m.params;
   std::mt19937 rng(5);
   std::normal_distribution<float> n(0.0f, 1.0f);
   int meaningful = 0;
@@ -106,7 +109,7 @@ TEST_P(GradCheck, EveryTensorAgreesWithFiniteDifferences) {
       for (int64_t i = 0; i < t.numel; ++i) {
         m.params[static_cast<size_t>(t.offset + i)] += static_cast<float>(h * u[static_cast<size_t>(i)]);
       }
-      return m.forward(tok.data(), tgt.data(), B, T);
+      return run.forward(tok.data(), tgt.data(), B, T);
     };
     const double h = 2e-3;
     const double fd1 = (loss_at(h) - loss_at(-h)) / (2 * h);
@@ -141,8 +144,9 @@ TEST_P(ModelKinds, KvCacheDecodeMatchesFullForward) {
   scale_weights(m, 4);
   const int64_t T = 11, V = m.config().vocab_size;
   const auto tok = random_tokens(T, V, 9);
-  m.forward(tok.data(), nullptr, 1, T);
-  const std::vector<float> full = m.logits();
+  TrainContext run(m);
+  run.forward(tok.data(), nullptr, 1, T);
+  const std::vector<float> full = run.logits();
   // prefill 5, then decode the rest one at a time
   testing::OneSequence cache(m, T);
   std::vector<float> last(static_cast<size_t>(V));
@@ -239,10 +243,12 @@ TEST_P(ModelKinds, SaveThenLoadReproducesLogitsBitForBit) {
   save_model(m, dir);
   Model back = load_model(dir);
   const auto tok = random_tokens(2 * 9, m.config().vocab_size, 3);
-  m.forward(tok.data(), nullptr, 2, 9);
-  back.forward(tok.data(), nullptr, 2, 9);
-  ASSERT_EQ(m.logits().size(), back.logits().size());
-  EXPECT_EQ(0, std::memcmp(m.logits().data(), back.logits().data(), sizeof(float) * m.logits().size()));
+  TrainContext run(m), run_back(back);
+  run.forward(tok.data(), nullptr, 2, 9);
+  run_back.forward(tok.data(), nullptr, 2, 9);
+  ASSERT_EQ(run.logits().size(), run_back.logits().size());
+  EXPECT_EQ(0, std::memcmp(run.logits().data(), run_back.logits().data(),
+                           sizeof(float) * run.logits().size()));
   EXPECT_EQ(back.config().to_json(), m.config().to_json());
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
     EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << "temporary file left: " << e.path();
@@ -251,9 +257,10 @@ TEST_P(ModelKinds, SaveThenLoadReproducesLogitsBitForBit) {
 }
 
 TEST_P(ModelKinds, SeededInitIsReproducibleAndTrainingStepsAreDeterministic) {
-  auto run = [&]() {
+  auto train = [&]() {
     Model m(tiny(GetParam()));
     m.init_weights(11);
+    TrainContext run(m);
     AdamW opt;
     AdamWOptions o;
     o.lr = 1e-2;
@@ -261,16 +268,97 @@ TEST_P(ModelKinds, SeededInitIsReproducibleAndTrainingStepsAreDeterministic) {
     const auto tok = random_tokens(3 * 8, m.config().vocab_size, 5);
     const auto tgt = random_tokens(3 * 8, m.config().vocab_size, 6);
     for (int s = 0; s < 4; ++s) {
-      m.zero_grads();
-      losses.push_back(m.forward(tok.data(), tgt.data(), 3, 8));
-      m.backward();
-      opt.step(m, o, lr_at(o, s));
+      run.zero_grads();
+      losses.push_back(run.forward(tok.data(), tgt.data(), 3, 8));
+      run.backward();
+      opt.step(m, run.grads(), o, lr_at(o, s));
     }
     return losses;
   };
-  const auto a = run(), b = run();
+  const auto a = train(), b = train();
   EXPECT_EQ(a, b);
   EXPECT_LT(a.back(), a.front());
+}
+
+// The model is read only: training contexts over one const Model keep their own activations,
+// logits, lambdas and gradients, interleaved on one thread and at once on two, bit for bit what
+// each gets alone (one OpenMP thread each, so the sums run in one order).
+TEST_P(ModelKinds, TrainContextsShareOneConstModel) {
+  kernels::set_num_threads(1);
+  Model weights(tiny(GetParam()));
+  weights.init_weights(7);
+  const Model& m = weights;
+  const int64_t B = 2, T = 9, V = m.config().vocab_size;
+  const auto tok_a = random_tokens(B * T, V, 21), tgt_a = random_tokens(B * T, V, 22);
+  const auto tok_b = random_tokens(B * T, V, 23), tgt_b = random_tokens(B * T, V, 24);
+  struct Step {
+    double loss = 0;
+    std::vector<float> logits, grads;
+    std::vector<double> lambdas;
+  };
+  auto of = [](const TrainContext& run, double loss) {
+    return Step{loss, run.logits(), run.grads(), run.layer_lambdas()};
+  };
+  auto alone = [&](const std::vector<int32_t>& tok, const std::vector<int32_t>& tgt) {
+    kernels::set_num_threads(1);  // this thread's OpenMP setting
+    TrainContext run(m);
+    run.zero_grads();
+    const double loss = run.forward(tok.data(), tgt.data(), B, T);
+    run.backward();
+    return of(run, loss);
+  };
+  auto same = [](const Step& x, const Step& y) {
+    EXPECT_EQ(x.loss, y.loss);
+    EXPECT_EQ(x.logits, y.logits);
+    EXPECT_EQ(x.grads, y.grads);
+    EXPECT_EQ(x.lambdas, y.lambdas);
+  };
+  const Step a = alone(tok_a, tgt_a), b = alone(tok_b, tgt_b);
+  ASSERT_NE(a.grads, b.grads);
+  ASSERT_EQ(a.grads.size(), m.params.size());
+  // Interleaved: a's forward, b's whole step, then a's backward reads a's activations.
+  TrainContext ra(m), rb(m);
+  ra.zero_grads();
+  rb.zero_grads();
+  const double la = ra.forward(tok_a.data(), tgt_a.data(), B, T);
+  const double lb = rb.forward(tok_b.data(), tgt_b.data(), B, T);
+  rb.backward();
+  ra.backward();
+  same(of(ra, la), a);
+  same(of(rb, lb), b);
+  if (GetParam() == nn::AttnKind::DiffV2) EXPECT_NE(a.lambdas, b.lambdas);  // per token
+  // At once on two threads.
+  Step ta;
+  std::thread other([&] { ta = alone(tok_a, tgt_a); });
+  const Step tb = alone(tok_b, tgt_b);
+  other.join();
+  same(ta, a);
+  same(tb, b);
+}
+
+TEST(TrainContext, ModelsOverAWeightStoreRunForwardButNoBackward) {
+  const ModelConfig c = tiny(nn::AttnKind::DiffV1);
+  Model f32(c);
+  f32.init_weights(3);
+  auto store = std::make_shared<WeightStore>();
+  for (const TensorInfo& t : f32.tensors()) store->tensors.push_back(typed(f32.params.data() + t.offset));
+  store->description = "test store";
+  const Model kept(c, store);
+  const auto tok = random_tokens(8, c.vocab_size, 1), tgt = random_tokens(8, c.vocab_size, 2);
+  TrainContext run(kept), ref(f32);
+  EXPECT_EQ(run.forward(tok.data(), tgt.data(), 1, 8), ref.forward(tok.data(), tgt.data(), 1, 8));
+  EXPECT_EQ(run.logits(), ref.logits());
+  run.zero_grads();
+  EXPECT_TRUE(run.grads().empty());
+  try {
+    run.backward();
+    ADD_FAILURE() << "backward over a weight store ran";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("kept as loaded (test store)"), std::string::npos) << e.what();
+  }
+  // The optimizer names a gradient buffer of the wrong size.
+  AdamW opt;
+  EXPECT_THROW(opt.step(f32, std::vector<float>(3), AdamWOptions{}, 1e-3), InvalidArgument);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, ModelKinds,

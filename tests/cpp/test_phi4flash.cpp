@@ -15,6 +15,7 @@
 
 #include "diffattn/infer/session.h"
 #include "diffattn/model/model.h"
+#include "diffattn/model/train_context.h"
 
 namespace diffattn {
 namespace {
@@ -232,7 +233,9 @@ TEST(Phi4Flash, TrainingAndSavingAreRefused) {
   const ModelConfig c = tiny();
   Model m = random_model(c, 2);
   const std::vector<int32_t> t = tokens(4, 1, c.vocab_size);
-  EXPECT_THROW(m.forward(t.data(), nullptr, 1, 4), InvalidArgument);
+  TrainContext run(m);
+  EXPECT_THROW(run.forward(t.data(), nullptr, 1, 4), InvalidArgument);
+  EXPECT_THROW(run.backward(), InvalidArgument);
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 
 #include "diffattn/infer/session.h"
 #include "diffattn/train/train.h"
+#include "diffattn/model/train_context.h"
 #include "http/request_head.h"
 #include "serve/engine.h"
 #include "serve/openai.h"
@@ -419,9 +420,10 @@ TEST_P(EngineKinds, ContiguousSessionMatchesTheFullForward) {
   const int64_t P = static_cast<int64_t>(p.size()), n = 6;
   std::vector<int32_t> all = p;
   for (int64_t i = 0; i < n; ++i) all.push_back(static_cast<int32_t>((i * 11 + 5) % V));
-  Model full_model = tiny_model(GetParam(), 13);
-  full_model.forward(all.data(), nullptr, 1, P + n);
-  const std::vector<float> full = full_model.logits();
+  const Model full_model = tiny_model(GetParam(), 13);
+  TrainContext full_run(full_model);
+  full_run.forward(all.data(), nullptr, 1, P + n);
+  const std::vector<float> full = full_run.logits();
   for (const DType dt : {DType::F32, DType::F16}) {
     SCOPED_TRACE(dtype_name(dt));
     const double tol = dt == DType::F32 ? 2e-6 : 32.0 / 2048;

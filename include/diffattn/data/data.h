@@ -13,6 +13,7 @@
 
 #include "diffattn/model/model.h"
 #include "diffattn/model/model_dir.h"
+#include "diffattn/model/train_context.h"
 
 namespace diffattn::data {
 
@@ -137,8 +138,9 @@ class TokenWindows : public Dataset {
 };
 
 // Mean loss over consecutive non-overlapping windows of a token stream (validation): up to
-// max_batches batches of (B, T), each window scored on all T targets.
-double eval_loss(Model& model, const std::vector<int32_t>& tokens, int64_t B, int64_t T,
+// max_batches batches of (B, T), each window scored on all T targets, through run (its
+// activations are overwritten: a trainer passes its own, so evaluation takes no second set).
+double eval_loss(TrainContext& run, const std::vector<int32_t>& tokens, int64_t B, int64_t T,
                  int64_t max_batches);
 
 }  // namespace diffattn::data

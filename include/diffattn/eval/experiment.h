@@ -68,8 +68,8 @@ struct RetrievalExperimentResult {
 
 // Accuracy (argmax of the answer position's logits == the value) over `samples` samples of
 // `spec` with context C (or all queries' needles with spec.depth as given); only_first: score
-// query 0 only (the one spec.depth places).
-double retrieval_accuracy(Model& m, const data::RetrievalSpec& spec, int64_t samples,
+// query 0 only (the one spec.depth places). The forwards run through `run`.
+double retrieval_accuracy(TrainContext& run, const data::RetrievalSpec& spec, int64_t samples,
                           bool only_first = false, int64_t batch = 32);
 
 // Trains and evaluates every kind; `log` receives progress lines (may be empty).

@@ -1,5 +1,5 @@
 // Looking inside a trained model: the attention maps of a layer recomputed from the saved
-// statistics of the fused forward (Model::layer_attention and attention_probs: the forward
+// statistics of the fused forward (TrainContext::layer_attention and attention_probs: the forward
 // itself keeps no T x T buffer), and the attention-noise analysis of arXiv:2410.05258's
 // Table 3 on held-out multi-needle retrieval contexts (retrieval.h).
 #pragma once
@@ -12,6 +12,7 @@
 #include "diffattn/data/retrieval.h"
 #include "diffattn/eval/views.h"
 #include "diffattn/model/model.h"
+#include "diffattn/model/train_context.h"
 
 namespace diffattn::eval {
 
@@ -39,8 +40,8 @@ struct MapOptions {
   bool with_standard = true;  // DIFF models: also compute the full-width standard view
 };
 
-// After m.forward(...) over B sequences: the maps of `layer` for sequence b.
-LayerMaps layer_maps(const Model& m, int64_t layer, int64_t b, const MapOptions& o = {});
+// After run.forward(...) over B sequences: the maps of `layer` for sequence b.
+LayerMaps layer_maps(const TrainContext& run, int64_t layer, int64_t b, const MapOptions& o = {});
 
 // The views of one head (or the mean over heads, head = -1), in the form views.h exports and
 // the explorer draws. tokens label the T positions. A standard model has only `standard`.
@@ -84,7 +85,7 @@ struct NoiseAnalysis {
 
 // Runs `samples` held-out samples of `spec` (its seed is used as given: pass one the model was
 // not trained on) through the model in batches and accumulates the shares.
-NoiseAnalysis analyze_noise(Model& m, const data::RetrievalSpec& spec, int64_t samples,
+NoiseAnalysis analyze_noise(TrainContext& run, const data::RetrievalSpec& spec, int64_t samples,
                             int64_t batch = 16);
 
 // The shares of one weight row over keys [0, n): `answer_begin..answer_end` is the answer span,

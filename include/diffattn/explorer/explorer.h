@@ -55,8 +55,8 @@ struct Response {
 Response handle(const std::string& method, const std::string& path, const std::string& body);
 
 // Offers a saved model (a directory of FORMAT.md) as the source "model", numbered in the order
-// added; /api/info lists them. Throws what load_model throws. Each model is run under its own
-// lock (a forward overwrites the model's saved activations).
+// added; /api/info lists them. Throws what load_model throws. A model is shared read only: each
+// request runs its forward in its own TrainContext, so requests need no lock.
 void add_model(const std::string& dir);
 
 // {"error": message} with the status.

@@ -285,7 +285,7 @@ void attention_probs(const AttnProblem& p, const float* lse, int map, float* pro
 inline void attention_probs(const AttnParams& p, int map, float* probs) {
   attention_probs(p, p.lse, map, probs);
 }
-// A saved forward (out and lse read only), e.g. Model::layer_attention's.
+// A saved forward (out and lse read only), e.g. TrainContext::layer_attention's.
 inline void attention_probs(const AttnBwdParams& p, int map, float* probs) {
   attention_probs(p, p.lse, map, probs);
 }

@@ -1,8 +1,8 @@
 // The Differential Transformer language model of docs/FORMAT.md ("diffattn/1"): its weights in
-// one flat buffer laid out by the tensor table (or kept as loaded, WeightStore), the
-// forward/backward over a batch, and the const pieces an infer::Session composes (inference
-// runs only there: include/diffattn/infer/). Its description: config.h; files:
-// checkpoint.h and safetensors.h; training: optimizer.h; generation: sampler.h.
+// one flat buffer laid out by the tensor table (or kept as loaded, WeightStore) and the const
+// layer pieces its runners compose: a TrainContext (train_context.h: forward and backward over a
+// batch) and an infer::Session (include/diffattn/infer/: inference). Its description: config.h;
+// files: checkpoint.h and safetensors.h; training: optimizer.h; generation: infer/sampler.h.
 #pragma once
 
 #include <cstdint>
@@ -48,11 +48,15 @@ struct WeightStore {
   std::string description;  // what `diffattn info` shows, e.g. "Hugging Face diffllama, BF16"
 };
 
+// The weights and what reads them: immutable after load (init_weights and an optimizer step
+// write a trainable model's params) and shared by const&. Run state lives with the runner: a
+// TrainContext (train_context.h) for whole-batch forward and backward, an infer::Session
+// (include/diffattn/infer/) for inference.
 class Model {
  public:
-  // A trainable model: float32 weights and gradients in params / grads.
+  // A trainable model: float32 weights in params.
   explicit Model(const ModelConfig& cfg);
-  // An inference model over weights kept as loaded (no params, no grads; backward() refuses).
+  // An inference model over weights kept as loaded (no params; TrainContext::backward refuses).
   Model(const ModelConfig& cfg, std::shared_ptr<const WeightStore> store);
 
   const ModelConfig& config() const { return cfg_; }
@@ -71,35 +75,11 @@ class Model {
   // vectors N(0, 0.1) (the upstream code's convention). Same seed, same weights.
   void init_weights(uint64_t seed);
 
-  // Forward over tokens (B, T). With targets (B, T) returns the mean cross-entropy over the
-  // positions whose target is >= 0; without, 0. Logits stay in logits() (B, T, V).
-  double forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T);
-  // After forward with targets: grads += d(dloss_scale * mean loss)/dparams.
-  void backward(float dloss_scale = 1.0f);
-  void zero_grads();
-  const std::vector<float>& logits() const { return logits_; }
-
-  // Per-layer lambda: V1 the layer's scalar (Eq. 2); V2 the mean of sigmoid(lambda_proj x) over
-  // the last forward's tokens and heads (NaN before any forward); standard: empty.
+  // Per-layer lambda read from the weights: V1 the layer's scalar (Eq. 2); V2's is per token
+  // (NaN here: TrainContext::layer_lambdas gives a forward's mean); standard: empty.
   std::vector<double> layer_lambdas() const;
 
-  // One attention layer as the last forward() ran it, for looking inside (maps, analysis):
-  // `params` views q and k after RoPE, v, lambda (V1: (H) broadcast; V2: (B, T, H)), the output
-  // and the saved lse, so attention_probs(params, map, probs) recomputes the maps; nothing is
-  // copied and the forward is unchanged (it keeps no T x T buffer). Valid until the next
-  // forward; throws before any forward.
-  struct LayerAttention {
-    kernels::AttnBwdParams params;  // the forward's outputs read only
-    nn::AttnLayerShape shape;
-  };
-  LayerAttention layer_attention(int64_t layer) const;
-  // (B, T) of the last forward(); (0, 0) before any.
-  int64_t last_batch() const { return B_; }
-  int64_t last_len() const { return T_; }
-
-  // ---- what an inference session composes (infer::Session, include/diffattn/infer/) ----
-  // Const: one model serves any number of sessions, each bringing its own scratch; the paged
-  // KV store, the batch and the serving paths live in the infer room.
+  // ---- the layer pieces a runner composes (TrainContext, infer::Session) ----
 
   // What one layer's forward keeps for the backward (N = B*T rows); an inference session's
   // scratch for the layer body (its buffers are resized, no allocation once large enough).
@@ -119,9 +99,13 @@ class Model {
   using AttnFn = std::function<void(float* out, const float* an)>;
   // x (N, C) = the embeddings of tokens (N).
   void embed(float* x, const int32_t* tokens, int64_t N) const;
-  // Layer l over N rows in place: x = x_mid + ffn(x_mid), x_mid = x + attn(rmsnorm(x)), the
-  // body training runs (layer_body), with the caller's attention and scratch a.
-  void layer_infer(int64_t l, LayerActs& a, float* x, int64_t N, const AttnFn& attn) const;
+  // One decoder layer over N rows, the body training and inference share: x_out = x_mid +
+  // down(silu(gate f) * up f), f = rmsnorm(x_mid), x_mid = x_in + attn(rmsnorm(x_in)), where
+  // attn is the caller's attention (the training forward's, a paged prompt chunk, a decode
+  // step). a's buffers are resized (no allocation once large enough) and keep what the
+  // backward reads. x_out may be x_in (inference updates the stream in place).
+  void layer(int64_t l, LayerActs& a, const float* x_in, float* x_out, int64_t N,
+             const AttnFn& attn) const;
   // logits (N, V) of rows x (N, C): the final norm, then the output head; normed and rstd are
   // the caller's scratch.
   void head(float* logits, const float* x, int64_t N, std::vector<float>& normed,
@@ -133,30 +117,15 @@ class Model {
   // RoPE's frequencies (D/2), scaled per config().rope_scaling (nn::rope_table's inv_freq).
   const std::vector<double>& rope_inv_freq() const { return inv_freq_; }
 
-  std::vector<float> params;  // flat, laid out by tensors()
-  std::vector<float> grads;   // same layout
+  std::vector<float> params;  // a trainable model's weights: flat, laid out by tensors()
 
  private:
-  // One decoder layer over N rows, the body training, KV-cache inference and the paged
-  // serving paths share: x_out = x_mid + down(silu(gate f) * up f), f = rmsnorm(x_mid),
-  // x_mid = x_in + attn(rmsnorm(x_in)), where attn(out, an) is the caller's attention layer
-  // (contiguous cache or none, a paged prompt chunk, a paged decode step). a's buffers are
-  // resized (no allocation once large enough). x_out may be x_in (inference updates the
-  // stream in place). Defined in model.cpp, its only user.
-  template <class Attn>
-  void layer_body(int64_t l, LayerActs& a, const float* x_in, float* x_out, int64_t N,
-                  Attn&& attn) const;
-  // layer_body with nn::attn_layer_fwd over (B, T) rows (no cache: inference runs through
-  // infer::Session); with save, a keeps what backward() reads.
-  void layer_fwd(int64_t l, LayerActs& a, const float* x_in, float* x_out, int64_t B, int64_t T,
-                 const float* cos_t, const float* sin_t, bool save);
-  // The FFN half of layer_body over BT rows: from a.x_mid to x_out.
-  void ffn_fwd(int64_t l, LayerActs& a, float* x_out, int64_t BT) const;
-  nn::AttnLayerGrads attn_grads(int64_t l);
-  void rope_for(int64_t pos0, int64_t T);
+  friend class TrainContext;  // the backward reads the tensor offsets (off, lt_)
+  // The FFN half of layer over N rows: from a.x_mid to x_out.
+  void ffn_fwd(int64_t l, LayerActs& a, float* x_out, int64_t N) const;
   void require_trainable(const char* what) const;
   // Tensor i of the table: in its stored type, as float32 (throws if stored otherwise), and
-  // its offset in params / grads (trainable models).
+  // its offset in params (trainable models) and in a context's gradients.
   TypedPtr wt(int64_t i) const;
   const float* wf(int64_t i) const { return i < 0 ? nullptr : wt(i).f32(); }
   int64_t off(int64_t i) const { return table_[static_cast<size_t>(i)].offset; }
@@ -175,21 +144,6 @@ class Model {
   int64_t norm_bias_ = -1;                     // SambaY's final LayerNorm bias
   std::shared_ptr<const WeightStore> store_;
   std::vector<double> inv_freq_;  // RoPE frequencies (D/2), scaled per cfg_.rope_scaling
-
-  // training activations
-  int64_t B_ = 0, T_ = 0;
-  std::vector<int32_t> tokens_, targets_;
-  std::vector<LayerActs> acts_;
-  std::vector<float> x_final_, nf_;      // (N, C) the last layer's output, rmsnorm(., norm)
-  std::vector<float> nf_rstd_, lse_, losses_;  // (N)
-  std::vector<float> logits_;             // (N, V)
-  int64_t counted_ = 0;
-  std::vector<float> cos_, sin_;
-  int64_t rope_pos0_ = -1, rope_T_ = -1;
-  nn::AttnLayerScratch scratch_;
-  std::vector<float> dx_, dbuf_;  // (N, C) gradient of the residual stream; scratch
-  std::vector<float> dbig_, dgu_;  // (N, F), (N, 2F)
-  std::vector<float> dlogits_;     // (N, V)
 };
 
 }  // namespace diffattn

@@ -23,9 +23,10 @@ struct AdamW {
   std::vector<float> m, v;  // first and second moments, laid out like Model::params
   int64_t t = 0;            // updates taken
   void reset(size_t n);
-  // Clips grads to o.clip (global L2 norm, summed in double in a fixed order), then takes one
-  // decoupled-weight-decay step. Returns the gradient norm before clipping.
-  double step(Model& m, const AdamWOptions& o, double lr);
+  // Clips grads (laid out like m.params: a TrainContext's) to o.clip (global L2 norm, summed in
+  // double in a fixed order), then takes one decoupled-weight-decay step on m.params. Returns
+  // the gradient norm before clipping.
+  double step(Model& m, const std::vector<float>& grads, const AdamWOptions& o, double lr);
 };
 
 double grad_norm(const std::vector<float>& g);

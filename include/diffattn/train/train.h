@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "diffattn/model/model.h"
 #include "diffattn/model/optimizer.h"
 #include "diffattn/model/safetensors.h"
+#include "diffattn/model/train_context.h"
 #include "diffattn/infer/generate.h"
 #include "diffattn/infer/sampler.h"
 
@@ -125,7 +127,10 @@ class Trainer {
   // the cosine decay, so the learning rate from the current step on follows the new schedule.
   void set_schedule(int64_t steps, int64_t eval_every, int64_t eval_batches, int64_t save_every);
 
-  Model& model() { return model_; }
+  Model& model() { return *model_; }
+  // The run state of the last step or evaluation (activations, gradients: lambdas, looking
+  // inside); eval_loss runs through it (no second set of activations).
+  TrainContext& context() { return ctx_; }
   const TrainOptions& options() const { return opts_; }
   int64_t steps_done() const { return step_; }
   const std::string& dir() const { return dir_; }
@@ -137,7 +142,8 @@ class Trainer {
 
  private:
   std::string dir_;
-  Model model_;
+  std::unique_ptr<Model> model_;  // on the heap: ctx_ points at it, and a Trainer moves
+  TrainContext ctx_;
   TrainOptions opts_;
   AdamW adam_;
   int64_t step_ = 0;
