@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    Model m = load_model(argv[1]);
+    model::Model m = model::load_model(argv[1]);
     const int64_t max_tokens = argc > 2 ? std::atoll(argv[2]) : 128;
     std::vector<int64_t> ns;
     std::stringstream list(argc > 3 ? argv[3] : "1,4,16,64");

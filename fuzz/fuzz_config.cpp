@@ -9,9 +9,9 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   try {
-    const diffattn::ModelConfig cfg = diffattn::ModelConfig::from_json(text, "fuzz/config.json");
-    (void)diffattn::tensor_table(cfg);
-    (void)diffattn::ModelConfig::from_json(cfg.to_json(), "round trip");
+    const diffattn::model::ModelConfig cfg = diffattn::model::ModelConfig::from_json(text, "fuzz/config.json");
+    (void)diffattn::model::tensor_table(cfg);
+    (void)diffattn::model::ModelConfig::from_json(cfg.to_json(), "round trip");
   } catch (const diffattn::Error&) {
   }
   return 0;

@@ -31,7 +31,7 @@ void tiny_model_dir() {
   if (::mkdtemp(g_dir) == nullptr) std::abort();
   std::atexit(remove_model_dir);
   const char* dir = g_dir;
-  diffattn::ModelConfig c;
+  diffattn::model::ModelConfig c;
   c.attention = diffattn::nn::AttnKind::DiffV1;
   c.vocab_size = 256;
   c.d_model = 16;
@@ -41,9 +41,9 @@ void tiny_model_dir() {
   c.head_dim = 8;
   c.ffn_dim = 16;
   c.max_seq_len = 32;
-  diffattn::Model m(c);
+  diffattn::model::Model m(c);
   m.init_weights(1);
-  diffattn::save_model(m, dir);
+  diffattn::model::save_model(m, dir);
   diffattn::explorer::add_model(dir);
 }
 

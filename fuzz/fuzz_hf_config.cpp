@@ -40,13 +40,13 @@ const std::string& dir() {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   try {
-    const diffattn::ModelConfig cfg = diffattn::hf_model_config(text, "fuzz/config.json");
-    (void)diffattn::tensor_table(cfg);
-    (void)diffattn::ModelConfig::from_json(cfg.to_json(), "round trip");
+    const diffattn::model::ModelConfig cfg = diffattn::model::hf_model_config(text, "fuzz/config.json");
+    (void)diffattn::model::tensor_table(cfg);
+    (void)diffattn::model::ModelConfig::from_json(cfg.to_json(), "round trip");
   } catch (const diffattn::Error&) {
   }
   try {
-    (void)diffattn::parse_hf_weight_map(text, "fuzz/model.safetensors.index.json");
+    (void)diffattn::model::parse_hf_weight_map(text, "fuzz/model.safetensors.index.json");
   } catch (const diffattn::Error&) {
   }
   static const auto bytes = diffattn::data::byte_tokenizer();

@@ -95,8 +95,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   diffattn::write_file_atomic(dir + "/model.safetensors",
                               std::string(reinterpret_cast<const char*>(data + 1), size - 1));
   try {
-    diffattn::Model m = diffattn::load_model(dir);
-    for (const diffattn::TensorInfo& t : m.tensors()) {
+    diffattn::model::Model m = diffattn::model::load_model(dir);
+    for (const diffattn::model::TensorInfo& t : m.tensors()) {
       const std::vector<float> w = m.weight_f32(t.name);
       if (static_cast<int64_t>(w.size()) != t.numel) std::abort();
       for (float x : w) {
@@ -116,7 +116,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       session.decode(b, logits.data());
       return 0;
     }
-    diffattn::TrainContext run(m);
+    diffattn::model::TrainContext run(m);
     run.forward(tokens, nullptr, 1, 3);
     if (run.logits().size() != 3 * 16) std::abort();
   } catch (const diffattn::Error&) {

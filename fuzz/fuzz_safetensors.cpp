@@ -16,8 +16,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string bytes(reinterpret_cast<const char*>(data), size);
   try {
-    const diffattn::SafeTensorsHeader h = diffattn::parse_safetensors_header(bytes, "fuzz.safetensors");
-    const diffattn::SafeTensorsFile f = diffattn::parse_safetensors(bytes, "fuzz.safetensors");
+    const diffattn::model::SafeTensorsHeader h = diffattn::model::parse_safetensors_header(bytes, "fuzz.safetensors");
+    const diffattn::model::SafeTensorsFile f = diffattn::model::parse_safetensors(bytes, "fuzz.safetensors");
     if (f.tensors.size() != h.tensors.size()) std::abort();
     std::vector<std::pair<uint64_t, uint64_t>> ranges;
     for (const auto& [name, e] : h.tensors) ranges.push_back({e.begin, e.end});

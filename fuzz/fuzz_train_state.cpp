@@ -15,12 +15,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     if (!bytes.empty() && bytes[0] == '{') {
       const diffattn::train::TrainOptions o = diffattn::train::TrainOptions::from_json(bytes, "fuzz options");
-      diffattn::ModelConfig cfg;  // the defaults: a small valid model
+      diffattn::model::ModelConfig cfg;  // the defaults: a small valid model
       diffattn::train::check_train_options(o, cfg);
       (void)diffattn::train::TrainOptions::from_json(o.to_json(), "round trip");
     } else {
-      const diffattn::SafeTensorsHeader h =
-          diffattn::parse_safetensors_header(bytes, "fuzz/train_state.safetensors");
+      const diffattn::model::SafeTensorsHeader h =
+          diffattn::model::parse_safetensors_header(bytes, "fuzz/train_state.safetensors");
       const diffattn::train::TrainState st =
           diffattn::train::check_train_state_header(h, "fuzz/train_state.safetensors");
       if (st.step < 0 || st.step > st.options.steps || st.adamw_t < 0 || st.adamw_t > st.step) std::abort();

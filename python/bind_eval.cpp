@@ -66,12 +66,12 @@ eval::SnrConfig snr_config(int64_t length, int64_t head_dim, double signal, doub
 // A config dict: a whole config.json (it has "format") goes through the one config reader,
 // ModelConfig::from_json, with every check; otherwise the architecture keys alone, the rest of
 // FORMAT.md's keys accepted and ignored where they change no count.
-ModelConfig arch_of(const py::dict& d) {
+model::ModelConfig arch_of(const py::dict& d) {
   if (d.contains("format")) {
     const std::string text = py::str(py::module_::import("json").attr("dumps")(d));
-    return ModelConfig::from_json(text, "model config");
+    return model::ModelConfig::from_json(text, "model config");
   }
-  ModelConfig c;
+  model::ModelConfig c;
   c.max_seq_len = 1;  // no tensor depends on it
   for (auto item : d) {
     const std::string key = py::str(item.first);
@@ -79,7 +79,7 @@ ModelConfig arch_of(const py::dict& d) {
         key == "lambda_init_shift" || key == "subln_eps") {
       continue;  // no parameter, FLOP or cache byte depends on them
     }
-    if (key == "attention") c.attention = parse_attn_kind(py::str(item.second), "model config");
+    if (key == "attention") c.attention = model::parse_attn_kind(py::str(item.second), "model config");
     else if (key == "vocab_size") c.vocab_size = item.second.cast<int64_t>();
     else if (key == "d_model") c.d_model = item.second.cast<int64_t>();
     else if (key == "n_layers") c.n_layers = item.second.cast<int64_t>();
@@ -97,7 +97,7 @@ ModelConfig arch_of(const py::dict& d) {
       if (v != "swiglu" && v != "polynorm") {
         throw InvalidArgument("model config: mlp is \"" + v + "\", expected \"swiglu\" or \"polynorm\"");
       }
-      c.mlp = v == "polynorm" ? MlpKind::PolyNorm : MlpKind::SwiGLU;
+      c.mlp = v == "polynorm" ? model::MlpKind::PolyNorm : model::MlpKind::SwiGLU;
     }
     else throw InvalidArgument("model config: unknown key \"" + key + "\"");
   }

@@ -29,7 +29,7 @@ namespace diffattn::python {
 namespace {
 
 // obj's shape checked as int64 (B, T), B, T >= 1, T at most max_seq_len; nothing is read yet.
-py::array int64_tokens(const char* op, const char* name, const py::handle& obj, const Model& m, Shape& shape) {
+py::array int64_tokens(const char* op, const char* name, const py::handle& obj, const model::Model& m, Shape& shape) {
   if (!py::isinstance<py::array>(obj)) {
     throw InvalidArgument(std::string(op) + ": " + name + " must be a NumPy int64 array (B, T), got " +
                           std::string(py::str(py::type::of(obj).attr("__name__"))));
@@ -53,7 +53,7 @@ py::array int64_tokens(const char* op, const char* name, const py::handle& obj, 
 
 // The ids of a checked (B, T) int64 array, read through its strides (a stride-0 view is read,
 // never copied whole), each checked against the vocabulary.
-std::vector<int32_t> token_ids(const char* op, const char* name, const py::array& a, const Model& m) {
+std::vector<int32_t> token_ids(const char* op, const char* name, const py::array& a, const model::Model& m) {
   const auto r = py::reinterpret_borrow<py::array_t<int64_t>>(a).unchecked<2>();
   const int64_t V = m.config().vocab_size, B = r.shape(0), T = r.shape(1);
   std::vector<int32_t> out(static_cast<size_t>(B * T));
@@ -77,7 +77,7 @@ struct Batch {
 
 // Shapes first, then the memory a forward (and backward) of (B, T) takes with its (B, T, vocab)
 // logits, and only then are the ids read: a huge batch is an error naming it, before any work.
-Batch batch_of(const char* op, const Model& m, const py::handle& tokens, const py::handle* targets) {
+Batch batch_of(const char* op, const model::Model& m, const py::handle& tokens, const py::handle* targets) {
   Batch b;
   Shape ts, gs;
   const py::array ta = int64_tokens(op, "tokens", tokens, m, ts);
@@ -105,9 +105,9 @@ Batch batch_of(const char* op, const Model& m, const py::handle& tokens, const p
   return b;
 }
 
-py::dict tensors_of(const Model& m, const std::vector<float>& buf) {
+py::dict tensors_of(const model::Model& m, const std::vector<float>& buf) {
   py::dict d;
-  for (const TensorInfo& t : m.tensors()) {
+  for (const model::TensorInfo& t : m.tensors()) {
     py::array_t<float> a = new_array(t.shape);
     std::memcpy(a.mutable_data(), buf.data() + t.offset, sizeof(float) * static_cast<size_t>(t.numel));
     d[py::str(t.name)] = a;
@@ -118,7 +118,7 @@ py::dict tensors_of(const Model& m, const std::vector<float>& buf) {
 // Each call runs in its own TrainContext (the model is shared read only, so threads that
 // released the GIL never share run state). V2's lambda is per token: the mean of the call's
 // forward is kept on the Python object for lambdas().
-void keep_lambdas(const py::object& self_obj, const TrainContext& run) {
+void keep_lambdas(const py::object& self_obj, const model::TrainContext& run) {
   if (run.model().config().attention == nn::AttnKind::DiffV2) {
     self_obj.attr("_forward_lambdas") = py::cast(run.layer_lambdas());
   }
@@ -127,12 +127,12 @@ void keep_lambdas(const py::object& self_obj, const TrainContext& run) {
 }  // namespace
 
 void bind_model(py::module_& m) {
-  py::class_<Model>(m, "Model", py::dynamic_attr(),
+  py::class_<model::Model>(m, "Model", py::dynamic_attr(),
                     "A Differential Transformer language model (docs/FORMAT.md).")
       .def(
           "forward",
           [](const py::object& self_obj, const py::handle& tokens) {
-            const Model& self = self_obj.cast<const Model&>();
+            const model::Model& self = self_obj.cast<const model::Model&>();
             const Batch b = batch_of("Model.forward", self, tokens, nullptr);
             const int64_t V = self.config().vocab_size;
             if (self.config().recurrent()) {
@@ -149,7 +149,7 @@ void bind_model(py::module_& m) {
               }
               return out;
             }
-            TrainContext run(self);
+            model::TrainContext run(self);
             {
               py::gil_scoped_release nogil;
               run.forward(b.tokens.data(), nullptr, b.B, b.T);
@@ -163,9 +163,9 @@ void bind_model(py::module_& m) {
       .def(
           "loss",
           [](const py::object& self_obj, const py::handle& tokens, const py::handle& targets) {
-            const Model& self = self_obj.cast<const Model&>();
+            const model::Model& self = self_obj.cast<const model::Model&>();
             const Batch b = batch_of("Model.loss", self, tokens, &targets);
-            TrainContext run(self);
+            model::TrainContext run(self);
             double loss = 0;
             {
               py::gil_scoped_release nogil;
@@ -179,9 +179,9 @@ void bind_model(py::module_& m) {
       .def(
           "gradients",
           [](const py::object& self_obj, const py::handle& tokens, const py::handle& targets) {
-            const Model& self = self_obj.cast<const Model&>();
+            const model::Model& self = self_obj.cast<const model::Model&>();
             const Batch b = batch_of("Model.gradients", self, tokens, &targets);
-            TrainContext run(self);
+            model::TrainContext run(self);
             {
               py::gil_scoped_release nogil;
               run.zero_grads();
@@ -195,9 +195,9 @@ void bind_model(py::module_& m) {
           "gradients of the mean loss: {tensor name: array} for every FORMAT.md tensor")
       .def(
           "parameters",
-          [](const Model& self) {
+          [](const model::Model& self) {
             py::dict d;
-            for (const TensorInfo& t : self.tensors()) {
+            for (const model::TensorInfo& t : self.tensors()) {
               py::array_t<float> a = new_array(t.shape);
               const std::vector<float> w = self.weight_f32(t.name);
               std::memcpy(a.mutable_data(), w.data(), sizeof(float) * w.size());
@@ -208,7 +208,7 @@ void bind_model(py::module_& m) {
           "the weights: {tensor name: float32 array} (copies; BF16/F16 weights converted)")
       .def(
           "generate",
-          [](const Model& self, const std::vector<int32_t>& prompt, int64_t max_new, double temperature,
+          [](const model::Model& self, const std::vector<int32_t>& prompt, int64_t max_new, double temperature,
              uint64_t seed, const std::vector<int32_t>& stop_ids, const std::string& kv_dtype) {
             infer::GenerateOptions o;
             o.max_new = max_new;
@@ -227,7 +227,7 @@ void bind_model(py::module_& m) {
           "at max_seq_len or before an id in stop_ids")
       .def(
           "save",
-          [](const Model& self, const std::string& path, const std::string& dtype, const std::string& format,
+          [](const model::Model& self, const std::string& path, const std::string& dtype, const std::string& format,
              int64_t shards) {
             const DType dt = parse_dtype(dtype, "Model.save: dtype");
             if (format != "diffattn" && format != "hf") {
@@ -237,34 +237,34 @@ void bind_model(py::module_& m) {
               throw InvalidArgument("Model.save: shards applies to format=\"hf\" (diffattn's format is one file)");
             }
             py::gil_scoped_release nogil;
-            return format == "hf" ? save_hf_model(self, path, dt, shards) : save_model(self, path, dt);
+            return format == "hf" ? model::save_hf_model(self, path, dt, shards) : model::save_model(self, path, dt);
           },
           py::arg("path"), py::arg("dtype") = "f32", py::arg("format") = "diffattn", py::arg("shards") = 1,
           "Writes the model as a directory (format 'diffattn' or 'hf': DiffLlama / Llama), replacing "
           "a model already there as one: at any moment, a kill included, the directory holds the "
           "old model or the new one, and its other files stay. Returns '' or a note on what of "
           "the old directory could not be put back.")
-      .def_property_readonly("trainable", &Model::trainable,
+      .def_property_readonly("trainable", &model::Model::trainable,
                              "False for a model over weights kept as loaded (Hugging Face BF16/F16)")
-      .def_property_readonly("storage", &Model::storage, "where the weights live")
+      .def_property_readonly("storage", &model::Model::storage, "where the weights live")
       .def(
           "lambdas",
           [](const py::object& self_obj) -> py::object {
             if (py::hasattr(self_obj, "_forward_lambdas")) return self_obj.attr("_forward_lambdas");
-            return py::cast(self_obj.cast<const Model&>().layer_lambdas());
+            return py::cast(self_obj.cast<const model::Model&>().layer_lambdas());
           },
           "lambda per layer: V1 the scalar of Eq. 2; V2 the mean sigmoid of the last forward, "
           "loss or gradients call (NaN before one)")
       .def_property_readonly(
           "config",
-          [](const Model& self) {
+          [](const model::Model& self) {
             return py::module_::import("json").attr("loads")(self.config().to_json());
           },
           "the config as a dict (config.json's keys, docs/FORMAT.md); diffattn.account takes it")
-      .def_property_readonly("num_params", &Model::num_params);
+      .def_property_readonly("num_params", &model::Model::num_params);
 
   m.def(
-      "load_model", [](const std::string& path) { return load_model(path); }, py::arg("path"),
+      "load_model", [](const std::string& path) { return model::load_model(path); }, py::arg("path"),
       "Load a model directory (config.json + model.safetensors, docs/FORMAT.md). Errors name the "
       "file and the tensor or key: OSError for unreadable or corrupted files, ValueError for a "
       "config that is not diffattn/1.");
@@ -277,17 +277,17 @@ void bind_model(py::module_& m) {
         const std::string config = py::isinstance<py::str>(config_obj)
                                        ? config_obj.cast<std::string>()
                                        : py::str(py::module_::import("json").attr("dumps")(config_obj)).cast<std::string>();
-        const ModelConfig cfg = ModelConfig::from_json(config, std::string(op) + ": config");
+        const model::ModelConfig cfg = model::ModelConfig::from_json(config, std::string(op) + ": config");
         const DType dt = parse_dtype(dtype, std::string(op) + ": dtype");
         for (auto item : tensors) {
           const std::string name = py::str(item.first);
-          const auto& table = tensor_table(cfg);
-          if (std::none_of(table.begin(), table.end(), [&](const TensorInfo& t) { return t.name == name; })) {
+          const auto& table = model::tensor_table(cfg);
+          if (std::none_of(table.begin(), table.end(), [&](const model::TensorInfo& t) { return t.name == name; })) {
             throw InvalidArgument(std::string(op) + ": tensors[\"" + name + "\"] is not a tensor of this config");
           }
         }
-        Model m(cfg);
-        for (const TensorInfo& t : m.tensors()) {
+        model::Model m(cfg);
+        for (const model::TensorInfo& t : m.tensors()) {
           if (!tensors.contains(t.name)) {
             throw InvalidArgument(std::string(op) + ": tensors has no \"" + t.name + "\" of shape " + shape_str(t.shape));
           }
@@ -303,7 +303,7 @@ void bind_model(py::module_& m) {
           std::memcpy(m.params.data() + t.offset, v.data, sizeof(float) * static_cast<size_t>(t.numel));
         }
         py::gil_scoped_release nogil;
-        return save_model(m, path, dt);
+        return model::save_model(m, path, dt);
       },
       py::arg("path"), py::arg("config"), py::arg("tensors"), py::arg("dtype") = "f32",
       "Writes a model directory in diffattn's format from config.json's text and {FORMAT.md name: "
@@ -314,7 +314,7 @@ void bind_model(py::module_& m) {
   m.def(
       "read_safetensors",
       [](const std::string& path) {
-        const SafeTensorsFile f = read_safetensors(path);
+        const model::SafeTensorsFile f = model::read_safetensors(path);
         py::dict tensors;
         for (const auto& [name, t] : f.tensors) {
           py::array_t<float> a = new_array(t.shape);

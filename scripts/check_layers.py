@@ -51,12 +51,10 @@ PRIVATE_OK = {
 KNOWN = set(USES) | {'bench'}
 
 # Namespaces follow folders: every namespace a layer's file opens is diffattn::<layer> or
-# inside it (anonymous namespaces, and the Highway conventions hwy/hn, aside). The layers
-# below still use the project's root namespace `diffattn`, each named with why; moving one
-# is a rename across every caller, to be done as its own step.
+# inside it (anonymous namespaces, and the Highway conventions hwy/hn, aside). Only the layer
+# below uses the project's root namespace `diffattn`, named with why.
 ROOT_NAMESPACE_OK = {
     'base': 'the project-wide vocabulary (errors, files, dtypes) every layer names unqualified',
-    'model': 'not moved yet: Model, ModelConfig and the checkpoint functions are diffattn::',
 }
 NAMESPACE = re.compile(r'^namespace ([A-Za-z_][\w:]*) *\{', re.M)
 IGNORED_NAMESPACES = {'hwy', 'hn', 'detail', 'jinja', 'HWY_NAMESPACE'}

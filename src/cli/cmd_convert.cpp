@@ -42,15 +42,15 @@ int run_convert(const std::vector<std::string>& argv) {
   if (to == "diffattn" && a.given("--shards")) {
     throw UsageError("--shards applies to --to hf (diffattn's format is one file)");
   }
-  const Model m = load_model(in);
+  const model::Model m = model::load_model(in);
   // The tokenizer and generation_config.json go with the model, in the same atomic replacement:
   // a kill at any moment leaves --out holding the old model or the new one, whole, and an old
   // model's tokenizer or weight files never survive beside the new one.
-  const ModelFiles side = model_side_files(in);
-  const std::string note = to == "hf" ? save_hf_model(m, out, dtype, shards, side) : save_model(m, out, dtype, side);
+  const model::ModelFiles side = model::model_side_files(in);
+  const std::string note = to == "hf" ? model::save_hf_model(m, out, dtype, shards, side) : model::save_model(m, out, dtype, side);
   if (!note.empty()) std::cerr << "diffattn convert: note: " << note << "\n";
   std::cout << "wrote " << out << " (" << (to == "hf" ? "Hugging Face " : "diffattn ")
-            << (to == "hf" ? (m.config().mlp == MlpKind::PolyNorm           ? "motif"
+            << (to == "hf" ? (m.config().mlp == model::MlpKind::PolyNorm           ? "motif"
                               : m.config().attention == nn::AttnKind::DiffV1 ? "diffllama"
                                                                              : "llama")
                            : nn::attn_kind_name(m.config().attention))

@@ -31,13 +31,13 @@ int run_eval(const std::vector<std::string>& argv) {
   const int64_t batch = a.integer("--batch", 1, int64_t{1} << 40);
   const int64_t seq_len = a.integer("--seq-len", 1, int64_t{1} << 40);
   const int64_t batches = a.integer("--batches", 0, int64_t{1} << 40);
-  const ModelDir md = open_model_dir(dir);
-  const Model m = load_model(md);
+  const model::ModelDir md = model::open_model_dir(dir);
+  const model::Model m = model::load_model(md);
   const auto tok = data::tokenizer_for(md, choice);
   const data::Corpus c = data::load_corpus(a.str("--corpus"), data::default_cache_dir());
   const std::vector<int32_t> valid = tok->encode(c.valid);
   const int64_t T = std::min(seq_len, m.config().max_seq_len);
-  TrainContext run(m);
+  model::TrainContext run(m);
   const double loss = data::eval_loss(run, valid, batch, T, batches);
   std::printf("%s on %s validation (%zu tokens, T %lld): loss %.4f  perplexity %.3f  (%.4f bits per token)\n",
               dir.c_str(), c.name.c_str(), valid.size(), static_cast<long long>(T), loss,

@@ -229,7 +229,7 @@ int run_experiment(const std::vector<std::string>& argv) {
   o.train.adamw.weight_decay = a.number("--weight-decay");
   o.kinds.clear();
   for (const std::string& k : split(a.str("--kinds"), ',')) {
-    o.kinds.push_back(from_flags([&] { return parse_attn_kind(k, "--kinds"); }));
+    o.kinds.push_back(from_flags([&] { return model::parse_attn_kind(k, "--kinds"); }));
   }
   if (o.kinds.empty()) throw UsageError("--kinds is empty");
   o.out_dir = a.str("--out");
@@ -289,8 +289,8 @@ int run_analyze(const std::vector<std::string>& argv) {
   const std::string dir = a.str("--model");
   const int64_t samples = a.integer("--samples");
   if (samples < 1) throw UsageError("--samples must be >= 1");
-  const Model m = load_model(dir);
-  TrainContext run(m);
+  const model::Model m = model::load_model(dir);
+  model::TrainContext run(m);
   data::RetrievalSpec spec = data::read_retrieval_spec(dir).value_or(data::RetrievalSpec{});
   apply_task_options(a, spec);
   spec.min_context = 0;

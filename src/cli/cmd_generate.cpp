@@ -23,9 +23,9 @@ namespace {
 
 // Weight bytes a forward reads for each token: every matrix but the embedding table (one row
 // a token), which is read whole when tied to the output layer.
-double bytes_per_token(const Model& m) {
+double bytes_per_token(const model::Model& m) {
   double b = 0;
-  for (const TensorInfo& t : m.tensors()) {
+  for (const model::TensorInfo& t : m.tensors()) {
     if (t.name == "embed_tokens.weight" && !m.config().tie_embeddings) continue;
     b += static_cast<double>(t.numel) * static_cast<double>(dtype_size(m.weight(t.name).dtype));
   }
@@ -42,10 +42,10 @@ int64_t layer_of(const std::string& name) {
 // token, the cross-decoder's for the last only (it alone wants logits), the output layer for
 // it; attention: the window layers' P x min(P, W) and the full-attention layer's P^2 / 2 scores
 // and weighted values.
-double prefill_flops_sambay(const Model& m, int64_t P) {
-  const ModelConfig& c = m.config();
+double prefill_flops_sambay(const model::Model& m, int64_t P) {
+  const model::ModelConfig& c = m.config();
   double flops = 0;
-  for (const TensorInfo& t : m.tensors()) {
+  for (const model::TensorInfo& t : m.tensors()) {
     if (t.shape.size() != 2 || t.name == "embed_tokens.weight" || t.name.find("A_log") != std::string::npos) continue;
     const int64_t l = layer_of(t.name);
     flops += 2.0 * static_cast<double>(t.numel) * static_cast<double>(l > c.yoco_layer() ? 1 : P);
@@ -53,7 +53,7 @@ double prefill_flops_sambay(const Model& m, int64_t P) {
   const nn::AttnLayerShape s = c.attn_shape(c.yoco_layer());
   const double Pd = static_cast<double>(P), per = static_cast<double>(s.q_heads() * s.D + s.q_heads() * s.Dv());
   int64_t windows = 0;
-  for (int64_t l = 0; l < c.n_layers; ++l) windows += c.layer_kind(l) == LayerKind::SlidingAttention;
+  for (int64_t l = 0; l < c.n_layers; ++l) windows += c.layer_kind(l) == model::LayerKind::SlidingAttention;
   const double W = static_cast<double>(std::min<int64_t>(P, c.sambay.window));
   flops += 2.0 * per * (static_cast<double>(windows) * Pd * W + Pd * Pd / 2.0);
   return flops + 2.0 * static_cast<double>(c.d_model * c.vocab_size);
@@ -62,11 +62,11 @@ double prefill_flops_sambay(const Model& m, int64_t P) {
 // Multiply-adds x 2 of one prefill of P tokens: the projections and the MLP for every token,
 // the output layer for the last, causal attention (about P^2/2 scores and P^2/2 weighted
 // values per query head and map).
-double prefill_flops(const Model& m, int64_t P) {
-  const ModelConfig& c = m.config();
+double prefill_flops(const model::Model& m, int64_t P) {
+  const model::ModelConfig& c = m.config();
   if (c.recurrent()) return prefill_flops_sambay(m, P);
   double linear = 0;
-  for (const TensorInfo& t : m.tensors()) {
+  for (const model::TensorInfo& t : m.tensors()) {
     if (t.shape.size() == 2 && t.name != "embed_tokens.weight" && t.name != "lm_head.weight") {
       linear += static_cast<double>(t.numel);
     }
@@ -78,7 +78,7 @@ double prefill_flops(const Model& m, int64_t P) {
   return 2.0 * linear * Pd + 2.0 * static_cast<double>(c.d_model * c.vocab_size) + attn;
 }
 
-int bench_decode(const Model& m, int64_t prompt_len, int64_t n, double load_s, DType kv_dtype) {
+int bench_decode(const model::Model& m, int64_t prompt_len, int64_t n, double load_s, DType kv_dtype) {
   const int64_t V = m.config().vocab_size;
   // n decode steps after the prompt: n + 1 new tokens, the last one sampled but not decoded.
   if (prompt_len + n + 1 > m.config().max_seq_len) {
@@ -112,7 +112,7 @@ int bench_decode(const Model& m, int64_t prompt_len, int64_t n, double load_s, D
   bench::ReadBandwidth bw_probe(int64_t{512} << 20);
   bw_probe.measure(threads);
   const double bw = bw_probe.measure(threads);
-  const ModelConfig& c = m.config();
+  const model::ModelConfig& c = m.config();
   const nn::AttnLayerShape s = c.attn_shape(c.recurrent() ? c.yoco_layer() : 0);
   // Decode's bytes a token: the weights plus the K/V cache read, at the mean length (a
   // recurrent model: its state, and the YOCO cache once more for each cross layer).
@@ -121,7 +121,7 @@ int bench_decode(const Model& m, int64_t prompt_len, int64_t n, double load_s, D
   double kv = static_cast<double>(c.n_layers) * static_cast<double>(s.n_k() + s.n_v()) * es * mean_len;
   if (c.recurrent()) {
     int64_t cross = 0;
-    for (int64_t l = 0; l < c.n_layers; ++l) cross += c.layer_kind(l) == LayerKind::CrossAttention;
+    for (int64_t l = 0; l < c.n_layers; ++l) cross += c.layer_kind(l) == model::LayerKind::CrossAttention;
     kv = infer::KvStore::sequence_bytes(c, static_cast<int64_t>(mean_len), kv_dtype) +
          static_cast<double>(cross) * static_cast<double>(s.n_k() + s.n_v()) * es * mean_len;
   }
@@ -199,8 +199,8 @@ int run_generate(const std::vector<std::string>& argv) {
   }
   o.sampler.seed = static_cast<uint64_t>(a.integer("--seed", 0, INT64_MAX));
   const auto t_load = std::chrono::steady_clock::now();
-  const ModelDir md = open_model_dir(dir);
-  Model m = load_model(md);
+  const model::ModelDir md = model::open_model_dir(dir);
+  model::Model m = model::load_model(md);
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
   if (bench_steps > 0) {

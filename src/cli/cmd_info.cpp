@@ -21,9 +21,9 @@ int run_info(const std::vector<std::string>& argv) {
   a.positional("DIR", "the model directory: diffattn's (config.json, model.safetensors) or a Hugging Face Llama/DiffLlama/Motif-2 one");
   if (!a.parse(argv)) return 0;
   const std::string dir = a.str("DIR");
-  const ModelDir md = open_model_dir(dir);
-  const Model m = load_model(md);
-  const ModelConfig& c = m.config();
+  const model::ModelDir md = model::open_model_dir(dir);
+  const model::Model m = model::load_model(md);
+  const model::ModelConfig& c = m.config();
   // A Hugging Face directory may come without its tokenizer: say so rather than refuse to show it.
   std::unique_ptr<data::Tokenizer> tok;
   std::string tokenizer;
@@ -37,7 +37,7 @@ int run_info(const std::vector<std::string>& argv) {
   std::cout << "model " << dir << " (" << tokenizer << ")\nweights: " << m.storage()
             << "\n\nconfig (diffattn's form)\n" << c.to_json() << "\n";
   std::vector<std::vector<std::string>> rows;
-  for (const TensorInfo& t : m.tensors()) {
+  for (const model::TensorInfo& t : m.tensors()) {
     rows.push_back({t.name, shape_str(t.shape), std::to_string(t.numel), t.decay ? "yes" : "no"});
   }
   rows.push_back({"total", "", std::to_string(m.num_params()), ""});
@@ -79,7 +79,7 @@ int run_info(const std::vector<std::string>& argv) {
     const std::string sample = "In the beginning God created the heaven and the earth.";
     std::vector<int32_t> ids = tok->encode(sample);
     if (static_cast<int64_t>(ids.size()) > c.max_seq_len) ids.resize(static_cast<size_t>(c.max_seq_len));
-    TrainContext run(m);
+    model::TrainContext run(m);
     run.forward(ids.data(), nullptr, 1, static_cast<int64_t>(ids.size()));
     const std::vector<double> lam = run.layer_lambdas();
     for (int64_t l = 0; l < c.n_layers; ++l) lrows.push_back({std::to_string(l), fixed(lam[static_cast<size_t>(l)])});

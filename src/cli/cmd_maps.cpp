@@ -85,8 +85,8 @@ int run_maps(const std::vector<std::string>& argv) {
   mo.mode = from_flags([&] { return kernels::parse_diff_mode(a.str("--mode"), "--mode"); });
   int64_t layer = a.integer("--layer");
   const int64_t head_flag = a.integer("--head");
-  const ModelDir md = open_model_dir(dir);
-  const Model m = load_model(md);
+  const model::ModelDir md = model::open_model_dir(dir);
+  const model::Model m = model::load_model(md);
   const auto tok = data::tokenizer_for(md, choice);
   const Prompt p = tokenize(*tok, a.str("--prompt"), m.config().max_seq_len);
   const int64_t T = static_cast<int64_t>(p.ids.size()), L = m.config().n_layers;
@@ -99,7 +99,7 @@ int run_maps(const std::vector<std::string>& argv) {
   if (head < -1 || head >= heads) {
     throw UsageError("--head " + std::to_string(head) + " is outside [0, " + std::to_string(heads) + ")");
   }
-  TrainContext run(m);
+  model::TrainContext run(m);
   run.forward(p.ids.data(), nullptr, 1, T);
 
   const std::string kind = nn::attn_kind_name(m.config().attention);

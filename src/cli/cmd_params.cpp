@@ -68,7 +68,7 @@ std::string delta(int64_t n) { return n == 0 ? "0" : (n > 0 ? "+" : "-") + exact
 
 std::string ratio(double a, double b) { return fixed(a / b, 3) + "x"; }
 
-std::string shape_line(const ModelConfig& c) {
+std::string shape_line(const model::ModelConfig& c) {
   const bool v1 = c.attention == nn::AttnKind::DiffV1, v2 = c.attention == nn::AttnKind::DiffV2;
   std::string s = std::to_string(c.n_layers) + " layers, ";
   if (v1) {
@@ -85,9 +85,9 @@ std::string shape_line(const ModelConfig& c) {
   return s + ", ffn " + std::to_string(c.ffn_dim);
 }
 
-void report(std::ostream& os, const std::string& title, const ModelConfig& b, int64_t T,
+void report(std::ostream& os, const std::string& title, const model::ModelConfig& b, int64_t T,
             double bytes, bool match_ffn) {
-  ModelConfig bm = b;
+  model::ModelConfig bm = b;
   if (match_ffn) bm.ffn_dim = eval::v2_matched_ffn(b);
   const eval::Accounting st = eval::account(b, T, bytes);
   const eval::Accounting v1 = eval::account(eval::diff_v1_of(b), T, bytes);
@@ -203,13 +203,13 @@ int run_params(const std::vector<std::string>& argv) {
                           "--kv-heads", "--tie"}) {
       if (args.given(o)) throw UsageError(std::string(o) + " cannot be used with --model (the size is the model's)");
     }
-    const ModelConfig c = eval::read_model_config(args.str("--model"));
+    const model::ModelConfig c = eval::read_model_config(args.str("--model"));
     if (!args.given("--context")) T = c.max_seq_len;
     report(std::cout, args.str("--model") + " (" + nn::attn_kind_name(c.attention) + ") and its other versions",
            eval::base_of(c), T, bytes, match);
     return 0;
   }
-  ModelConfig b = eval::example_7b();
+  model::ModelConfig b = eval::example_7b();
   b.vocab_size = args.integer("--vocab", 1, kBig);
   b.d_model = args.integer("--d-model", 1, kBig);
   b.n_layers = args.integer("--layers", 1, kBig);

@@ -34,9 +34,9 @@ bool exists(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0;
 }
 
-void print_summary(std::ostream& os, const Model& m, const train::TrainOptions& o,
+void print_summary(std::ostream& os, const model::Model& m, const train::TrainOptions& o,
                    const std::string& data_desc) {
-  const ModelConfig& c = m.config();
+  const model::ModelConfig& c = m.config();
   os << "model: " << nn::attn_kind_name(c.attention) << ", " << c.n_layers << " layers, d_model "
      << c.d_model << ", heads " << c.n_heads << " (kv " << c.n_kv_heads << "), head_dim "
      << c.head_dim << ", ffn_dim " << c.ffn_dim << ", vocab " << c.vocab_size << ", "
@@ -48,7 +48,7 @@ void print_summary(std::ostream& os, const Model& m, const train::TrainOptions& 
      << "data: " << data_desc << "\n";
 }
 
-int bench(const ModelConfig& cfg, const train::TrainOptions& o, int64_t steps) {
+int bench(const model::ModelConfig& cfg, const train::TrainOptions& o, int64_t steps) {
   // Random tokens: throughput does not depend on the text.
   std::vector<int32_t> toks(static_cast<size_t>(1 << 20));
   uint64_t s = o.seed;
@@ -187,13 +187,13 @@ int run_train(const std::vector<std::string>& argv) {
     throw UsageError("--tokenizer is \"" + o.tokenizer + "\", expected bytes or sentencepiece");
   }
 
-  const nn::AttnKind kind = from_flags([&] { return parse_attn_kind(attention, "--attention"); });
-  if (a.given("--preset")) from_flags([&] { model_preset(preset, kind); });
+  const nn::AttnKind kind = from_flags([&] { return model::parse_attn_kind(attention, "--attention"); });
+  if (a.given("--preset")) from_flags([&] { model::model_preset(preset, kind); });
   const int64_t bench_steps = a.integer("--bench", 0, kBig);
   const int64_t vocab_size = a.integer("--vocab-size", 2, 1 << 20);
   if (bench_steps > 0) {
-    ModelConfig cfg = model_j.is_null() ? model_preset(preset, kind)
-                                        : ModelConfig::from_json(model_j.dump(), "--config model");
+    model::ModelConfig cfg = model_j.is_null() ? model::model_preset(preset, kind)
+                                        : model::ModelConfig::from_json(model_j.dump(), "--config model");
     return bench(cfg, train::TrainOptions(o), bench_steps);
   }
   if (!a.given("--out")) throw UsageError("--out DIR is required (the model directory to write)");
@@ -215,7 +215,7 @@ int run_train(const std::vector<std::string>& argv) {
       // the model of the step before: the resume point's model is written out first.
       tr->model_files.replace_tokenizer = true;
       if (exists(dir + "/tokenizer.model")) tr->model_files.extra["tokenizer.model"] = read_file(dir + "/tokenizer.model");
-      save_model(tr->model(), dir, DType::F32, tr->model_files);
+      model::save_model(tr->model(), dir, DType::F32, tr->model_files);
       throw UsageError(dir + " is already at step " + std::to_string(tr->steps_done()) + " of " +
                        std::to_string(tr->options().steps) +
                        " (its model files are that step's); pass --steps N with N larger to train further");
@@ -237,7 +237,7 @@ int run_train(const std::vector<std::string>& argv) {
     corpus = data::load_corpus(o.corpus, cache);
     if (a.given("--init")) {
       const std::string init = a.str("--init");
-      Model m = load_model(init);
+      model::Model m = model::load_model(init);
       tok = data::tokenizer_for(init);
       make_dirs(dir);
       if (tok->name() == "sentencepiece") {
@@ -263,10 +263,10 @@ int run_train(const std::vector<std::string>& argv) {
       } else {
         tok = data::byte_tokenizer();
       }
-      const ModelConfig cfg =
+      const model::ModelConfig cfg =
           model_j.is_null()
-              ? model_preset(preset, kind, tok->vocab_size())
-              : ModelConfig::from_json(model_j.dump(), a.str("--config") + " (model)");
+              ? model::model_preset(preset, kind, tok->vocab_size())
+              : model::ModelConfig::from_json(model_j.dump(), a.str("--config") + " (model)");
       if (cfg.vocab_size != tok->vocab_size()) {
         throw InvalidArgument("config vocab_size = " + std::to_string(cfg.vocab_size) +
                               " but the " + tok->name() + " tokenizer has " +

@@ -48,7 +48,7 @@ void demo_language_model(std::ostream& os, int section, int64_t steps) {
   Run runs[2] = {{"DIFF V1", nullptr, {}, 0, 0}, {"standard", nullptr, {}, 0, 0}};
   const nn::AttnKind kinds[2] = {nn::AttnKind::DiffV1, nn::AttnKind::Standard};
   for (int r = 0; r < 2; ++r) {
-    runs[r].tr = std::make_unique<train::Trainer>("", model_preset("tiny", kinds[r]), o);
+    runs[r].tr = std::make_unique<train::Trainer>("", model::model_preset("tiny", kinds[r]), o);
     const auto t0 = std::chrono::steady_clock::now();
     double acc = 0;
     // The curve's rows come only at the end: a progress bar on stderr meanwhile, as `train` has.
@@ -81,7 +81,7 @@ void demo_language_model(std::ostream& os, int section, int64_t steps) {
 
   const std::vector<double> lam = runs[0].tr->context().layer_lambdas();
   os << "\nDIFF V1's lambda per layer after training:";
-  const ModelConfig& c1 = runs[0].tr->model().config();
+  const model::ModelConfig& c1 = runs[0].tr->model().config();
   for (size_t l = 0; l < lam.size(); ++l) {
     os << (l ? ", " : " ") << "layer " << l << " = " << fixed(lam[l], 3) << " (init "
        << fixed(c1.layer_lambda_init(static_cast<int64_t>(l)), 3) << ")";

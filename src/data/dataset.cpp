@@ -33,7 +33,7 @@ std::string TokenWindows::describe() const {
   return name_ + " (" + std::to_string(tokens_.size()) + " tokens, random windows)";
 }
 
-double eval_loss(TrainContext& run, const std::vector<int32_t>& tokens, int64_t B, int64_t T,
+double eval_loss(model::TrainContext& run, const std::vector<int32_t>& tokens, int64_t B, int64_t T,
                  int64_t max_batches) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t windows = n > T ? (n - 1) / T : 0;

@@ -301,7 +301,7 @@ std::unique_ptr<Tokenizer> tokenizer_for(const std::string& model_dir, Tokenizer
   if (::stat((model_dir + "/tokenizer.json").c_str(), &st) == 0) return load_hf_tokenizer(model_dir);
   const std::string p = model_dir + "/tokenizer.model";
   if (::stat(p.c_str(), &st) == 0) return load_sentencepiece(p);
-  if (is_hf_model_dir(model_dir)) {
+  if (model::is_hf_model_dir(model_dir)) {
     throw IoError(model_dir + ": a Hugging Face model directory without a tokenizer (no tokenizer.json "
                   "and no tokenizer.model): copy the model's tokenizer.json and tokenizer_config.json "
                   "into it, or pass --tokenizer bytes to use raw bytes as token ids");
@@ -309,7 +309,7 @@ std::unique_ptr<Tokenizer> tokenizer_for(const std::string& model_dir, Tokenizer
   return byte_tokenizer();
 }
 
-std::unique_ptr<Tokenizer> tokenizer_for(const ModelDir& dir, TokenizerChoice choice) {
+std::unique_ptr<Tokenizer> tokenizer_for(const model::ModelDir& dir, TokenizerChoice choice) {
   if (choice == TokenizerChoice::kBytes) return byte_tokenizer();
   const std::string& p = dir.tokenizer_path;
   if (p.size() >= 15 && p.compare(p.size() - 15, 15, "/tokenizer.json") == 0) {

@@ -13,8 +13,8 @@ void need(bool ok, const std::string& what) {
 
 }  // namespace
 
-ModelConfig example_7b() {
-  ModelConfig c;
+model::ModelConfig example_7b() {
+  model::ModelConfig c;
   c.attention = nn::AttnKind::Standard;
   c.vocab_size = 32000;
   c.d_model = 4096;
@@ -27,31 +27,31 @@ ModelConfig example_7b() {
   return c;
 }
 
-ModelConfig diff_v1_of(const ModelConfig& b) {
+model::ModelConfig diff_v1_of(const model::ModelConfig& b) {
   need(b.n_heads % 2 == 0, "DIFF V1 pairs two heads of the standard model: n_heads must be even, got " +
                                std::to_string(b.n_heads));
   need(b.n_kv_heads % 2 == 0,
        "DIFF V1 keeps the key/value size with half as many groups of 2D-wide values: n_kv_heads "
        "must be even, got " + std::to_string(b.n_kv_heads));
-  ModelConfig c = b;
+  model::ModelConfig c = b;
   c.attention = nn::AttnKind::DiffV1;
   c.n_heads = b.n_heads / 2;  // h = d_model / 2d (arXiv:2410.05258, Section 2.1)
   c.n_kv_heads = b.n_kv_heads / 2;
   return c;
 }
 
-ModelConfig diff_v2_of(const ModelConfig& b) {
-  ModelConfig c = b;
+model::ModelConfig diff_v2_of(const model::ModelConfig& b) {
+  model::ModelConfig c = b;
   c.attention = nn::AttnKind::DiffV2;
   return c;
 }
 
-int64_t v2_matched_ffn(const ModelConfig& b) {
-  return v2_matched_ffn_dim(b.ffn_dim, b.d_model, b.n_heads, b.head_dim);
+int64_t v2_matched_ffn(const model::ModelConfig& b) {
+  return model::v2_matched_ffn_dim(b.ffn_dim, b.d_model, b.n_heads, b.head_dim);
 }
 
-ModelConfig base_of(const ModelConfig& c) {
-  ModelConfig b = c;
+model::ModelConfig base_of(const model::ModelConfig& c) {
+  model::ModelConfig b = c;
   b.attention = nn::AttnKind::Standard;
   b.lambda_init.reset();
   if (c.attention == nn::AttnKind::DiffV1) {
@@ -63,7 +63,7 @@ ModelConfig base_of(const ModelConfig& c) {
 
 // FORMAT.md's tensor list is tensor_table (src/model/config.cpp), the one the model loads and
 // saves; accounting only adds each tensor's component.
-std::vector<TensorSpec> format_tensors(const ModelConfig& c) {
+std::vector<TensorSpec> format_tensors(const model::ModelConfig& c) {
   auto component = [](const std::string& n) -> std::string {
     auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
     if (has("embed_tokens")) return "embeddings";
@@ -75,14 +75,14 @@ std::vector<TensorSpec> format_tensors(const ModelConfig& c) {
     return "ffn";
   };
   std::vector<TensorSpec> t;
-  ModelConfig v = c;
+  model::ModelConfig v = c;
   if (v.max_seq_len < 1) v.max_seq_len = 1;  // no tensor depends on it
   v.validate("model config");
-  for (const TensorInfo& i : tensor_table(v)) t.push_back({i.name, i.shape, component(i.name)});
+  for (const model::TensorInfo& i : model::tensor_table(v)) t.push_back({i.name, i.shape, component(i.name)});
   return t;
 }
 
-Accounting account(const ModelConfig& c, int64_t context, double bytes_per_value) {
+Accounting account(const model::ModelConfig& c, int64_t context, double bytes_per_value) {
   if (context < 1) throw InvalidArgument("accounting: context must be >= 1, got " + std::to_string(context));
   if (!(bytes_per_value > 0) || !std::isfinite(bytes_per_value)) {
     throw InvalidArgument("accounting: bytes per value must be a finite number > 0");
@@ -133,15 +133,15 @@ double sequence_flops(const Accounting& a, int64_t T) {
 
 namespace diffattn::eval {
 
-ModelConfig read_model_config(const std::string& path) {
+model::ModelConfig read_model_config(const std::string& path) {
   struct stat st {};
   const bool dir = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-  if (dir || path.empty() || path.back() == '/') check_model_dir(path);  // worded as load_model's
+  if (dir || path.empty() || path.back() == '/') model::check_model_dir(path);  // worded as load_model's
   const std::string file = dir ? path + "/config.json" : path;
   const std::string text = read_file(file, kMaxJsonFileBytes);
   // config.json has one parser per format, the model loader's (every rule and error message).
-  if (dir && is_hf_model_dir(path)) return hf_model_config(text, file);
-  return ModelConfig::from_json(text, file);
+  if (dir && model::is_hf_model_dir(path)) return model::hf_model_config(text, file);
+  return model::ModelConfig::from_json(text, file);
 }
 
 }  // namespace diffattn::eval

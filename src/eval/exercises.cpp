@@ -176,14 +176,14 @@ namespace diffattn::eval {
 
 Exercise5 exercise5() {
   Exercise5 e;
-  const ModelConfig b = example_7b();  // the 7B example's shapes at d_model 4096
+  const model::ModelConfig b = example_7b();  // the 7B example's shapes at d_model 4096
   auto closest_layers = [&](const char* kind, double target) {
     int64_t best = 1;
     double best_err = INFINITY;
     for (int64_t L = 1; L <= 200; ++L) {
-      ModelConfig s = b;
+      model::ModelConfig s = b;
       s.n_layers = L;
-      const ModelConfig c = std::string(kind) == "diff_v1" ? diff_v1_of(s) : s;
+      const model::ModelConfig c = std::string(kind) == "diff_v1" ? diff_v1_of(s) : s;
       const double err = std::abs(static_cast<double>(account(c, 1, 2).params) - target);
       if (err < best_err) {
         best_err = err;
@@ -192,7 +192,7 @@ Exercise5 exercise5() {
     }
     return best;
   };
-  ModelConfig d = b, s = b;
+  model::ModelConfig d = b, s = b;
   d.n_layers = closest_layers("diff_v1", 6.8e9);
   s.n_layers = closest_layers("standard", 11e9);
   e.diff = account(diff_v1_of(d), e.context, 2);

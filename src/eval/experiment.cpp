@@ -32,10 +32,10 @@ std::string kind_label(nn::AttnKind k) {
 std::string pct(double v) { return fixed(100.0 * v, 1) + "%"; }
 
 // Scales every 2-D weight except the embeddings from the library's N(0, 0.02) to N(0, std).
-void rescale_init(Model& m, double init_std) {
+void rescale_init(model::Model& m, double init_std) {
   if (init_std == 0.02) return;
   const float f = static_cast<float>(init_std / 0.02);
-  for (const TensorInfo& t : m.tensors()) {
+  for (const model::TensorInfo& t : m.tensors()) {
     if (t.shape.size() != 2 || t.name == "embed_tokens.weight") continue;
     for (int64_t i = 0; i < t.numel; ++i) m.params[static_cast<size_t>(t.offset + i)] *= f;
   }
@@ -116,8 +116,8 @@ void tables(std::ostream& os, const RetrievalExperimentResult& r, bool md) {
 
 }  // namespace
 
-ModelConfig version_of_size(const ModelConfig& s, nn::AttnKind kind, int64_t vocab_size) {
-  return model_of_size(kind, s.d_model, s.n_layers, s.n_heads, s.ffn_dim, s.max_seq_len, vocab_size);
+model::ModelConfig version_of_size(const model::ModelConfig& s, nn::AttnKind kind, int64_t vocab_size) {
+  return model::model_of_size(kind, s.d_model, s.n_layers, s.n_heads, s.ffn_dim, s.max_seq_len, vocab_size);
 }
 
 data::RetrievalSpec heldout(const data::RetrievalSpec& task) {
@@ -126,7 +126,7 @@ data::RetrievalSpec heldout(const data::RetrievalSpec& task) {
   return h;
 }
 
-double retrieval_accuracy(TrainContext& run, const data::RetrievalSpec& spec, int64_t samples, bool only_first,
+double retrieval_accuracy(model::TrainContext& run, const data::RetrievalSpec& spec, int64_t samples, bool only_first,
                           int64_t batch) {
   const int64_t V = run.model().config().vocab_size;
   int64_t correct = 0, total = 0;
@@ -183,7 +183,7 @@ RetrievalExperimentResult run_retrieval_experiment(const RetrievalExperimentOpti
   for (nn::AttnKind kind : o.kinds) {
     RetrievalModelResult mr;
     mr.kind = kind;
-    Model init(version_of_size(o.size, kind));
+    model::Model init(version_of_size(o.size, kind));
     if (o.paired_init) {
       paired_init(init, o.task.seed, o.init_std);
     } else {
@@ -208,7 +208,7 @@ RetrievalExperimentResult run_retrieval_experiment(const RetrievalExperimentOpti
       tr.run(task, nullptr, 0, [&](const train::StepLog& s) { mr.loss_curve.push_back(s.loss); });
     }
     mr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    TrainContext& run = tr.context();
+    model::TrainContext& run = tr.context();
     for (int64_t c : o.lengths) {
       data::RetrievalSpec s = held;
       s.context = c;
@@ -256,7 +256,7 @@ struct QueryRows {
   bool signed_map = false;
 };
 
-QueryRows query_rows(TrainContext& run, const data::RetrievalSample& s) {
+QueryRows query_rows(model::TrainContext& run, const data::RetrievalSample& s) {
   const int64_t T = static_cast<int64_t>(s.tokens.size());
   run.forward(s.tokens.data(), nullptr, 1, T);
   QueryRows q;
@@ -352,8 +352,8 @@ std::vector<std::string> write_retrieval_report(RetrievalExperimentResult& r, co
   std::vector<viz::Canvas> panels;
   for (RetrievalModelResult& mr : r.models) {
     if (mr.dir.empty()) continue;
-    const Model m = load_model(mr.dir);
-    TrainContext run(m);
+    const model::Model m = model::load_model(mr.dir);
+    model::TrainContext run(m);
     const QueryRows q = query_rows(run, sample);
     viz::HeatmapSpec spec;
     spec.title = kind_label(mr.kind) + (q.signed_map ? ": A1 - lambda A2" : ": softmax") + ", row of the query \"" +

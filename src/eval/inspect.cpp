@@ -63,8 +63,8 @@ void add_scaled(std::vector<float>& acc, const float* x, size_t n, float w) {
 
 }  // namespace
 
-LayerMaps layer_maps(const TrainContext& run, int64_t layer, int64_t b, const MapOptions& o) {
-  const TrainContext::LayerAttention la = run.layer_attention(layer);
+LayerMaps layer_maps(const model::TrainContext& run, int64_t layer, int64_t b, const MapOptions& o) {
+  const model::TrainContext::LayerAttention la = run.layer_attention(layer);
   if (b < 0 || b >= la.params.B) {
     throw InvalidArgument("layer_maps: sequence " + std::to_string(b) + " is outside the last forward's batch of " +
                           std::to_string(la.params.B));
@@ -218,14 +218,14 @@ void scale(NoiseStats& s, double f) {
 
 }  // namespace
 
-NoiseAnalysis analyze_noise(TrainContext& run, const data::RetrievalSpec& spec, int64_t samples,
+NoiseAnalysis analyze_noise(model::TrainContext& run, const data::RetrievalSpec& spec, int64_t samples,
                             int64_t batch) {
   spec.validate();
   if (samples < 1 || batch < 1) {
     throw InvalidArgument("analyze_noise: samples and batch must be >= 1, got " + std::to_string(samples) +
                           " and " + std::to_string(batch));
   }
-  const ModelConfig& cfg = run.model().config();
+  const model::ModelConfig& cfg = run.model().config();
   const int64_t L = cfg.n_layers, V = cfg.vocab_size;
   NoiseAnalysis r;
   r.kind = cfg.attention;

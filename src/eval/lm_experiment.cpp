@@ -103,8 +103,8 @@ LmCorpus read_lm_corpus(const std::string& dir, int64_t max_docs) {
   return c;
 }
 
-void paired_init(Model& m, uint64_t seed, double init_std) {
-  for (const TensorInfo& t : m.tensors()) {
+void paired_init(model::Model& m, uint64_t seed, double init_std) {
+  for (const model::TensorInfo& t : m.tensors()) {
     std::string key = std::to_string(seed) + "/" + t.name + "/";
     for (int64_t d : t.shape) key += std::to_string(d) + ",";
     uint64_t s = fnv1a(key);
@@ -124,10 +124,10 @@ void paired_init(Model& m, uint64_t seed, double init_std) {
   }
 }
 
-int64_t check_pairing(const std::vector<const Model*>& models) {
-  std::map<std::string, std::vector<std::pair<const Model*, const TensorInfo*>>> by;
-  for (const Model* m : models) {
-    for (const TensorInfo& t : m->tensors()) {
+int64_t check_pairing(const std::vector<const model::Model*>& models) {
+  std::map<std::string, std::vector<std::pair<const model::Model*, const model::TensorInfo*>>> by;
+  for (const model::Model* m : models) {
+    for (const model::TensorInfo& t : m->tensors()) {
       std::string key = t.name + " (";
       for (int64_t d : t.shape) key += std::to_string(d) + ",";
       by[key + ")"].push_back({m, &t});
@@ -240,15 +240,15 @@ LmExperimentResult run_lm_experiment(const LmExperimentOptions& o, const std::fu
     t.seed = seed;
     t.corpus = "lm-experiment";  // not a load_corpus spec: these runs are not resumed
     t.tokenizer = "bytes";
-    std::vector<Model> inits;
+    std::vector<model::Model> inits;
     for (nn::AttnKind kind : o.kinds) {
-      ModelConfig size = o.size;
+      model::ModelConfig size = o.size;
       size.max_seq_len = T;
       inits.emplace_back(version_of_size(size, kind));
       paired_init(inits.back(), seed, o.init_std);
     }
-    std::vector<const Model*> ptrs;
-    for (const Model& m : inits) ptrs.push_back(&m);
+    std::vector<const model::Model*> ptrs;
+    for (const model::Model& m : inits) ptrs.push_back(&m);
     r.shared_tensors = check_pairing(ptrs);
     for (size_t k = 0; k < o.kinds.size(); ++k) {
       LmModelResult mr;
@@ -263,7 +263,7 @@ LmExperimentResult run_lm_experiment(const LmExperimentOptions& o, const std::fu
       const auto t0 = std::chrono::steady_clock::now();
       for (int64_t s = 0; s < t.steps; ++s) mr.loss_curve.push_back(tr.step(train).loss);
       mr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      TrainContext& run = tr.context();
+      model::TrainContext& run = tr.context();
       const int64_t V = run.model().config().vocab_size;
       std::vector<double> dsum(nd, 0), dcnt(nd, 0);
       std::vector<std::vector<double>> bsum(nd, std::vector<double>(nb, 0)), bcnt = bsum;

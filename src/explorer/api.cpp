@@ -148,12 +148,12 @@ std::string example_prompt(const std::string& dir, int64_t max_tokens) {
 }
 
 struct LoadedModel {
-  explicit LoadedModel(const std::string& d) : LoadedModel(open_model_dir(d)) {}
-  explicit LoadedModel(const ModelDir& d)
-      : dir(d.path), model(load_model(d)), tok(data::tokenizer_for(d)),
+  explicit LoadedModel(const std::string& d) : LoadedModel(model::open_model_dir(d)) {}
+  explicit LoadedModel(const model::ModelDir& d)
+      : dir(d.path), model(model::load_model(d)), tok(data::tokenizer_for(d)),
         prompt(example_prompt(d.path, std::min<int64_t>(kMaxPromptTokens, model.config().max_seq_len))) {}
   std::string dir;
-  const Model model;
+  const model::Model model;
   std::unique_ptr<data::Tokenizer> tok;
   std::string prompt;
 };
@@ -164,7 +164,7 @@ std::vector<std::unique_ptr<LoadedModel>>& loaded_models() {
 }
 
 json model_info(const LoadedModel& lm, size_t index) {
-  const ModelConfig& c = lm.model.config();
+  const model::ModelConfig& c = lm.model.config();
   return {{"index", index},
           {"dir", lm.dir},
           {"name", lm.dir.substr(lm.dir.find_last_of('/', lm.dir.size() > 1 ? lm.dir.size() - 2 : 0) + 1)},
@@ -209,7 +209,7 @@ json model_views(const json& req, float lambda, bool lambda_given, kernels::Diff
   if (models.empty()) throw BadRequest{"\"source\": \"model\" needs a model: start the server with --model DIR"};
   const int64_t idx = int_field(req, "model", 0, 0, static_cast<int64_t>(models.size()) - 1);
   LoadedModel& lm = *models[static_cast<size_t>(idx)];
-  const ModelConfig& c = lm.model.config();
+  const model::ModelConfig& c = lm.model.config();
   if (req.contains("causal") && req["causal"] != json(true)) {
     throw BadRequest{"\"causal\": a model's attention is always causal"};
   }
@@ -234,7 +234,7 @@ json model_views(const json& req, float lambda, bool lambda_given, kernels::Diff
   eval::AttentionViews v;
   {
     // The request's own run state: concurrent requests share the const model, no lock.
-    TrainContext run(lm.model);
+    model::TrainContext run(lm.model);
     run.forward(ids.data(), nullptr, 1, static_cast<int64_t>(ids.size()));
     v = eval::head_views(eval::layer_maps(run, layer, 0, mo), head, labels);
   }

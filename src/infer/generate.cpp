@@ -10,7 +10,7 @@
 
 namespace diffattn::infer {
 
-std::vector<int32_t> generate_ids(const Model& m, const std::vector<int32_t>& ids,
+std::vector<int32_t> generate_ids(const model::Model& m, const std::vector<int32_t>& ids,
                                   const GenerateOptions& o,
                                   const std::function<bool(int32_t)>& on_token) {
   if (o.max_new < 0) {

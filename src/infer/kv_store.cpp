@@ -162,9 +162,9 @@ bool BlockAllocator::register_block(int32_t b, uint64_t parent, const int32_t* t
 namespace {
 
 // The pools of every layer, after the sizes are checked and the whole store is known to fit.
-std::vector<nn::KVPool> make_pools(const Model& m, int64_t n_blocks, int64_t block_size,
+std::vector<nn::KVPool> make_pools(const model::Model& m, int64_t n_blocks, int64_t block_size,
                                    DType kv_dtype) {
-  const ModelConfig& cfg = m.config();
+  const model::ModelConfig& cfg = m.config();
   const int64_t n = KvStore::kv_layers(cfg), first = cfg.recurrent() ? cfg.yoco_layer() : 0;
   double bytes = 0;
   for (int64_t l = first; l < first + n; ++l) {
@@ -189,7 +189,7 @@ int64_t checked_blocks(int64_t n_blocks, int64_t block_size) {
 }
 
 // A contiguous store's capacity: at least 1, at most the model's context.
-int64_t contiguous_capacity(const ModelConfig& cfg, int64_t capacity) {
+int64_t contiguous_capacity(const model::ModelConfig& cfg, int64_t capacity) {
   if (capacity < 1) {
     throw InvalidArgument("KV store: a contiguous cache needs a capacity >= 1, got " +
                           std::to_string(capacity));
@@ -199,24 +199,24 @@ int64_t contiguous_capacity(const ModelConfig& cfg, int64_t capacity) {
 
 }  // namespace
 
-KvStore::KvStore(const Model& m, int64_t n_blocks, int64_t block_size, DType kv_dtype)
+KvStore::KvStore(const model::Model& m, int64_t n_blocks, int64_t block_size, DType kv_dtype)
     : cfg_(&m.config()), kv_dtype_(kv_dtype),
       pools_(make_pools(m, checked_blocks(n_blocks, block_size), block_size, kv_dtype)),
       alloc_(std::in_place, n_blocks, block_size) {}
 
-double KvStore::sequence_bytes(const ModelConfig& cfg, int64_t positions, DType kv_dtype) {
+double KvStore::sequence_bytes(const model::ModelConfig& cfg, int64_t positions, DType kv_dtype) {
   const double es = static_cast<double>(dtype_size(kv_dtype)), n = static_cast<double>(positions);
   double bytes = 0;
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
-    const LayerKind k = cfg.layer_kind(l);
-    if (k == LayerKind::Mamba) {
+    const model::LayerKind k = cfg.layer_kind(l);
+    if (k == model::LayerKind::Mamba) {
       bytes += 4.0 * static_cast<double>(cfg.mamba_inner()) *
                static_cast<double>(cfg.sambay.d_conv - 1 + cfg.sambay.d_state);
       continue;
     }
-    if (k == LayerKind::Gmu || k == LayerKind::CrossAttention) continue;  // no state of their own
+    if (k == model::LayerKind::Gmu || k == model::LayerKind::CrossAttention) continue;  // no state of their own
     const nn::AttnLayerShape s = cfg.attn_shape(l);
-    const double rows = k == LayerKind::SlidingAttention ? static_cast<double>(cfg.sambay.window) : n;
+    const double rows = k == model::LayerKind::SlidingAttention ? static_cast<double>(cfg.sambay.window) : n;
     bytes += rows * static_cast<double>(s.n_k() + s.n_v()) * es;
   }
   return bytes;
@@ -234,11 +234,11 @@ int64_t KvStore::recurrent_bytes(int32_t id) const {
 
 void KvStore::reset_recurrent(Seq& s) {
   if (!cfg_ || !cfg_->recurrent()) return;
-  const ModelConfig& c = *cfg_;
+  const model::ModelConfig& c = *cfg_;
   int64_t n_mamba = 0, n_window = 0;
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    n_mamba += c.layer_kind(l) == LayerKind::Mamba;
-    n_window += c.layer_kind(l) == LayerKind::SlidingAttention;
+    n_mamba += c.layer_kind(l) == model::LayerKind::Mamba;
+    n_window += c.layer_kind(l) == model::LayerKind::SlidingAttention;
   }
   const int64_t E = c.mamba_inner();
   const double bytes = sequence_bytes(c, 0, kv_dtype_);
@@ -250,7 +250,7 @@ void KvStore::reset_recurrent(Seq& s) {
   s.rec.rings.resize(static_cast<size_t>(n_window));
   int64_t i = 0;
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    if (c.layer_kind(l) != LayerKind::SlidingAttention) continue;
+    if (c.layer_kind(l) != model::LayerKind::SlidingAttention) continue;
     // positions are always written before they are read: a ring's contents need no zeroing
     nn::KVCache& r = s.rec.rings[static_cast<size_t>(i++)];
     if (r.capacity != c.sambay.window || r.kv_dtype != kv_dtype_) {
@@ -260,7 +260,7 @@ void KvStore::reset_recurrent(Seq& s) {
   }
 }
 
-KvStore::KvStore(const Model& m, Contiguous c, DType kv_dtype)
+KvStore::KvStore(const model::Model& m, Contiguous c, DType kv_dtype)
     : cfg_(&m.config()), kv_dtype_(kv_dtype),
       pools_(make_pools(m, 1, contiguous_capacity(m.config(), c.capacity), kv_dtype)),
       contiguous_(true) {

@@ -31,7 +31,7 @@ int64_t state_index(int64_t l) { return l / 2; }
 
 void Session::sambay_layers(int64_t l0, int64_t l1, int64_t N, const std::vector<nn::MambaSeq>* mseqs,
                             const std::function<void(int64_t, float*, const float*)>& mixer) {
-  const ModelConfig& cfg = m_.config();
+  const model::ModelConfig& cfg = m_.config();
   const int64_t C = cfg.d_model, F = cfg.ffn_dim;
   const nn::MambaShape ms = m_.mamba_shape();
   ln_.resize(static_cast<size_t>(N * C));
@@ -40,9 +40,9 @@ void Session::sambay_layers(int64_t l0, int64_t l1, int64_t N, const std::vector
   hid_.resize(static_cast<size_t>(N * F));
   std::vector<nn::MambaSeq>& at_layer = mseqs_at_;
   for (int64_t l = l0; l < l1; ++l) {
-    const SambaYLayer& y = m_.sambay_layer(l);
+    const model::SambaYLayer& y = m_.sambay_layer(l);
     nn::layernorm_fwd(ln_.data(), x_.data(), y.ln_in_w, y.ln_in_b, N, C, cfg.norm_eps);
-    if (y.kind == LayerKind::Mamba) {
+    if (y.kind == model::LayerKind::Mamba) {
       // each sequence's state of this layer
       at_layer = *mseqs;
       const int64_t i = state_index(l);
@@ -56,7 +56,7 @@ void Session::sambay_layers(int64_t l0, int64_t l1, int64_t N, const std::vector
         mem = mem_.data();
       }
       nn::mamba_fwd(mix_.data(), mamba_, ln_.data(), y.mamba, ms, N, at_layer, mem);
-    } else if (y.kind == LayerKind::Gmu) {
+    } else if (y.kind == model::LayerKind::Gmu) {
       nn::gmu_fwd(mix_.data(), mamba_, ln_.data(), mem_.data(), y.mamba, ms, N);
     } else {
       mixer(l, mix_.data(), ln_.data());
@@ -72,7 +72,7 @@ void Session::sambay_layers(int64_t l0, int64_t l1, int64_t N, const std::vector
 
 void Session::sambay_chunk(const Batch& b, const std::vector<int64_t>& rows,
                            const std::vector<int64_t>& out_row, float* logits) {
-  const ModelConfig& cfg = m_.config();
+  const model::ModelConfig& cfg = m_.config();
   const int64_t T = static_cast<int64_t>(rows.size()), C = cfg.d_model;
   const size_t first = static_cast<size_t>(rows[0]);
   const int64_t pos0 = b.pos[first];
@@ -86,8 +86,8 @@ void Session::sambay_chunk(const Batch& b, const std::vector<int64_t>& rows,
   // The self-decoder over every row: the windows from each layer's ring, the full-attention
   // layer's K/V into the sequence's blocks.
   sambay_layers(0, yoco + 1, T, &mseqs, [&](int64_t l, float* out, const float* an) {
-    const SambaYLayer& y = m_.sambay_layer(l);
-    if (y.kind == LayerKind::SlidingAttention) {
+    const model::SambaYLayer& y = m_.sambay_layer(l);
+    if (y.kind == model::LayerKind::SlidingAttention) {
       const std::vector<nn::WindowSeq> w{{0, T, pos0, &s.rec.rings[static_cast<size_t>(state_index(l))]}};
       nn::attn_layer_window(out, layer_.attn, an, y.attn, cfg.attn_shape(l), T, w, window_);
     } else {
@@ -121,7 +121,7 @@ void Session::sambay_chunk(const Batch& b, const std::vector<int64_t>& rows,
 
 void Session::sambay_rows(const Batch& b, const std::vector<int64_t>& rows,
                           const std::vector<int64_t>& out_row, float* logits) {
-  const ModelConfig& cfg = m_.config();
+  const model::ModelConfig& cfg = m_.config();
   const int64_t B = static_cast<int64_t>(rows.size()), C = cfg.d_model;
   toks_.resize(static_cast<size_t>(B));
   int64_t stride = 1;
@@ -149,15 +149,15 @@ void Session::sambay_rows(const Batch& b, const std::vector<int64_t>& rows,
   std::vector<nn::WindowSeq>& w = wseqs_;
   w.resize(static_cast<size_t>(B));
   sambay_layers(0, cfg.n_layers, B, &mseqs, [&](int64_t l, float* out, const float* an) {
-    const SambaYLayer& y = m_.sambay_layer(l);
+    const model::SambaYLayer& y = m_.sambay_layer(l);
     const nn::AttnLayerShape shape = cfg.attn_shape(l);
-    if (y.kind == LayerKind::SlidingAttention) {
+    if (y.kind == model::LayerKind::SlidingAttention) {
       for (int64_t r = 0; r < B; ++r) {
         w[static_cast<size_t>(r)] = {r, 1, lens_[static_cast<size_t>(r)] - 1,
                                      &seqs[static_cast<size_t>(r)]->rec.rings[static_cast<size_t>(state_index(l))]};
       }
       nn::attn_layer_window(out, layer_.attn, an, y.attn, shape, B, w, window_);
-    } else if (y.kind == LayerKind::FullAttention) {
+    } else if (y.kind == model::LayerKind::FullAttention) {
       nn::attn_layer_decode_paged(out, layer_.attn, an, y.attn, shape, nullptr, nullptr,
                                   kv_.pools()[0], paged);
     } else {

@@ -12,7 +12,7 @@
 
 namespace diffattn::infer {
 
-Session::Session(const Model& m, KvStore& kv) : m_(m), kv_(kv) {
+Session::Session(const model::Model& m, KvStore& kv) : m_(m), kv_(kv) {
   if (kv.n_layers() != KvStore::kv_layers(m.config())) {
     throw InvalidArgument("Session: a KV store of " + std::to_string(kv.n_layers()) +
                           " layers for a model with K/V in " +
@@ -110,7 +110,7 @@ void Session::decode(const Batch& b, float* logits) {
 
 void Session::decode_rows(const Batch& b, const std::vector<int64_t>& rows,
                           const std::vector<int64_t>& out_row, float* logits) {
-  const ModelConfig& cfg = m_.config();
+  const model::ModelConfig& cfg = m_.config();
   const int64_t B = static_cast<int64_t>(rows.size()), C = cfg.d_model;
   const size_t half = static_cast<size_t>(cfg.head_dim / 2);
   // Each sequence's RoPE angles at its own new position: cos/sin (B, D/2); its table and the
@@ -155,7 +155,7 @@ void Session::decode_rows(const Batch& b, const std::vector<int64_t>& rows,
 // A run of rows at positions pos0, pos0 + 1, ...: their RoPE table (cos_, sin_) and their
 // embeddings (x_): a prompt chunk's.
 void Session::embed_run(const Batch& b, const std::vector<int64_t>& rows, int64_t pos0) {
-  const ModelConfig& cfg = m_.config();
+  const model::ModelConfig& cfg = m_.config();
   const int64_t T = static_cast<int64_t>(rows.size()), C = cfg.d_model;
   const size_t half = static_cast<size_t>(cfg.head_dim / 2);
   cos_.resize(static_cast<size_t>(T) * half);
@@ -169,7 +169,7 @@ void Session::embed_run(const Batch& b, const std::vector<int64_t>& rows, int64_
 
 void Session::decode_chunk(const Batch& b, const std::vector<int64_t>& rows,
                            const std::vector<int64_t>& out_row, float* logits) {
-  const ModelConfig& cfg = m_.config();
+  const model::ModelConfig& cfg = m_.config();
   const int64_t T = static_cast<int64_t>(rows.size());
   const size_t first = static_cast<size_t>(rows[0]);
   const int64_t pos0 = b.pos[first];

@@ -9,7 +9,7 @@
 #include "diffattn/model/checkpoint.h"
 #include "model/arch.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 using json = nlohmann::json;
 
@@ -123,4 +123,4 @@ std::string save_hf_model(const Model& m, const std::string& dir, DType dtype, i
                         "standard (Llama) models can be written as Hugging Face directories");
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::model

@@ -20,7 +20,7 @@
 #include "diffattn/model/model.h"
 #include "diffattn/model/model_dir.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 // What the permutations need beyond the ModelConfig: the checkpoint's own head counts.
 // `native`: the project's own layout (no permutation, the project's tensor names).
@@ -151,4 +151,4 @@ std::string save_llama_like(const Model& m, const std::string& dir, DType dtype,
 // "float32", "bfloat16" or "float16": config.json's torch_dtype.
 const char* torch_dtype_name(DType dtype);
 
-}  // namespace diffattn
+}  // namespace diffattn::model

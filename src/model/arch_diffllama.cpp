@@ -7,7 +7,7 @@
 
 #include "model/arch.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 namespace {
 
@@ -34,4 +34,4 @@ const ArchFamily kDiffLlamaFamily = {
     },
 };
 
-}  // namespace diffattn
+}  // namespace diffattn::model

@@ -9,7 +9,7 @@
 #include "model/arch.h"
 #include "model/config_json.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 using json = nlohmann::json;
 
@@ -255,4 +255,4 @@ const ArchFamily kLlamaFamily = {
     },
 };
 
-}  // namespace diffattn
+}  // namespace diffattn::model

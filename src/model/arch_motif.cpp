@@ -11,7 +11,7 @@
 #include "diffattn/base/json_util.h"
 #include "model/arch.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 using json = nlohmann::json;
 
@@ -169,4 +169,4 @@ const ArchFamily kMotifFamily = {
     save,
 };
 
-}  // namespace diffattn
+}  // namespace diffattn::model

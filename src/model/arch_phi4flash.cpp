@@ -9,7 +9,7 @@
 #include "diffattn/base/json_util.h"
 #include "model/arch.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 using json = nlohmann::json;
 
@@ -78,4 +78,4 @@ const ArchFamily kPhi4FlashFamily = {
     nullptr,
 };
 
-}  // namespace diffattn
+}  // namespace diffattn::model

@@ -18,7 +18,7 @@
 #include "diffattn/model/safetensors.h"
 #include "model/dir_commit.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 namespace {
 
@@ -197,4 +197,4 @@ void check_model_dir(const std::string& dir) {
   }
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::model

@@ -12,7 +12,7 @@
 #include "diffattn/model/config.h"
 #include "model/config_json.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 using json = nlohmann::json;
 
@@ -483,4 +483,4 @@ int64_t count_params(const ModelConfig& cfg) {
   return n;
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::model

@@ -7,7 +7,7 @@
 
 #include "diffattn/nn/layers.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 // A rope_scaling object ({"rope_type" (or "type"): "default" | "linear" | "llama3", "factor",
 // "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}); other rope types
@@ -15,4 +15,4 @@ namespace diffattn {
 // carries rope_theta beside them).
 nn::RopeScaling parse_rope_scaling(const nlohmann::json& r, const std::string& where);
 
-}  // namespace diffattn
+}  // namespace diffattn::model

@@ -30,7 +30,7 @@
 #include "diffattn/model/safetensors.h"
 #include "model/arch.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 using json = nlohmann::json;
 
@@ -481,4 +481,4 @@ std::shared_ptr<const WeightStore> load_llama_like(const ModelDir& dir) { return
 std::shared_ptr<const WeightStore> load_sambay_weights(const ModelDir& dir) { return Loader(dir).load_sambay(); }
 std::shared_ptr<const WeightStore> load_native_weights(const ModelDir& dir) { return Loader(dir).load_native(); }
 
-}  // namespace diffattn
+}  // namespace diffattn::model

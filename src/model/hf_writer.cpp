@@ -11,7 +11,7 @@
 #include "model/arch.h"
 #include "model/dir_commit.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 using json = nlohmann::json;
 
@@ -70,4 +70,4 @@ std::string write_hf_dir(const HfTensors& out, const json& j, const std::string&
   return commit_model_dir(u, dir, files);
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::model

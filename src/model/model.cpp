@@ -12,7 +12,7 @@
 #include "diffattn/model/model.h"
 #include "diffattn/nn/layers.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 namespace {
 
@@ -267,4 +267,4 @@ void Model::head(float* logits, const float* x, int64_t N, std::vector<float>& n
   nn::linear_fwd(logits, normed.data(), wt(head_), N, C, cfg_.vocab_size);
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::model

@@ -14,7 +14,7 @@
 #include "diffattn/model/safetensors.h"
 #include "model/arch.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 namespace {
 
@@ -112,4 +112,4 @@ Model load_model(const ModelDir& d) {
 
 Model load_model(const std::string& dir) { return load_model(open_model_dir(dir)); }
 
-}  // namespace diffattn
+}  // namespace diffattn::model

@@ -11,7 +11,7 @@
 #include "diffattn/model/optimizer.h"
 #include "diffattn/nn/layers.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 double lr_at(const AdamWOptions& o, int64_t step) {
   if (o.warmup > 0 && step < o.warmup) {
@@ -69,4 +69,4 @@ double AdamW::step(Model& model, const std::vector<float>& grads, const AdamWOpt
   return norm;
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::model

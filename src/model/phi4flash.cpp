@@ -8,7 +8,7 @@
 #include "diffattn/base/error.h"
 #include "diffattn/model/model.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 void Model::index_sambay() {
   auto at = [&](const std::string& n) -> int64_t {
@@ -87,4 +87,4 @@ nn::MambaShape Model::mamba_shape() const {
   return s;
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::model

@@ -16,7 +16,7 @@
 #include "diffattn/base/memory.h"
 #include "diffattn/model/safetensors.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 using json = nlohmann::json;
 
@@ -317,4 +317,4 @@ SafeTensorsFile parse_safetensors(const std::string& bytes, const std::string& n
   return out;
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::model

@@ -12,7 +12,7 @@
 #include "diffattn/model/config.h"
 #include "diffattn/nn/layers.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 TrainContext::TrainContext(const Model& m) : m_(&m) {}
 
@@ -208,4 +208,4 @@ TrainContext::LayerAttention TrainContext::layer_attention(int64_t layer) const 
   return a;
 }
 
-}  // namespace diffattn
+}  // namespace diffattn::model

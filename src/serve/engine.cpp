@@ -95,7 +95,7 @@ double Sequence::ttft() const {
 
 // ---- Engine ----
 
-Engine::Engine(const Model& model, const EngineOptions& o)
+Engine::Engine(const model::Model& model, const EngineOptions& o)
     : m_(model), o_(o), kv_(model, o.n_blocks, o.block_size, o.kv_dtype), alloc_(kv_.blocks()),
       session_(model, kv_) {
   if (o.max_batch < 1 || o.max_waiting < 0 || o.prefill_chunk < 1) {

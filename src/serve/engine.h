@@ -152,7 +152,7 @@ struct EngineStats {
 class Engine {
  public:
   // The model must outlive the engine; the engine's thread only reads it.
-  Engine(const Model& model, const EngineOptions& o);
+  Engine(const model::Model& model, const EngineOptions& o);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -191,7 +191,7 @@ class Engine {
   // Samples from logits, records the token; returns false when the sequence ended.
   bool take(Running& r, const float* logits);
 
-  const Model& m_;
+  const model::Model& m_;
   EngineOptions o_;
   // The store first: a pool that cannot fit is refused (with its size) before anything else.
   infer::KvStore kv_;

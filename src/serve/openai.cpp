@@ -597,7 +597,7 @@ ChatTemplate checked(tokenize::ModelChatTemplates t, const std::string& missing)
 
 }  // namespace
 
-ChatTemplate ChatTemplate::from_model_dir(const ModelDir& d) {
+ChatTemplate ChatTemplate::from_model_dir(const model::ModelDir& d) {
   const std::string& dir = d.path;
   try {
     return checked(tokenize::ModelChatTemplates::load(dir, d.tokenizer_config),

@@ -130,7 +130,7 @@ class ChatTemplate {
   // Throws ApiError (status 400, code no_chat_template, naming `dir`) when the model has no
   // template; a template that does not parse is a tokenize::TemplateError naming its file and
   // line (for the server, a start-up error).
-  static ChatTemplate from_model_dir(const ModelDir& dir);
+  static ChatTemplate from_model_dir(const model::ModelDir& dir);
   // The same from a tokenizer_config.json's text; `where` names it.
   static ChatTemplate from_config(const std::string& text, const std::string& where);
   // Renders a conversation; a template that refuses it (raise_exception) or fails on it throws

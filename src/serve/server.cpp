@@ -8,8 +8,8 @@ namespace diffattn::serve {
 Server::Server(const ServerOptions& o) : o_(o) {
   // The directory is resolved once: config.json, tokenizer_config.json and
   // generation_config.json are read here and nowhere else.
-  const ModelDir dir = open_model_dir(o.model_dir);
-  model_ = std::make_unique<Model>(load_model(dir));
+  const model::ModelDir dir = model::open_model_dir(o.model_dir);
+  model_ = std::make_unique<model::Model>(model::load_model(dir));
   tok_ = data::tokenizer_for(dir, o.tokenizer);
   stop_ids_ = train::stop_ids_for(dir, *tok_, model_->config().vocab_size);
   // Only ids the tokenizer can decode are sampled: a padded embedding's extra rows have no

@@ -225,7 +225,7 @@ class Server {
                bool chat, httplib::DataSink& sink);
 
   ServerOptions o_;
-  std::unique_ptr<Model> model_;
+  std::unique_ptr<model::Model> model_;
   std::unique_ptr<data::Tokenizer> tok_;
   std::unique_ptr<ChatTemplate> chat_;
   std::unique_ptr<ApiError> chat_error_;

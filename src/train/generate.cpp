@@ -74,11 +74,11 @@ std::vector<int32_t> stop_ids_for(const std::string& model_dir, const Tokenizer&
   return stop_ids_from(text, p, tok, model_vocab);
 }
 
-std::vector<int32_t> stop_ids_for(const ModelDir& dir, const Tokenizer& tok, int64_t model_vocab) {
+std::vector<int32_t> stop_ids_for(const model::ModelDir& dir, const Tokenizer& tok, int64_t model_vocab) {
   return stop_ids_from(dir.generation_config, dir.file("generation_config.json"), tok, model_vocab);
 }
 
-std::string generate(const Model& m, const Tokenizer& tok, const std::string& prompt,
+std::string generate(const model::Model& m, const Tokenizer& tok, const std::string& prompt,
                      const GenerateOptions& o,
                      const std::function<void(const std::string&)>& on_text) {
   if (o.max_new < 0) {

@@ -19,7 +19,7 @@ int64_t checked_mul(int64_t a, int64_t b, const std::string& what) {
 
 }  // namespace
 
-int64_t train_step_bytes(const ModelConfig& c, int64_t batch, int64_t seq_len) {
+int64_t train_step_bytes(const model::ModelConfig& c, int64_t batch, int64_t seq_len) {
   const std::string what = "train: batch (" + std::to_string(batch) + ") x seq_len (" +
                            std::to_string(seq_len) + ")";
   const int64_t N = checked_mul(batch, seq_len, what);
@@ -33,7 +33,7 @@ int64_t train_step_bytes(const ModelConfig& c, int64_t batch, int64_t seq_len) {
                      what + " x 4 bytes");
 }
 
-void check_train_options(const TrainOptions& o, const ModelConfig& cfg) {
+void check_train_options(const TrainOptions& o, const model::ModelConfig& cfg) {
   auto range = [](const char* key, int64_t v, int64_t lo, int64_t hi) {
     if (v < lo || v > hi) {
       throw InvalidArgument(std::string("train: ") + key + " must be between " + std::to_string(lo) +

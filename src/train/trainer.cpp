@@ -131,8 +131,8 @@ std::string StepLog::to_json() const {
   return j.dump();
 }
 
-Trainer::Trainer(const std::string& dir, Model model, const TrainOptions& opts)
-    : dir_(dir), model_(std::make_unique<Model>(std::move(model))), ctx_(*model_), opts_(opts) {
+Trainer::Trainer(const std::string& dir, model::Model model, const TrainOptions& opts)
+    : dir_(dir), model_(std::make_unique<model::Model>(std::move(model))), ctx_(*model_), opts_(opts) {
   auto positive = [](const char* what, int64_t v) {
     if (v < 1) throw InvalidArgument(std::string("train: ") + what + " must be at least 1, got " + std::to_string(v));
   };
@@ -150,8 +150,8 @@ Trainer::Trainer(const std::string& dir, Model model, const TrainOptions& opts)
   adam_.reset(model_->params.size());
 }
 
-Trainer::Trainer(const std::string& dir, const ModelConfig& cfg, const TrainOptions& opts)
-    : Trainer(dir, Model(cfg), opts) {
+Trainer::Trainer(const std::string& dir, const model::ModelConfig& cfg, const TrainOptions& opts)
+    : Trainer(dir, model::Model(cfg), opts) {
   model_->init_weights(opts_.seed);
 }
 
@@ -188,7 +188,7 @@ TrainState parse_train_state(const std::map<std::string, std::string>& metadata,
   }
   TrainState st;
   try {
-    st.config = ModelConfig::from_json(meta("config"), where + " (metadata config)");
+    st.config = model::ModelConfig::from_json(meta("config"), where + " (metadata config)");
     st.options = TrainOptions::from_json(meta("train"), where + " (metadata train)");
     check_train_options(st.options, st.config);
   } catch (const InvalidArgument& e) {
@@ -201,12 +201,12 @@ TrainState parse_train_state(const std::map<std::string, std::string>& metadata,
   return st;
 }
 
-TrainState check_train_state_header(const SafeTensorsHeader& h, const std::string& where) {
+TrainState check_train_state_header(const model::SafeTensorsHeader& h, const std::string& where) {
   TrainState st = parse_train_state(h.metadata, where);
   // Weights and both moments, by name and shape, before the model they fill is allocated.
-  check_weights_header(st.config, h, where, "", true);
-  check_weights_header(st.config, h, where, "adamw.m.", true);
-  check_weights_header(st.config, h, where, "adamw.v.", true);
+  model::check_weights_header(st.config, h, where, "", true);
+  model::check_weights_header(st.config, h, where, "adamw.m.", true);
+  model::check_weights_header(st.config, h, where, "adamw.v.", true);
   return st;
 }
 
@@ -218,17 +218,17 @@ Trainer Trainer::resume(const std::string& dir) {
                         "first checkpoint, or this is not a training directory; start it again "
                         "without --resume");
   }
-  const SafeTensorsHeader h = read_safetensors_header(path);
+  const model::SafeTensorsHeader h = model::read_safetensors_header(path);
   const TrainState ts = check_train_state_header(h, path);
-  Model m(ts.config);
-  const SafeTensorsFile f = read_safetensors(path, h);
-  load_weights(m, f, path, "", true);
+  model::Model m(ts.config);
+  const model::SafeTensorsFile f = model::read_safetensors(path, h);
+  model::load_weights(m, f, path, "", true);
   Trainer t(dir, std::move(m), ts.options);
   t.step_ = ts.step;
   t.adam_.t = ts.adamw_t;
   for (const char* which : {"adamw.m.", "adamw.v."}) {
     std::vector<float>& dst = which[6] == 'm' ? t.adam_.m : t.adam_.v;
-    for (const TensorInfo& ti : t.model_->tensors()) {
+    for (const model::TensorInfo& ti : t.model_->tensors()) {
       const std::vector<float>& src = f.tensors.at(which + ti.name).data;
       for (size_t i = 0; i < src.size(); ++i) {
         // v is a mean of squares: negative is as corrupt as NaN (sqrt(v) in the update).
@@ -288,13 +288,13 @@ const std::vector<std::string>& Trainer::checkpoint_files() {
 
 void Trainer::save() const {
   make_dirs(dir_);
-  std::vector<SafeTensorRef> refs;
-  for (const TensorInfo& t : model_->tensors()) refs.push_back({t.name, t.shape, model_->params.data() + t.offset});
-  for (const TensorInfo& t : model_->tensors()) {
+  std::vector<model::SafeTensorRef> refs;
+  for (const model::TensorInfo& t : model_->tensors()) refs.push_back({t.name, t.shape, model_->params.data() + t.offset});
+  for (const model::TensorInfo& t : model_->tensors()) {
     refs.push_back({"adamw.m." + t.name, t.shape, adam_.m.data() + t.offset});
     refs.push_back({"adamw.v." + t.name, t.shape, adam_.v.data() + t.offset});
   }
-  write_safetensors(dir_ + kStateFile, refs,
+  model::write_safetensors(dir_ + kStateFile, refs,
                     {{"format", "diffattn-train/1"},
                      {"step", std::to_string(step_)},
                      {"adamw_t", std::to_string(adam_.t)},
@@ -302,7 +302,7 @@ void Trainer::save() const {
                      {"train", opts_.to_json()}});
   // The model directory: config.json unchanged since the last save, model.safetensors is
   // renamed in alone; the first save swaps the whole model in.
-  save_model(*model_, dir_, DType::F32, model_files);
+  model::save_model(*model_, dir_, DType::F32, model_files);
 }
 
 StepLog Trainer::step(const Dataset& train) {
@@ -321,7 +321,7 @@ StepLog Trainer::step(const Dataset& train) {
   StepLog log;
   log.loss = loss / static_cast<double>(opts_.accum);
   log.lambdas = ctx_.layer_lambdas();
-  log.lr = lr_at(opts_.adamw, step_);
+  log.lr = model::lr_at(opts_.adamw, step_);
   log.grad_norm = adam_.step(*model_, ctx_.grads(), opts_.adamw, log.lr);
   ++step_;
   log.step = step_;

@@ -15,7 +15,7 @@ namespace diffattn::testing {
 
 class OneSequence {
  public:
-  OneSequence(const Model& m, int64_t capacity, DType kv_dtype = DType::F32)
+  OneSequence(const model::Model& m, int64_t capacity, DType kv_dtype = DType::F32)
       : kv_(m, infer::KvStore::Contiguous{capacity}, kv_dtype), session_(m, kv_) {}
   void infer(const int32_t* tokens, int64_t n, float* logits_last) {
     batch_.clear();

@@ -123,7 +123,7 @@ TEST(Snr, OperatorOutputIsTheSignalWeightAndLambdaZeroIsStandard) {
 }
 
 TEST(Accounting, VersionsCountFormatTensors) {
-  ModelConfig b = eval::example_7b();
+  model::ModelConfig b = eval::example_7b();
   b.n_kv_heads = 8;
   const eval::Accounting st = eval::account(b, 4096, 2), v1 = eval::account(eval::diff_v1_of(b), 4096, 2),
                    v2 = eval::account(eval::diff_v2_of(b), 4096, 2);
@@ -132,10 +132,10 @@ TEST(Accounting, VersionsCountFormatTensors) {
   EXPECT_EQ(st.kv_cache_bytes_per_token, v1.kv_cache_bytes_per_token);
   EXPECT_EQ(st.kv_cache_bytes_per_token, v2.kv_cache_bytes_per_token);
   EXPECT_EQ(v1.decode_read_bytes_two_pass, 1.5 * v1.decode_read_bytes_fused);
-  ModelConfig odd = b;
+  model::ModelConfig odd = b;
   odd.n_kv_heads = 1;
   EXPECT_THROW(eval::diff_v1_of(odd), InvalidArgument);
-  ModelConfig m = b;
+  model::ModelConfig m = b;
   m.ffn_dim = eval::v2_matched_ffn(b);
   EXPECT_LT(std::abs(eval::account(eval::diff_v2_of(m), 1, 2).params - st.params), 3 * b.d_model * b.n_layers);
 }
@@ -144,14 +144,14 @@ TEST(Accounting, ConfigJsonIsStrict) {
   const std::string ok = R"({"format": "diffattn/1", "attention": "diff_v1", "vocab_size": 256,
     "d_model": 64, "n_layers": 2, "ffn_dim": 128, "max_seq_len": 128, "n_heads": 2,
     "n_kv_heads": 1, "head_dim": 16, "rope_theta": 10000.0, "norm_eps": 1e-5, "tie_embeddings": false})";
-  const ModelConfig c = ModelConfig::from_json(ok, "m/config.json");
+  const model::ModelConfig c = model::ModelConfig::from_json(ok, "m/config.json");
   EXPECT_EQ(c.attention, nn::AttnKind::DiffV1);
   EXPECT_EQ(eval::base_of(c).n_heads, 4);
   EXPECT_EQ(eval::base_of(c).n_kv_heads, 2);
-  EXPECT_EQ(eval::format_tensors(c).size(), tensor_table(c).size());
+  EXPECT_EQ(eval::format_tensors(c).size(), model::tensor_table(c).size());
   auto error_of = [](const std::string& text) {
     try {
-      ModelConfig::from_json(text, "m/config.json");
+      model::ModelConfig::from_json(text, "m/config.json");
     } catch (const InvalidArgument& e) {
       return std::string(e.what());
     }
@@ -173,13 +173,13 @@ TEST(Accounting, ReadsHuggingFaceConfigs) {
   write_file_atomic(dir + "/config.json", R"({"model_type": "diffllama", "vocab_size": 300,
     "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
     "num_attention_heads": 8, "num_key_value_heads": 4, "tie_word_embeddings": true})");
-  const ModelConfig c = eval::read_model_config(dir);
+  const model::ModelConfig c = eval::read_model_config(dir);
   EXPECT_EQ(c.attention, nn::AttnKind::DiffV1);
   EXPECT_EQ(c.n_heads, 4);
   EXPECT_EQ(c.n_kv_heads, 2);
   EXPECT_EQ(c.head_dim, 16);
   EXPECT_EQ(eval::base_of(c).n_heads, 8);
-  EXPECT_EQ(eval::account(c, 16, 2).params, count_params(c));
+  EXPECT_EQ(eval::account(c, 16, 2).params, model::count_params(c));
 }
 
 TEST(ExplorerApi, ComputesTheViewsAndNamesBadFields) {
@@ -262,25 +262,25 @@ diffattn::eval::LmExperimentOptions tiny_lm(const std::string& corpus) {
 
 TEST(LmExperiment, PairedInitSharesEveryCommonTensor) {
   using diffattn::nn::AttnKind;
-  diffattn::ModelConfig size;
+  diffattn::model::ModelConfig size;
   size.d_model = 16;
   size.n_layers = 2;
   size.n_heads = 2;
   size.ffn_dim = 40;
   size.max_seq_len = 16;
-  std::vector<diffattn::Model> ms;
+  std::vector<diffattn::model::Model> ms;
   for (AttnKind k : {AttnKind::DiffV1, AttnKind::DiffV2, AttnKind::Standard}) {
     ms.emplace_back(diffattn::eval::version_of_size(size, k));
     diffattn::eval::paired_init(ms.back(), 5);
   }
-  std::vector<const diffattn::Model*> p{&ms[0], &ms[1], &ms[2]};
+  std::vector<const diffattn::model::Model*> p{&ms[0], &ms[1], &ms[2]};
   const int64_t shared = diffattn::eval::check_pairing(p);
   EXPECT_GE(shared, 2 * 9 + 2);  // per layer: norms, k/v/out, V1 and standard's q and SwiGLU; embed, norm
   EXPECT_EQ(ms[0].weight_f32("layers.1.attn.q_proj.weight"), ms[2].weight_f32("layers.1.attn.q_proj.weight"));
   EXPECT_EQ(ms[1].weight_f32("embed_tokens.weight"), ms[2].weight_f32("embed_tokens.weight"));
   const std::vector<float> norm = ms[1].weight_f32("layers.0.attn_norm.weight");
   EXPECT_EQ(norm, std::vector<float>(norm.size(), 1.0f));
-  diffattn::Model other(diffattn::eval::version_of_size(size, AttnKind::Standard));
+  diffattn::model::Model other(diffattn::eval::version_of_size(size, AttnKind::Standard));
   diffattn::eval::paired_init(other, 6);
   EXPECT_NE(other.weight_f32("embed_tokens.weight"), ms[2].weight_f32("embed_tokens.weight"));
   ms[1].params[static_cast<size_t>(ms[1].tensor("layers.0.attn.k_proj.weight").offset)] += 1e-6f;

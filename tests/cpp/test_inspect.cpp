@@ -161,8 +161,8 @@ TEST(Noise, SharesOfHandMadeRows) {
   EXPECT_NEAR(s.noise_abs, 0.3 / 1.2, 1e-7);
 }
 
-ModelConfig tiny(nn::AttnKind kind) {
-  ModelConfig z;
+model::ModelConfig tiny(nn::AttnKind kind) {
+  model::ModelConfig z;
   z.d_model = 32;
   z.n_layers = 2;
   z.n_heads = 4;
@@ -195,9 +195,9 @@ std::vector<double> dense_row(const kernels::AttnProblem& p, int64_t h, int m, i
 class MapsOfKind : public ::testing::TestWithParam<nn::AttnKind> {};
 
 TEST_P(MapsOfKind, AgreeWithADenseRecomputationAndTheOutput) {
-  Model m(tiny(GetParam()));
+  model::Model m(tiny(GetParam()));
   m.init_weights(3);
-  TrainContext run(m);
+  model::TrainContext run(m);
   EXPECT_THROW(run.layer_attention(0), InvalidArgument);  // no forward yet
   const int64_t B = 2, T = 20;
   std::mt19937 rng(5);
@@ -274,9 +274,9 @@ INSTANTIATE_TEST_SUITE_P(Kinds, MapsOfKind,
 TEST(Noise, AnalysisOfAnUntrainedModelIsConsistent) {
   data::RetrievalSpec s = small_spec();
   for (nn::AttnKind kind : {nn::AttnKind::Standard, nn::AttnKind::DiffV1}) {
-    Model m(tiny(kind));
+    model::Model m(tiny(kind));
     m.init_weights(1);
-    TrainContext run(m);
+    model::TrainContext run(m);
     const eval::NoiseAnalysis r = eval::analyze_noise(run, s, 6, 4);
     EXPECT_EQ(r.samples, 6);
     EXPECT_EQ(r.rows, 12);

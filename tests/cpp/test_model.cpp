@@ -31,8 +31,8 @@ namespace {
 using infer::Sampler;
 using infer::SamplerOptions;
 
-ModelConfig tiny(nn::AttnKind kind, bool tie = false) {
-  ModelConfig c;
+model::ModelConfig tiny(nn::AttnKind kind, bool tie = false) {
+  model::ModelConfig c;
   c.attention = kind;
   c.vocab_size = 23;
   c.d_model = 16;
@@ -59,11 +59,11 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t V, uint32_t seed) {
 }
 
 // Larger-than-init weights so every path carries a gradient well above float32 noise.
-void scale_weights(Model& m, uint64_t seed) {
+void scale_weights(model::Model& m, uint64_t seed) {
   m.init_weights(seed);
   std::mt19937 rng(static_cast<uint32_t>(seed));
   std::normal_distribution<float> n(0.0f, 1.0f);
-  for (const TensorInfo& t : m.tensors()) {
+  for (const model::TensorInfo& t : m.tensors()) {
     for (int64_t i = 0; i < t.numel; ++i) {
       float& w = m.params[static_cast<size_t>(t.offset + i)];
       const bool lam = t.name.find("lambda_") != std::string::npos && !t.decay;
@@ -86,12 +86,12 @@ class GradCheck : public ::testing::TestWithParam<FdCase> {};
 TEST_P(GradCheck, EveryTensorAgreesWithFiniteDifferences) {
   const FdCase fc = GetParam();
   kernels::set_num_threads(1);
-  Model m(tiny(fc.kind, fc.tie));
+  model::Model m(tiny(fc.kind, fc.tie));
   scale_weights(m, 3);
   const int64_t B = 2, T = 7;
   const auto tok = random_tokens(B * T, m.config().vocab_size, 1);
   const auto tgt = random_tokens(B * T, m.config().vocab_size, 2);
-  TrainContext run(m);
+  model::TrainContext run(m);
   run.zero_grads();
   run.forward(tok.data(), tgt.data(), B, T);
   run.backward(1.0f);
@@ -99,7 +99,7 @@ TEST_P(GradCheck, EveryTensorAgreesWithFiniteDifferences) {
   std::mt19937 rng(5);
   std::normal_distribution<float> n(0.0f, 1.0f);
   int meaningful = 0;
-  for (const TensorInfo& t : m.tensors()) {
+  for (const model::TensorInfo& t : m.tensors()) {
     std::vector<float> u(static_cast<size_t>(t.numel));
     for (float& x : u) x = n(rng);
     double an = 0;
@@ -140,11 +140,11 @@ INSTANTIATE_TEST_SUITE_P(Kinds, GradCheck,
 class ModelKinds : public ::testing::TestWithParam<nn::AttnKind> {};
 
 TEST_P(ModelKinds, KvCacheDecodeMatchesFullForward) {
-  Model m(tiny(GetParam()));
+  model::Model m(tiny(GetParam()));
   scale_weights(m, 4);
   const int64_t T = 11, V = m.config().vocab_size;
   const auto tok = random_tokens(T, V, 9);
-  TrainContext run(m);
+  model::TrainContext run(m);
   run.forward(tok.data(), nullptr, 1, T);
   const std::vector<float> full = run.logits();
   // prefill 5, then decode the rest one at a time
@@ -177,9 +177,9 @@ TEST_P(ModelKinds, KvCacheDecodeMatchesFullForward) {
 // running greedy generation with each cache is compared too and its first divergence printed
 // (a divergence is legitimate where the float32 top-two margin is within the error).
 TEST_P(ModelKinds, Kv16CacheGreedyDecodeMatchesFloat32Cache) {
-  ModelConfig c = tiny(GetParam());
+  model::ModelConfig c = tiny(GetParam());
   c.max_seq_len = 384;  // long enough for the split-KV decode path (>= 256 keys)
-  Model m(c);
+  model::Model m(c);
   scale_weights(m, 8);
   const int64_t prompt = 300, steps = 60, V = c.vocab_size;
   const auto tok = random_tokens(prompt, V, 12);
@@ -236,14 +236,14 @@ TEST_P(ModelKinds, Kv16CacheGreedyDecodeMatchesFloat32Cache) {
 }
 
 TEST_P(ModelKinds, SaveThenLoadReproducesLogitsBitForBit) {
-  Model m(tiny(GetParam()));
+  model::Model m(tiny(GetParam()));
   scale_weights(m, 6);
   const std::string dir = ::testing::TempDir() + "/diffattn_model_" + std::to_string(::getpid()) +
                           nn::attn_kind_name(GetParam());
-  save_model(m, dir);
-  Model back = load_model(dir);
+  model::save_model(m, dir);
+  model::Model back = model::load_model(dir);
   const auto tok = random_tokens(2 * 9, m.config().vocab_size, 3);
-  TrainContext run(m), run_back(back);
+  model::TrainContext run(m), run_back(back);
   run.forward(tok.data(), nullptr, 2, 9);
   run_back.forward(tok.data(), nullptr, 2, 9);
   ASSERT_EQ(run.logits().size(), run_back.logits().size());
@@ -258,11 +258,11 @@ TEST_P(ModelKinds, SaveThenLoadReproducesLogitsBitForBit) {
 
 TEST_P(ModelKinds, SeededInitIsReproducibleAndTrainingStepsAreDeterministic) {
   auto train = [&]() {
-    Model m(tiny(GetParam()));
+    model::Model m(tiny(GetParam()));
     m.init_weights(11);
-    TrainContext run(m);
-    AdamW opt;
-    AdamWOptions o;
+    model::TrainContext run(m);
+    model::AdamW opt;
+    model::AdamWOptions o;
     o.lr = 1e-2;
     std::vector<double> losses;
     const auto tok = random_tokens(3 * 8, m.config().vocab_size, 5);
@@ -271,7 +271,7 @@ TEST_P(ModelKinds, SeededInitIsReproducibleAndTrainingStepsAreDeterministic) {
       run.zero_grads();
       losses.push_back(run.forward(tok.data(), tgt.data(), 3, 8));
       run.backward();
-      opt.step(m, run.grads(), o, lr_at(o, s));
+      opt.step(m, run.grads(), o, model::lr_at(o, s));
     }
     return losses;
   };
@@ -285,9 +285,9 @@ TEST_P(ModelKinds, SeededInitIsReproducibleAndTrainingStepsAreDeterministic) {
 // each gets alone (one OpenMP thread each, so the sums run in one order).
 TEST_P(ModelKinds, TrainContextsShareOneConstModel) {
   kernels::set_num_threads(1);
-  Model weights(tiny(GetParam()));
+  model::Model weights(tiny(GetParam()));
   weights.init_weights(7);
-  const Model& m = weights;
+  const model::Model& m = weights;
   const int64_t B = 2, T = 9, V = m.config().vocab_size;
   const auto tok_a = random_tokens(B * T, V, 21), tgt_a = random_tokens(B * T, V, 22);
   const auto tok_b = random_tokens(B * T, V, 23), tgt_b = random_tokens(B * T, V, 24);
@@ -296,12 +296,12 @@ TEST_P(ModelKinds, TrainContextsShareOneConstModel) {
     std::vector<float> logits, grads;
     std::vector<double> lambdas;
   };
-  auto of = [](const TrainContext& run, double loss) {
+  auto of = [](const model::TrainContext& run, double loss) {
     return Step{loss, run.logits(), run.grads(), run.layer_lambdas()};
   };
   auto alone = [&](const std::vector<int32_t>& tok, const std::vector<int32_t>& tgt) {
     kernels::set_num_threads(1);  // this thread's OpenMP setting
-    TrainContext run(m);
+    model::TrainContext run(m);
     run.zero_grads();
     const double loss = run.forward(tok.data(), tgt.data(), B, T);
     run.backward();
@@ -317,7 +317,7 @@ TEST_P(ModelKinds, TrainContextsShareOneConstModel) {
   ASSERT_NE(a.grads, b.grads);
   ASSERT_EQ(a.grads.size(), m.params.size());
   // Interleaved: a's forward, b's whole step, then a's backward reads a's activations.
-  TrainContext ra(m), rb(m);
+  model::TrainContext ra(m), rb(m);
   ra.zero_grads();
   rb.zero_grads();
   const double la = ra.forward(tok_a.data(), tgt_a.data(), B, T);
@@ -337,15 +337,15 @@ TEST_P(ModelKinds, TrainContextsShareOneConstModel) {
 }
 
 TEST(TrainContext, ModelsOverAWeightStoreRunForwardButNoBackward) {
-  const ModelConfig c = tiny(nn::AttnKind::DiffV1);
-  Model f32(c);
+  const model::ModelConfig c = tiny(nn::AttnKind::DiffV1);
+  model::Model f32(c);
   f32.init_weights(3);
-  auto store = std::make_shared<WeightStore>();
-  for (const TensorInfo& t : f32.tensors()) store->tensors.push_back(typed(f32.params.data() + t.offset));
+  auto store = std::make_shared<model::WeightStore>();
+  for (const model::TensorInfo& t : f32.tensors()) store->tensors.push_back(typed(f32.params.data() + t.offset));
   store->description = "test store";
-  const Model kept(c, store);
+  const model::Model kept(c, store);
   const auto tok = random_tokens(8, c.vocab_size, 1), tgt = random_tokens(8, c.vocab_size, 2);
-  TrainContext run(kept), ref(f32);
+  model::TrainContext run(kept), ref(f32);
   EXPECT_EQ(run.forward(tok.data(), tgt.data(), 1, 8), ref.forward(tok.data(), tgt.data(), 1, 8));
   EXPECT_EQ(run.logits(), ref.logits());
   run.zero_grads();
@@ -357,8 +357,8 @@ TEST(TrainContext, ModelsOverAWeightStoreRunForwardButNoBackward) {
     EXPECT_NE(std::string(e.what()).find("kept as loaded (test store)"), std::string::npos) << e.what();
   }
   // The optimizer names a gradient buffer of the wrong size.
-  AdamW opt;
-  EXPECT_THROW(opt.step(f32, std::vector<float>(3), AdamWOptions{}, 1e-3), InvalidArgument);
+  model::AdamW opt;
+  EXPECT_THROW(opt.step(f32, std::vector<float>(3), model::AdamWOptions{}, 1e-3), InvalidArgument);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, ModelKinds,
@@ -368,32 +368,32 @@ INSTANTIATE_TEST_SUITE_P(Kinds, ModelKinds,
 
 TEST(Presets, EqualSizes) {
   for (const char* p : {"tiny", "small"}) {
-    const int64_t s = count_params(model_preset(p, nn::AttnKind::Standard));
+    const int64_t s = model::count_params(model::model_preset(p, nn::AttnKind::Standard));
     // V1: the same projections; plus, per layer, four lambda vectors (D) and subln (2D).
-    const ModelConfig v1 = model_preset(p, nn::AttnKind::DiffV1);
-    EXPECT_EQ(count_params(v1), s + v1.n_layers * 6 * v1.head_dim) << p;
+    const model::ModelConfig v1 = model::model_preset(p, nn::AttnKind::DiffV1);
+    EXPECT_EQ(model::count_params(v1), s + v1.n_layers * 6 * v1.head_dim) << p;
     // V2 pays for its extra query heads and lambda_proj with a smaller ffn_dim: within a row.
-    const int64_t v2 = count_params(model_preset(p, nn::AttnKind::DiffV2));
-    EXPECT_LE(std::abs(v2 - s), 3 * model_preset(p, nn::AttnKind::DiffV2).d_model) << p;
+    const int64_t v2 = model::count_params(model::model_preset(p, nn::AttnKind::DiffV2));
+    EXPECT_LE(std::abs(v2 - s), 3 * model::model_preset(p, nn::AttnKind::DiffV2).d_model) << p;
   }
-  const ModelConfig small = model_preset("small", nn::AttnKind::DiffV1);
+  const model::ModelConfig small = model::model_preset("small", nn::AttnKind::DiffV1);
   EXPECT_EQ(small.n_layers, 6);
   EXPECT_EQ(small.d_model, 256);
   EXPECT_EQ(small.head_dim * 2 * small.n_heads, small.d_model);
 }
 
 TEST(Schedule, WarmupThenCosine) {
-  AdamWOptions o;
+  model::AdamWOptions o;
   o.lr = 1.0;
   o.min_lr = 0.1;
   o.warmup = 4;
   o.total_steps = 14;
-  EXPECT_DOUBLE_EQ(lr_at(o, 0), 0.25);
-  EXPECT_DOUBLE_EQ(lr_at(o, 3), 1.0);
-  EXPECT_DOUBLE_EQ(lr_at(o, 4), 1.0);
-  EXPECT_NEAR(lr_at(o, 9), 0.55, 1e-12);  // half way down the cosine
-  EXPECT_NEAR(lr_at(o, 14), 0.1, 1e-12);
-  EXPECT_NEAR(lr_at(o, 100), 0.1, 1e-12);
+  EXPECT_DOUBLE_EQ(model::lr_at(o, 0), 0.25);
+  EXPECT_DOUBLE_EQ(model::lr_at(o, 3), 1.0);
+  EXPECT_DOUBLE_EQ(model::lr_at(o, 4), 1.0);
+  EXPECT_NEAR(model::lr_at(o, 9), 0.55, 1e-12);  // half way down the cosine
+  EXPECT_NEAR(model::lr_at(o, 14), 0.1, 1e-12);
+  EXPECT_NEAR(model::lr_at(o, 100), 0.1, 1e-12);
 }
 
 TEST(SamplerTest, GreedyTopKTopPAndSeed) {
@@ -562,8 +562,8 @@ TEST(SafeTensors, RoundTripWithMetadata) {
   const std::string path = ::testing::TempDir() + "/diffattn_st_" + std::to_string(::getpid()) + ".safetensors";
   const std::vector<float> a = {1, -2, 3.5f, 1e-30f, -0.0f, 7};
   const std::vector<float> b = {42};
-  write_safetensors(path, {{"a", {2, 3}, a.data()}, {"b.c", {1}, b.data()}}, {{"k", "v"}});
-  const SafeTensorsFile f = read_safetensors(path);
+  model::write_safetensors(path, {{"a", {2, 3}, a.data()}, {"b.c", {1}, b.data()}}, {{"k", "v"}});
+  const model::SafeTensorsFile f = model::read_safetensors(path);
   EXPECT_EQ(f.metadata.at("k"), "v");
   EXPECT_EQ(f.tensors.at("a").shape, (Shape{2, 3}));
   EXPECT_EQ(0, std::memcmp(f.tensors.at("a").data.data(), a.data(), sizeof(float) * a.size()));
@@ -572,14 +572,14 @@ TEST(SafeTensors, RoundTripWithMetadata) {
 }
 
 TEST(Config, JsonRoundTripAndLambdaSchedule) {
-  ModelConfig c = tiny(nn::AttnKind::DiffV1);
+  model::ModelConfig c = tiny(nn::AttnKind::DiffV1);
   EXPECT_NEAR(c.layer_lambda_init(0), 0.2, 1e-7);
   EXPECT_NEAR(c.layer_lambda_init(1), 0.8 - 0.6 * std::exp(-0.3), 1e-7);
   c.lambda_init = 0.5;
   EXPECT_FLOAT_EQ(c.layer_lambda_init(3), 0.5f);
-  const ModelConfig back = ModelConfig::from_json(c.to_json(), "test");
+  const model::ModelConfig back = model::ModelConfig::from_json(c.to_json(), "test");
   EXPECT_EQ(back.to_json(), c.to_json());
-  EXPECT_THROW(ModelConfig::from_json("{\"format\": \"diffattn/1\", \"bogus\": 1}", "x"), InvalidArgument);
+  EXPECT_THROW(model::ModelConfig::from_json("{\"format\": \"diffattn/1\", \"bogus\": 1}", "x"), InvalidArgument);
 }
 
 
@@ -589,7 +589,7 @@ TEST(Config, JsonRoundTripAndLambdaSchedule) {
 TEST(Config, HostileJsonIsAClearError) {
   auto error_of = [](const std::string& text) {
     try {
-      ModelConfig::from_json(text, "m/config.json");
+      model::ModelConfig::from_json(text, "m/config.json");
     } catch (const InvalidArgument& e) {
       return std::string(e.what());
     }
@@ -613,11 +613,11 @@ TEST(Config, HostileJsonIsAClearError) {
   const std::string msg2 = error_of(with("d_model", "\"" + std::string(1000, 'x') + "\""));
   EXPECT_LT(msg2.size(), 200u) << msg2;
   // In range one by one, too large together: the model's size is checked against memory first.
-  ModelConfig big = tiny(nn::AttnKind::Standard);
+  model::ModelConfig big = tiny(nn::AttnKind::Standard);
   big.vocab_size = int64_t{1} << 24;
   big.d_model = int64_t{1} << 18;
   try {
-    Model m(big);
+    model::Model m(big);
     FAIL() << "a 4.4e12-parameter model was allocated";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("more than this machine's"), std::string::npos) << e.what();

@@ -39,8 +39,8 @@ void put(const std::string& p, const std::string& text) {
   f << text;
 }
 
-ModelConfig small(nn::AttnKind kind) {
-  ModelConfig c;
+model::ModelConfig small(nn::AttnKind kind) {
+  model::ModelConfig c;
   c.attention = kind;
   c.vocab_size = 37;
   c.d_model = 16;
@@ -54,9 +54,9 @@ ModelConfig small(nn::AttnKind kind) {
 }
 
 // Every tensor of a and b equal bit for bit (as float32).
-void expect_same_weights(const Model& a, const Model& b) {
+void expect_same_weights(const model::Model& a, const model::Model& b) {
   ASSERT_EQ(a.tensors().size(), b.tensors().size());
-  for (const TensorInfo& t : a.tensors()) {
+  for (const model::TensorInfo& t : a.tensors()) {
     EXPECT_EQ(a.weight_f32(t.name), b.weight_f32(t.name)) << t.name;
   }
 }
@@ -70,11 +70,11 @@ void copy_llama3_tokenizer(const std::string& dir) {
 TEST(ModelDir, ProjectFormat) {
   TempDir t;
   const std::string dir = t / "m";
-  Model m(small(nn::AttnKind::DiffV1));
+  model::Model m(small(nn::AttnKind::DiffV1));
   m.init_weights(3);
-  save_model(m, dir);
+  model::save_model(m, dir);
   put(dir + "/generation_config.json", "{\"eos_token_id\": [5, 7]}");
-  const ModelDir d = open_model_dir(dir);
+  const model::ModelDir d = model::open_model_dir(dir);
   EXPECT_EQ(d.family, "diffattn");
   EXPECT_FALSE(d.hf);
   EXPECT_EQ(d.config.to_json(), m.config().to_json());
@@ -83,7 +83,7 @@ TEST(ModelDir, ProjectFormat) {
   EXPECT_TRUE(d.tokenizer_path.empty());
   EXPECT_FALSE(d.tokenizer_config.has_value());
   ASSERT_TRUE(d.generation_config.has_value());
-  const Model a = load_model(d), b = load_model(dir);
+  const model::Model a = model::load_model(d), b = model::load_model(dir);
   EXPECT_TRUE(a.trainable());
   expect_same_weights(a, m);
   expect_same_weights(a, b);
@@ -92,21 +92,21 @@ TEST(ModelDir, ProjectFormat) {
   EXPECT_EQ(train::stop_ids_for(d, *tok, 37), (std::vector<int32_t>{5, 7}));
   // A 16-bit save is an inference model over the mapped file, through the same directory object.
   const std::string dir16 = t / "m16";
-  save_model(m, dir16, DType::BF16);
-  const Model c = load_model(open_model_dir(dir16));
+  model::save_model(m, dir16, DType::BF16);
+  const model::Model c = model::load_model(model::open_model_dir(dir16));
   EXPECT_FALSE(c.trainable());
-  expect_same_weights(c, load_model(dir16));
+  expect_same_weights(c, model::load_model(dir16));
 }
 
 TEST(ModelDir, ShardedTransformersDirectory) {
   for (nn::AttnKind kind : {nn::AttnKind::Standard, nn::AttnKind::DiffV1}) {
     TempDir t;
     const std::string dir = t / "hf";
-    Model m(small(kind));
+    model::Model m(small(kind));
     m.init_weights(5);
-    save_hf_model(m, dir, DType::F32, 2);
+    model::save_hf_model(m, dir, DType::F32, 2);
     copy_llama3_tokenizer(dir);
-    const ModelDir d = open_model_dir(dir);
+    const model::ModelDir d = model::open_model_dir(dir);
     EXPECT_TRUE(d.hf);
     EXPECT_EQ(d.family, kind == nn::AttnKind::Standard ? "llama" : "diffllama");
     EXPECT_EQ(d.weight_files.size(), 2u);
@@ -118,7 +118,7 @@ TEST(ModelDir, ShardedTransformersDirectory) {
     EXPECT_EQ(d.tokenizer_path, dir + "/tokenizer.json");
     ASSERT_TRUE(d.tokenizer_config.has_value());
     EXPECT_EQ(*d.tokenizer_config, slurp(dir + "/tokenizer_config.json"));
-    expect_same_weights(load_model(d), load_model(dir));
+    expect_same_weights(model::load_model(d), model::load_model(dir));
     if (kind == nn::AttnKind::Standard) continue;  // the tokenizer checks once (Llama 3's: seconds)
 
     // The tokenizer from the resolved directory is the path's: same ids, same special tokens.
@@ -138,19 +138,19 @@ TEST(ModelDir, ShardedTransformersDirectory) {
 TEST(ModelDir, Refusals) {
   TempDir t;
   try {
-    open_model_dir(t / "absent");
+    model::open_model_dir(t / "absent");
     ADD_FAILURE() << "no error";
   } catch (const IoError& e) {
     EXPECT_NE(std::string(e.what()).find("not a model directory (no such directory"), std::string::npos) << e.what();
   }
   const std::string dir = t / "hf";
-  Model m(small(nn::AttnKind::Standard));
+  model::Model m(small(nn::AttnKind::Standard));
   m.init_weights(1);
-  save_hf_model(m, dir, DType::F32, 2);
+  model::save_hf_model(m, dir, DType::F32, 2);
   // Both a single file and an index: one of them is stale.
-  std::filesystem::copy_file(dir + "/" + open_model_dir(dir).weight_files[0], dir + "/model.safetensors");
+  std::filesystem::copy_file(dir + "/" + model::open_model_dir(dir).weight_files[0], dir + "/model.safetensors");
   try {
-    open_model_dir(dir);
+    model::open_model_dir(dir);
     ADD_FAILURE() << "no error";
   } catch (const IoError& e) {
     EXPECT_NE(std::string(e.what()).find("holds both model.safetensors and model.safetensors.index.json"),
@@ -158,12 +158,12 @@ TEST(ModelDir, Refusals) {
   }
   std::filesystem::remove(dir + "/model.safetensors");
   // No tokenizer in a transformers directory: the model's own is refused, bytes are asked for.
-  const ModelDir d = open_model_dir(dir);
+  const model::ModelDir d = model::open_model_dir(dir);
   EXPECT_THROW(data::tokenizer_for(d), IoError);
   EXPECT_NO_THROW(data::tokenizer_for(d, data::TokenizerChoice::kBytes));
   // generation_config.json read once, checked against the model's vocabulary when used.
   put(dir + "/generation_config.json", "{\"eos_token_id\": 99}");
-  const ModelDir d2 = open_model_dir(dir);
+  const model::ModelDir d2 = model::open_model_dir(dir);
   EXPECT_THROW(train::stop_ids_for(d2, *data::byte_tokenizer(), 37), IoError);
 }
 

@@ -20,15 +20,15 @@
 namespace diffattn {
 namespace {
 
-struct OwnedStore : WeightStore {
+struct OwnedStore : model::WeightStore {
   std::vector<std::vector<float>> data;
 };
 
 // A scaled-down config keeping the published pattern: 8 layers (Mamba 0, 2, 4 (memory), sliding
 // 1, 3, full 5, GMU 6, cross 7), a window of 5.
-ModelConfig tiny(int64_t layers = 8, int64_t window = 5) {
-  ModelConfig c;
-  c.arch = Arch::SambaY;
+model::ModelConfig tiny(int64_t layers = 8, int64_t window = 5) {
+  model::ModelConfig c;
+  c.arch = model::Arch::SambaY;
   c.attention = nn::AttnKind::DiffV1;
   c.vocab_size = 61;
   c.d_model = 32;
@@ -49,11 +49,11 @@ ModelConfig tiny(int64_t layers = 8, int64_t window = 5) {
   return c;
 }
 
-Model random_model(const ModelConfig& c, uint32_t seed) {
+model::Model random_model(const model::ModelConfig& c, uint32_t seed) {
   auto store = std::make_shared<OwnedStore>();
   std::mt19937 rng(seed);
   std::normal_distribution<float> n01(0.0f, 1.0f);
-  for (const TensorInfo& t : tensor_table(c)) {
+  for (const model::TensorInfo& t : model::tensor_table(c)) {
     std::vector<float> v(static_cast<size_t>(t.numel));
     const std::string& n = t.name;
     auto ends = [&](const char* s) { return n.size() >= std::strlen(s) && n.compare(n.size() - std::strlen(s), std::strlen(s), s) == 0; };
@@ -69,7 +69,7 @@ Model random_model(const ModelConfig& c, uint32_t seed) {
     store->tensors.push_back(typed(store->data.back().data()));
   }
   store->description = "test";
-  return Model(c, store);
+  return model::Model(c, store);
 }
 
 std::vector<int32_t> tokens(int64_t n, uint32_t seed, int64_t V) {
@@ -114,7 +114,7 @@ std::vector<float> feed(infer::Session& s, int32_t id, const std::vector<int32_t
   return logits;
 }
 
-void expect_same_state(infer::KvStore& a, int32_t ia, infer::KvStore& b, int32_t ib, const ModelConfig& c) {
+void expect_same_state(infer::KvStore& a, int32_t ia, infer::KvStore& b, int32_t ib, const model::ModelConfig& c) {
   const infer::KvStore::Seq& sa = a.seq(ia);
   const infer::KvStore::Seq& sb = b.seq(ib);
   ASSERT_EQ(sa.len, sb.len);
@@ -131,14 +131,14 @@ void expect_same_state(infer::KvStore& a, int32_t ia, infer::KvStore& b, int32_t
 }
 
 TEST(Phi4Flash, LayerPatternFollowsThePublishedModel) {
-  const ModelConfig c = tiny(32, 512);
+  const model::ModelConfig c = tiny(32, 512);
   for (int64_t l = 0; l < 32; ++l) {
-    const LayerKind k = c.layer_kind(l);
+    const model::LayerKind k = c.layer_kind(l);
     if (l % 2 == 0) {
-      EXPECT_EQ(k, l <= 16 ? LayerKind::Mamba : LayerKind::Gmu) << l;
+      EXPECT_EQ(k, l <= 16 ? model::LayerKind::Mamba : model::LayerKind::Gmu) << l;
     } else {
-      EXPECT_EQ(k, l < 16 ? LayerKind::SlidingAttention
-                   : l == 17 ? LayerKind::FullAttention : LayerKind::CrossAttention) << l;
+      EXPECT_EQ(k, l < 16 ? model::LayerKind::SlidingAttention
+                   : l == 17 ? model::LayerKind::FullAttention : model::LayerKind::CrossAttention) << l;
     }
   }
   EXPECT_EQ(c.memory_layer(), 16);
@@ -149,8 +149,8 @@ TEST(Phi4Flash, LayerPatternFollowsThePublishedModel) {
 }
 
 TEST(Phi4Flash, DecodeStateEqualsAFreshPrefill) {
-  const ModelConfig c = tiny();
-  const Model m = random_model(c, 3);
+  const model::ModelConfig c = tiny();
+  const model::Model m = random_model(c, 3);
   const int64_t V = c.vocab_size;
   for (const int64_t n : {int64_t{3}, int64_t{5}, int64_t{6}, int64_t{14}}) {
     const std::vector<int32_t> toks = tokens(n, 7, V);
@@ -176,8 +176,8 @@ TEST(Phi4Flash, DecodeStateEqualsAFreshPrefill) {
 }
 
 TEST(Phi4Flash, BatchedDecodeEqualsEachSequenceAlone) {
-  const ModelConfig c = tiny();
-  const Model m = random_model(c, 5);
+  const model::ModelConfig c = tiny();
+  const model::Model m = random_model(c, 5);
   const int64_t V = c.vocab_size;
   infer::KvStore kv(m, 64, 4);
   infer::Session s(m, kv);
@@ -207,8 +207,8 @@ TEST(Phi4Flash, BatchedDecodeEqualsEachSequenceAlone) {
 }
 
 TEST(Phi4Flash, StateBytesAreWhatTheStoreHolds) {
-  const ModelConfig c = tiny();
-  const Model m = random_model(c, 1);
+  const model::ModelConfig c = tiny();
+  const model::Model m = random_model(c, 1);
   for (const DType dt : {DType::F32, DType::BF16}) {
     infer::KvStore kv(m, 8, 4, dt);
     const int32_t id = kv.open();
@@ -219,7 +219,7 @@ TEST(Phi4Flash, StateBytesAreWhatTheStoreHolds) {
     kv.close(id);
   }
   // Published shape: 875,520 state elements + 20,480 min(n, 512) + 2,560 n (the doc's formula)
-  ModelConfig p = tiny(32, 512);
+  model::ModelConfig p = tiny(32, 512);
   p.d_model = 2560, p.n_heads = 20, p.n_kv_heads = 10, p.head_dim = 64, p.sambay.d_state = 16;
   p.sambay.dt_rank = 160;
   for (const int64_t n : {int64_t{4096}, int64_t{32768}, int64_t{131072}}) {
@@ -230,10 +230,10 @@ TEST(Phi4Flash, StateBytesAreWhatTheStoreHolds) {
 }
 
 TEST(Phi4Flash, TrainingAndSavingAreRefused) {
-  const ModelConfig c = tiny();
-  Model m = random_model(c, 2);
+  const model::ModelConfig c = tiny();
+  model::Model m = random_model(c, 2);
   const std::vector<int32_t> t = tokens(4, 1, c.vocab_size);
-  TrainContext run(m);
+  model::TrainContext run(m);
   EXPECT_THROW(run.forward(t.data(), nullptr, 1, 4), InvalidArgument);
   EXPECT_THROW(run.backward(), InvalidArgument);
 }

@@ -51,8 +51,8 @@ void expect_error(F&& f, std::initializer_list<std::string> parts) {
   }
 }
 
-ModelConfig tiny() {
-  ModelConfig c;
+model::ModelConfig tiny() {
+  model::ModelConfig c;
   c.attention = nn::AttnKind::DiffV1;
   c.vocab_size = 23;
   c.d_model = 16;
@@ -98,7 +98,7 @@ TEST(ReadFile, RefusesFifoDirectoryAndDevice) {
   fs::create_symlink("/dev/zero", d / "zero");
   expect_error<IoError>([&] { read_file(d / "zero"); }, {d / "zero", "not a regular file (a character device)"});
   expect_error<IoError>([&] { read_file(d / "absent"); }, {d / "absent", "cannot open", "No such file"});
-  expect_error<IoError>([&] { read_safetensors(d / "fifo"); }, {"a FIFO"});
+  expect_error<IoError>([&] { model::read_safetensors(d / "fifo"); }, {"a FIFO"});
 }
 
 TEST(ReadFile, CapsTheSizeAndChecksMemory) {
@@ -156,16 +156,16 @@ TEST(ReadFile, AShortReadIsAnError) {
 TEST(SafeTensorsReader, InMemoryAndPathAgree) {
   TempDir d;
   const std::vector<float> a = {1.0f, -2.5f, 3.0f, 0.25f, 5.0f, 6.0f}, b = {7.0f};
-  write_safetensors(d / "t.safetensors", {{"a", {2, 3}, a.data()}, {"b", {1}, b.data()}}, {{"k", "v"}});
-  const SafeTensorsFile p = read_safetensors(d / "t.safetensors");
-  const SafeTensorsFile m = parse_safetensors(read_file(d / "t.safetensors"), "mem");
-  for (const SafeTensorsFile* f : {&p, &m}) {
+  model::write_safetensors(d / "t.safetensors", {{"a", {2, 3}, a.data()}, {"b", {1}, b.data()}}, {{"k", "v"}});
+  const model::SafeTensorsFile p = model::read_safetensors(d / "t.safetensors");
+  const model::SafeTensorsFile m = model::parse_safetensors(read_file(d / "t.safetensors"), "mem");
+  for (const model::SafeTensorsFile* f : {&p, &m}) {
     EXPECT_EQ(f->tensors.at("a").shape, (Shape{2, 3}));
     EXPECT_EQ(f->tensors.at("a").data, a);
     EXPECT_EQ(f->tensors.at("b").data, b);
     EXPECT_EQ(f->metadata.at("k"), "v");
   }
-  const SafeTensorsHeader h = read_safetensors_header(d / "t.safetensors");
+  const model::SafeTensorsHeader h = model::read_safetensors_header(d / "t.safetensors");
   EXPECT_EQ(h.tensors.at("a").numel, 6);
   EXPECT_EQ(h.tensors.at("a").end - h.tensors.at("a").begin, 24u);
 }
@@ -176,7 +176,7 @@ TEST(SafeTensorsReader, BF16AndF16AreConverted) {
   const std::string f = safetensors_bytes(
       R"({"b":{"dtype":"BF16","shape":[1],"data_offsets":[0,2]},)"
       R"("h":{"dtype":"F16","shape":[4],"data_offsets":[2,10]}})", data);
-  const SafeTensorsFile s = parse_safetensors(f, "mem");
+  const model::SafeTensorsFile s = model::parse_safetensors(f, "mem");
   EXPECT_EQ(s.tensors.at("b").data, std::vector<float>{1.5f});
   const std::vector<float>& h = s.tensors.at("h").data;
   EXPECT_EQ(h[0], 1.0f);
@@ -188,33 +188,33 @@ TEST(SafeTensorsReader, BF16AndF16AreConverted) {
 TEST(SafeTensorsReader, SizeProductsThatOverflowAreErrors) {
   // 2^62 x 8 wraps to 0 in int64 and would match zero data bytes.
   expect_error<IoError>(
-      [] { parse_safetensors(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[4611686018427387904,8],"data_offsets":[0,0]}})", ""), "t.st"); },
+      [] { model::parse_safetensors(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[4611686018427387904,8],"data_offsets":[0,0]}})", ""), "t.st"); },
       {"t.st: tensor \"w\": shape", "more elements than 2^63"});
   // 2^62 elements fit, but 4 bytes each wrap uint64 to 0.
   expect_error<IoError>(
-      [] { parse_safetensors(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})", ""), "t.st"); },
+      [] { model::parse_safetensors(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})", ""), "t.st"); },
       {"t.st: tensor \"w\"", "more than 2^64 bytes"});
   // A size beyond int64 is not a size.
   expect_error<IoError>(
-      [] { parse_safetensors(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,0]}})", ""), "t.st"); },
+      [] { model::parse_safetensors(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,0]}})", ""), "t.st"); },
       {"t.st: tensor \"w\": shape", "is not a list of sizes"});
   // A zero-size tensor is fine.
-  const SafeTensorsFile z = parse_safetensors(
+  const model::SafeTensorsFile z = model::parse_safetensors(
       safetensors_bytes(R"({"w":{"dtype":"F32","shape":[0,5],"data_offsets":[0,0]}})", ""), "t.st");
   EXPECT_TRUE(z.tensors.at("w").data.empty());
 }
 
 TEST(SafeTensorsReader, HeaderLengthIsCapped) {
   std::string f(8, '\0');
-  const uint64_t hl = kMaxSafetensorsHeaderBytes + 1;
+  const uint64_t hl = model::kMaxSafetensorsHeaderBytes + 1;
   for (int i = 0; i < 8; ++i) f[static_cast<size_t>(i)] = static_cast<char>((hl >> (8 * i)) & 0xff);
-  expect_error<IoError>([&] { parse_safetensors(f, "big.st"); }, {"big.st: header length 100000001 exceeds the limit"});
-  expect_error<IoError>([&] { parse_safetensors(std::string("\x05\0\0", 3), "short.st"); },
+  expect_error<IoError>([&] { model::parse_safetensors(f, "big.st"); }, {"big.st: header length 100000001 exceeds the limit"});
+  expect_error<IoError>([&] { model::parse_safetensors(std::string("\x05\0\0", 3), "short.st"); },
                         {"short.st: truncated: 3 bytes"});
   // Long names are cut in messages.
   const std::string name(5000, 'n');
   expect_error<IoError>(
-      [&] { parse_safetensors(safetensors_bytes("{\"" + name + "\":{\"dtype\":\"I8\",\"shape\":[1],\"data_offsets\":[0,1]}}", "x"), "t.st"); },
+      [&] { model::parse_safetensors(safetensors_bytes("{\"" + name + "\":{\"dtype\":\"I8\",\"shape\":[1],\"data_offsets\":[0,1]}}", "x"), "t.st"); },
       {"...\": dtype I8 is not supported"});
 }
 
@@ -223,44 +223,44 @@ TEST(SafeTensorsReader, HeaderLengthIsCapped) {
 TEST(SafeTensorsReader, TheDataIsCoveredExactly) {
   const std::string a = R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
   const std::string data(8, '\0');
-  EXPECT_EQ(parse_safetensors(safetensors_bytes("{" + a + "}", data), "t.st").tensors.size(), 1u);
-  expect_error<IoError>([&] { parse_safetensors(safetensors_bytes("{" + a + "}", data + "tail"), "t.st"); },
+  EXPECT_EQ(model::parse_safetensors(safetensors_bytes("{" + a + "}", data), "t.st").tensors.size(), 1u);
+  expect_error<IoError>([&] { model::parse_safetensors(safetensors_bytes("{" + a + "}", data + "tail"), "t.st"); },
                         {"t.st: the tensors cover 8 of the 12 data bytes", "4 bytes after the last tensor"});
   expect_error<IoError>(
-      [&] { parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", "gap." + data), "t.st"); },
+      [&] { model::parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", "gap." + data), "t.st"); },
       {"t.st: tensor \"a\" begins at data byte 4, expected 0", "a gap of 4 bytes"});
   expect_error<IoError>(
-      [&] { parse_safetensors(safetensors_bytes("{" + a + R"(,"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", data), "t.st"); },
+      [&] { model::parse_safetensors(safetensors_bytes("{" + a + R"(,"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", data), "t.st"); },
       {"tensor \"b\" begins at data byte 4, expected 8", "overlaps"});
   // An empty tensor is placed like any other: at the end (or the start), not inside another.
-  EXPECT_NO_THROW(parse_safetensors(safetensors_bytes("{" + a + R"(,"z":{"dtype":"F32","shape":[0],"data_offsets":[8,8]}})", data), "t.st"));
+  EXPECT_NO_THROW(model::parse_safetensors(safetensors_bytes("{" + a + R"(,"z":{"dtype":"F32","shape":[0],"data_offsets":[8,8]}})", data), "t.st"));
   expect_error<IoError>(
-      [&] { parse_safetensors(safetensors_bytes("{" + a + R"(,"z":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})", data), "t.st"); },
+      [&] { model::parse_safetensors(safetensors_bytes("{" + a + R"(,"z":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})", data), "t.st"); },
       {"tensor \"z\" begins at data byte 4, expected 8"});
   // nlohmann stopped at a NUL and skipped a byte order mark; serde (the library) refuses both.
-  expect_error<IoError>([&] { parse_safetensors(safetensors_bytes("{" + a + std::string("}\0junk", 6), data), "t.st"); },
+  expect_error<IoError>([&] { model::parse_safetensors(safetensors_bytes("{" + a + std::string("}\0junk", 6), data), "t.st"); },
                         {"t.st: corrupted safetensors header: not valid JSON (a NUL byte at offset"});
-  expect_error<IoError>([&] { parse_safetensors(safetensors_bytes("\xEF\xBB\xBF{" + a + "}", data), "t.st"); },
+  expect_error<IoError>([&] { model::parse_safetensors(safetensors_bytes("\xEF\xBB\xBF{" + a + "}", data), "t.st"); },
                         {"byte order mark"});
   // A field of an entry twice, or __metadata__ twice, is an error; a tensor or metadata key
   // twice keeps the last (as the library does).
   expect_error<IoError>(
-      [&] { parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","dtype":"F16","shape":[2],"data_offsets":[0,8]}})", data), "t.st"); },
+      [&] { model::parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","dtype":"F16","shape":[2],"data_offsets":[0,8]}})", data), "t.st"); },
       {"the key \"dtype\" appears twice in \"a\""});
   expect_error<IoError>(
-      [&] { parse_safetensors(safetensors_bytes(R"({"__metadata__":{},"__metadata__":{},)" + a + "}", data), "t.st"); },
+      [&] { model::parse_safetensors(safetensors_bytes(R"({"__metadata__":{},"__metadata__":{},)" + a + "}", data), "t.st"); },
       {"the key \"__metadata__\" appears twice in the top-level object"});
-  const SafeTensorsFile last = parse_safetensors(
+  const model::SafeTensorsFile last = model::parse_safetensors(
       safetensors_bytes(R"({"__metadata__":{"k":"1","k":"2"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)" + a + "}", data), "t.st");
   EXPECT_EQ(last.tensors.at("a").shape, (Shape{2}));
   EXPECT_EQ(last.metadata.at("k"), "2");
   // __metadata__ may be null; -0 is not a size; a dtype outside the format's list is named.
-  EXPECT_NO_THROW(parse_safetensors(safetensors_bytes(R"({"__metadata__":null,)" + a + "}", data), "t.st"));
+  EXPECT_NO_THROW(model::parse_safetensors(safetensors_bytes(R"({"__metadata__":null,)" + a + "}", data), "t.st"));
   expect_error<IoError>(
-      [&] { parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[-0],"data_offsets":[0,0]}})", ""), "t.st"); },
+      [&] { model::parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[-0],"data_offsets":[0,0]}})", ""), "t.st"); },
       {"is not a list of sizes"});
   expect_error<IoError>(
-      [&] { parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"f32","shape":[2],"data_offsets":[0,8]}})", data), "t.st"); },
+      [&] { model::parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"f32","shape":[2],"data_offsets":[0,8]}})", data), "t.st"); },
       {"dtype \"f32\" is not a safetensors dtype"});
 }
 
@@ -274,12 +274,12 @@ TEST(SafeTensorsReader, HeaderIsReadWithoutTheData) {
   if (::truncate((d / "big.safetensors").c_str(), static_cast<off_t>(h.size()) + (off_t{8} << 30)) != 0) {
     GTEST_SKIP() << "cannot make a sparse file here";
   }
-  const SafeTensorsHeader hd = read_safetensors_header(d / "big.safetensors");
+  const model::SafeTensorsHeader hd = model::read_safetensors_header(d / "big.safetensors");
   EXPECT_EQ(hd.tensors.at("w").shape, (Shape{1073741824, 2}));
   EXPECT_EQ(hd.data_offset, h.size());
   // The data read checks the size first: the file changed since its header was read.
   ASSERT_EQ(::truncate((d / "big.safetensors").c_str(), static_cast<off_t>(h.size()) + 8), 0);
-  expect_error<IoError>([&] { read_safetensors(d / "big.safetensors", hd); }, {"changed while being read"});
+  expect_error<IoError>([&] { model::read_safetensors(d / "big.safetensors", hd); }, {"changed while being read"});
 }
 
 // ---- model directories ----
@@ -292,15 +292,15 @@ long max_rss_kib() {
 
 TEST(LoadModel, HeaderIsCheckedBeforeTheModelIsAllocated) {
   TempDir d;
-  Model m(tiny());
+  model::Model m(tiny());
   m.init_weights(1);
-  save_model(m, d.str());
+  model::save_model(m, d.str());
   // A config of 50M parameters (400 MB with gradients) whose weights are the tiny model's.
-  ModelConfig big = tiny();
+  model::ModelConfig big = tiny();
   big.ffn_dim = int64_t{1} << 20;
   put(d / "config.json", big.to_json());
   const long before = max_rss_kib();
-  expect_error<IoError>([&] { load_model(d.str()); },
+  expect_error<IoError>([&] { model::load_model(d.str()); },
                         {d / "model.safetensors", "tensor \"layers.0.ffn.gate_proj.weight\" has shape (24, 16)",
                          "the config implies (1048576, 16)"});
   EXPECT_LT(max_rss_kib() - before, 100 * 1024) << "the model was allocated before the check";
@@ -308,16 +308,16 @@ TEST(LoadModel, HeaderIsCheckedBeforeTheModelIsAllocated) {
 
 TEST(LoadModel, NonFiniteWeightsAreErrors) {
   TempDir d;
-  Model m(tiny());
+  model::Model m(tiny());
   m.init_weights(1);
-  const TensorInfo& t = m.tensors()[3];
+  const model::TensorInfo& t = m.tensors()[3];
   m.params[static_cast<size_t>(t.offset + 5)] = std::numeric_limits<float>::quiet_NaN();
-  save_model(m, d.str());
-  expect_error<IoError>([&] { load_model(d.str()); },
+  model::save_model(m, d.str());
+  expect_error<IoError>([&] { model::load_model(d.str()); },
                         {d / "model.safetensors", "tensor \"" + t.name + "\" holds NaN at flat index 5"});
   m.params[static_cast<size_t>(t.offset + 5)] = -std::numeric_limits<float>::infinity();
-  save_model(m, d.str());
-  expect_error<IoError>([&] { load_model(d.str()); }, {"holds Inf at flat index 5"});
+  model::save_model(m, d.str());
+  expect_error<IoError>([&] { model::load_model(d.str()); }, {"holds Inf at flat index 5"});
 }
 
 // ---- resume points ----
@@ -372,16 +372,16 @@ TEST(ResumeMetadata, BadStepInAFileNamesTheFileAndField) {
   tr.write_log = false;
   tr.save();
   const std::string p = d / "train_state.safetensors";
-  SafeTensorsFile f = read_safetensors(p);
+  model::SafeTensorsFile f = model::read_safetensors(p);
   f.metadata["step"] = "abc";
-  std::vector<SafeTensorRef> refs;
+  std::vector<model::SafeTensorRef> refs;
   for (const auto& [name, t] : f.tensors) refs.push_back({name, t.shape, t.data.data()});
-  write_safetensors(p, refs, f.metadata);
+  model::write_safetensors(p, refs, f.metadata);
   expect_error<IoError>([&] { train::Trainer::resume(d.str()); }, {p, "metadata \"step\" is \"abc\""});
   // A moment tensor missing: named, before the model is allocated.
-  refs.erase(std::remove_if(refs.begin(), refs.end(), [](const SafeTensorRef& r) { return r.name == "adamw.v.norm.weight"; }), refs.end());
+  refs.erase(std::remove_if(refs.begin(), refs.end(), [](const model::SafeTensorRef& r) { return r.name == "adamw.v.norm.weight"; }), refs.end());
   f.metadata["step"] = "0";
-  write_safetensors(p, refs, f.metadata);
+  model::write_safetensors(p, refs, f.metadata);
   expect_error<IoError>([&] { train::Trainer::resume(d.str()); }, {p, "missing tensor \"adamw.v.norm.weight\""});
 }
 
@@ -415,7 +415,7 @@ TEST(Checkpoint, EveryPrefixOfTheFirstSaveIsResumableOrNotStarted) {
       EXPECT_FALSE(fs::exists(d / (files[k] + ".tmp.123.456"))) << "resume removes the leftover";
     }
     if (fs::exists(d / "config.json")) {
-      EXPECT_NO_THROW(load_model(d.str()));
+      EXPECT_NO_THROW(model::load_model(d.str()));
     }
   }
 }

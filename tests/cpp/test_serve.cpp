@@ -32,8 +32,8 @@ using diffattn::infer::BlockAllocator;
 
 namespace {
 
-Model tiny_model(nn::AttnKind kind, uint64_t seed) {
-  ModelConfig c;
+model::Model tiny_model(nn::AttnKind kind, uint64_t seed) {
+  model::ModelConfig c;
   c.attention = kind;
   c.vocab_size = 61;
   c.d_model = 32;
@@ -43,10 +43,10 @@ Model tiny_model(nn::AttnKind kind, uint64_t seed) {
   c.head_dim = 8;
   c.n_heads = kind == nn::AttnKind::Standard ? 4 : 2;
   c.n_kv_heads = kind == nn::AttnKind::Standard ? 2 : 1;
-  Model m(c);
+  model::Model m(c);
   m.init_weights(seed);
   // Larger output weights: decisive argmaxes, so greedy ids do not hinge on the last bit.
-  const TensorInfo& head = m.tensor(c.tie_embeddings ? "embed_tokens.weight" : "lm_head.weight");
+  const model::TensorInfo& head = m.tensor(c.tie_embeddings ? "embed_tokens.weight" : "lm_head.weight");
   for (int64_t i = 0; i < head.numel; ++i) m.params[static_cast<size_t>(head.offset + i)] *= 25.0f;
   return m;
 }
@@ -239,7 +239,7 @@ TEST(KvStorage, RowsOnCacheLinesValuesHalfAPageOffTheKeys) {
 // roundings of the longest dot product. Then a batch mixing both kinds of rows and asking for
 // every row's logits, against the same rows run apart.
 TEST_P(EngineKinds, SessionDecodeEqualsInferAlone) {
-  Model m = tiny_model(GetParam(), 11);
+  model::Model m = tiny_model(GetParam(), 11);
   const int64_t V = m.config().vocab_size, C = m.config().d_model, F = m.config().ffn_dim;
   const int B = 5;
   const int64_t bs = 4, per_seq = 6, n_blocks = B * per_seq + 3;
@@ -366,8 +366,8 @@ TEST_P(EngineKinds, BatchedSequencesMatchGenerateAlone) {
   // The pool in float32 and in BF16 (against generate_ids with a BF16 cache of its own).
   for (const DType dt : {DType::F32, DType::BF16}) {
     SCOPED_TRACE(dtype_name(dt));
-    Model m = tiny_model(GetParam(), 3);
-    Model ref = tiny_model(GetParam(), 3);
+    model::Model m = tiny_model(GetParam(), 3);
+    model::Model ref = tiny_model(GetParam(), 3);
     const int64_t V = m.config().vocab_size;
     EngineOptions eo;
     eo.block_size = 4;
@@ -414,14 +414,14 @@ TEST_P(EngineKinds, BatchedSequencesMatchGenerateAlone) {
 // chunk then decode steps give the logits of the full forward over the same tokens at each
 // position (F32 cache: float32 rounding; F16: within 32 unit roundoffs of the logits' size).
 TEST_P(EngineKinds, ContiguousSessionMatchesTheFullForward) {
-  Model m = tiny_model(GetParam(), 13);
+  model::Model m = tiny_model(GetParam(), 13);
   const int64_t V = m.config().vocab_size;
   const std::vector<int32_t> p = prompt_of(9, 3, V);
   const int64_t P = static_cast<int64_t>(p.size()), n = 6;
   std::vector<int32_t> all = p;
   for (int64_t i = 0; i < n; ++i) all.push_back(static_cast<int32_t>((i * 11 + 5) % V));
-  const Model full_model = tiny_model(GetParam(), 13);
-  TrainContext full_run(full_model);
+  const model::Model full_model = tiny_model(GetParam(), 13);
+  model::TrainContext full_run(full_model);
   full_run.forward(all.data(), nullptr, 1, P + n);
   const std::vector<float> full = full_run.logits();
   for (const DType dt : {DType::F32, DType::F16}) {
@@ -465,8 +465,8 @@ INSTANTIATE_TEST_SUITE_P(Kinds, EngineKinds,
                                            nn::AttnKind::Standard));
 
 TEST(Engine, StopIdsEndASequenceWithoutEmittingThem) {
-  Model m = tiny_model(nn::AttnKind::DiffV1, 5);
-  Model ref = tiny_model(nn::AttnKind::DiffV1, 5);
+  model::Model m = tiny_model(nn::AttnKind::DiffV1, 5);
+  model::Model ref = tiny_model(nn::AttnKind::DiffV1, 5);
   SeqRequest r;
   r.prompt = prompt_of(5, 1, 61);
   r.max_tokens = 30;
@@ -509,8 +509,8 @@ TEST(Engine, LogprobOfIsTheLogSoftmax) {
 // (greedy: the top one is the token), and the prompt's come one per prompt token after the first,
 // from a prefill one position at a time that leaves the continuation unchanged.
 TEST(Engine, LogprobsOfTokensAndOfThePrompt) {
-  Model m = tiny_model(nn::AttnKind::DiffV1, 5);
-  Model ref = tiny_model(nn::AttnKind::DiffV1, 5);
+  model::Model m = tiny_model(nn::AttnKind::DiffV1, 5);
+  model::Model ref = tiny_model(nn::AttnKind::DiffV1, 5);
   SeqRequest r;
   r.prompt = prompt_of(6, 1, 61);
   r.max_tokens = 5;
@@ -558,7 +558,7 @@ TEST(Engine, LogprobsOfTokensAndOfThePrompt) {
 // object comes out whole (one of the enum's values, at most one space) and ends the sequence
 // (kStop: nothing may follow), well within a few dozen tokens, for every seed.
 TEST(Engine, ResponseFormatSchemaClosesTheObject) {
-  Model m = tiny_model(nn::AttnKind::DiffV1, 11);
+  model::Model m = tiny_model(nn::AttnKind::DiffV1, 11);
   const std::string chars = "{}[]\":, 0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQ";
   ASSERT_EQ(chars.size(), 61u);
   std::vector<std::string> bytes;
@@ -600,7 +600,7 @@ TEST(Engine, ResponseFormatSchemaClosesTheObject) {
 // oracle: one sequence alone, no cache) with the cache on and off, the repeated prompts take
 // their whole blocks but the last token from the cache, and the stats count it.
 TEST(Engine, PrefixCacheGivesTheSameTokensAndCountsItsHits) {
-  Model ref = tiny_model(nn::AttnKind::DiffV1, 9);
+  model::Model ref = tiny_model(nn::AttnKind::DiffV1, 9);
   const int64_t V = 61;
   std::vector<std::vector<int32_t>> prompts;
   for (int32_t s = 0; s < 4; ++s) prompts.push_back(prompt_of(21 + s, s, V));
@@ -618,7 +618,7 @@ TEST(Engine, PrefixCacheGivesTheSameTokensAndCountsItsHits) {
     want.push_back(infer::generate_ids(ref, p, go));
   }
   for (const bool cache : {true, false}) {
-    Model m = tiny_model(nn::AttnKind::DiffV1, 9);
+    model::Model m = tiny_model(nn::AttnKind::DiffV1, 9);
     EngineOptions o;
     o.block_size = 8;
     o.n_blocks = 9;  // two sequences of 4 blocks and one more: older cached blocks are evicted
@@ -654,8 +654,8 @@ TEST(Engine, PrefixCacheGivesTheSameTokensAndCountsItsHits) {
 // A pool that holds one sequence at a time: the others wait for its blocks, none is refused and
 // none is corrupted; a queue bounded at 2 refuses the fourth.
 TEST(Engine, FullPoolQueuesThenRefusesBeyondTheQueue) {
-  Model m = tiny_model(nn::AttnKind::DiffV1, 7);
-  Model ref = tiny_model(nn::AttnKind::DiffV1, 7);
+  model::Model m = tiny_model(nn::AttnKind::DiffV1, 7);
+  model::Model ref = tiny_model(nn::AttnKind::DiffV1, 7);
   EngineOptions eo;
   eo.block_size = 8;
   eo.n_blocks = 5;  // 40 positions: one sequence of 10 + 25
@@ -704,8 +704,8 @@ TEST(Engine, FullPoolQueuesThenRefusesBeyondTheQueue) {
 }
 
 TEST(Engine, CancelFreesTheBlocksAndOthersGoOn) {
-  Model m = tiny_model(nn::AttnKind::DiffV1, 9);
-  Model ref = tiny_model(nn::AttnKind::DiffV1, 9);
+  model::Model m = tiny_model(nn::AttnKind::DiffV1, 9);
+  model::Model ref = tiny_model(nn::AttnKind::DiffV1, 9);
   EngineOptions eo;
   eo.block_size = 4;
   eo.n_blocks = 64;

@@ -46,7 +46,7 @@ def test_a_clean_tree_passes(tmp_path):
         "src/train/t.cpp": "namespace diffattn::train {\nnamespace {\n}\n}\n",
         "src/base/b.cpp": "namespace diffattn {\nnamespace hn = hwy::HWY_NAMESPACE;\n}\n",
         "src/kernels/k.cpp": "namespace diffattn::kernels {\nnamespace fused {\n}\n}\nnamespace diffattn::kernels::HWY_NAMESPACE {\n}\n",
-        "src/model/m.cpp": "namespace diffattn {\n}\n",
+        "src/model/m.cpp": "namespace diffattn::model {\n}\n",
         "src/infer/s.cpp": "namespace diffattn::infer::detail {\n}\n",
     }))
     assert p.returncode == 0, p.stdout
@@ -65,6 +65,7 @@ def test_a_clean_tree_passes(tmp_path):
     ("src/train/t.cpp", "namespace diffattn::data {\n}\n", ["train opens namespace diffattn::data"]),
     ("include/diffattn/infer/s.h", "namespace diffattn {\n}\n", ["infer opens namespace diffattn "]),
     ("src/kernels/k.cpp", "namespace diffattn {\n}\n", ["kernels opens namespace diffattn "]),
+    ("src/model/m.cpp", "namespace diffattn {\n}\n", ["model opens namespace diffattn "]),
     ("src/data/d.cpp", "namespace diffattn::data {\n}\nnamespace diffattn::model {\n}\n",
      ["data opens namespace diffattn::model"]),
 ])

@@ -88,7 +88,7 @@ std::unique_ptr<Tokenizer> tokenizer_for(const std::string& model_dir,
                                          TokenizerChoice choice = TokenizerChoice::kModel);
 // The same for a resolved directory: its tokenizer file and the tokenizer_config.json text it
 // already read (nothing of the directory is read twice).
-std::unique_ptr<Tokenizer> tokenizer_for(const ModelDir& dir,
+std::unique_ptr<Tokenizer> tokenizer_for(const model::ModelDir& dir,
                                          TokenizerChoice choice = TokenizerChoice::kModel);
 
 // ---- corpus ----
@@ -140,7 +140,7 @@ class TokenWindows : public Dataset {
 // Mean loss over consecutive non-overlapping windows of a token stream (validation): up to
 // max_batches batches of (B, T), each window scored on all T targets, through run (its
 // activations are overwritten: a trainer passes its own, so evaluation takes no second set).
-double eval_loss(TrainContext& run, const std::vector<int32_t>& tokens, int64_t B, int64_t T,
+double eval_loss(model::TrainContext& run, const std::vector<int32_t>& tokens, int64_t B, int64_t T,
                  int64_t max_batches);
 
 }  // namespace diffattn::data

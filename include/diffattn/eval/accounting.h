@@ -25,14 +25,14 @@ namespace diffattn::eval {
 // key/value groups whose values are 2D wide; V2 keeps H output heads and G key/value heads and
 // doubles the query heads.
 // The Llama-7B-class example: vocab 32000, d_model 4096, 32 layers of 32 heads of 128, ffn 11008.
-ModelConfig example_7b();
-ModelConfig diff_v1_of(const ModelConfig& standard);  // InvalidArgument if heads or kv heads are odd
-ModelConfig diff_v2_of(const ModelConfig& standard);
+model::ModelConfig example_7b();
+model::ModelConfig diff_v1_of(const model::ModelConfig& standard);  // InvalidArgument if heads or kv heads are odd
+model::ModelConfig diff_v2_of(const model::ModelConfig& standard);
 // ffn_dim that brings V2's parameter count closest to the standard model's (the V2 write-up
 // borrows the extra query parameters from the FFN up-projection).
-int64_t v2_matched_ffn(const ModelConfig& standard);
+int64_t v2_matched_ffn(const model::ModelConfig& standard);
 // The standard model a version comes from (the inverse of diff_v1_of / diff_v2_of).
-ModelConfig base_of(const ModelConfig& c);
+model::ModelConfig base_of(const model::ModelConfig& c);
 
 struct TensorSpec {
   std::string name;       // FORMAT.md name, e.g. "layers.3.attn.q_proj.weight"
@@ -43,10 +43,10 @@ struct TensorSpec {
 // Every tensor FORMAT.md lists for this config, in its order: tensor_table (the model's own
 // list) with each tensor's component. Throws InvalidArgument (naming the field) for a config
 // that does not validate.
-std::vector<TensorSpec> format_tensors(const ModelConfig& c);
+std::vector<TensorSpec> format_tensors(const model::ModelConfig& c);
 
 struct Accounting {
-  ModelConfig config;
+  model::ModelConfig config;
   std::map<std::string, int64_t> params_by_component;
   int64_t params = 0;
   double linear_flops_per_token = 0;   // all layers + lm_head
@@ -57,7 +57,7 @@ struct Accounting {
   double decode_read_bytes_two_pass = 0;  // two softmax passes each reading V (V1 recipe)
 };
 
-Accounting account(const ModelConfig& c, int64_t context, double bytes_per_value);
+Accounting account(const model::ModelConfig& c, int64_t context, double bytes_per_value);
 
 // Forward FLOPs of a whole causal sequence of T tokens: T x linear + attention summed over
 // contexts 1..T.
@@ -69,6 +69,6 @@ namespace diffattn::eval {
 
 // The config of a config.json file or a model directory (diffattn's, or a Hugging Face Llama /
 // DiffLlama one, read as the model it loads as). Errors name the key and the file.
-ModelConfig read_model_config(const std::string& path);
+model::ModelConfig read_model_config(const std::string& path);
 
 }  // namespace diffattn::eval

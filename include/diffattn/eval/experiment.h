@@ -23,7 +23,7 @@ namespace diffattn::eval {
 // head_dim, values 2 * head_dim wide), DIFF V2 keeps n_heads output heads and doubles the query
 // heads, and pays for them with a smaller SwiGLU (model_of_size's rule), so the three have
 // (nearly) equal parameter counts.
-ModelConfig version_of_size(const ModelConfig& standard, nn::AttnKind kind, int64_t vocab_size = 256);
+model::ModelConfig version_of_size(const model::ModelConfig& standard, nn::AttnKind kind, int64_t vocab_size = 256);
 
 struct RetrievalExperimentOptions {
   data::RetrievalSpec task;           // the training task; task.seed also seeds the weights
@@ -32,7 +32,7 @@ struct RetrievalExperimentOptions {
   int64_t depth_context = 0;          // context of the depth evaluation; 0: task.context
   int64_t eval_samples = 256;         // held-out samples per length and per depth
   int64_t noise_samples = 64;         // held-out samples for the attention-noise analysis
-  ModelConfig size = model_preset("tiny", nn::AttnKind::Standard);  // the standard model's size
+  model::ModelConfig size = model::model_preset("tiny", nn::AttnKind::Standard);  // the standard model's size
   double init_std = 0.02;             // std of the initial projection weights
   train::TrainOptions train;           // steps, batch, lr, ...; seq_len is set from the task
   std::vector<nn::AttnKind> kinds = {nn::AttnKind::DiffV1, nn::AttnKind::DiffV2,
@@ -69,7 +69,7 @@ struct RetrievalExperimentResult {
 // Accuracy (argmax of the answer position's logits == the value) over `samples` samples of
 // `spec` with context C (or all queries' needles with spec.depth as given); only_first: score
 // query 0 only (the one spec.depth places). The forwards run through `run`.
-double retrieval_accuracy(TrainContext& run, const data::RetrievalSpec& spec, int64_t samples,
+double retrieval_accuracy(model::TrainContext& run, const data::RetrievalSpec& spec, int64_t samples,
                           bool only_first = false, int64_t batch = 32);
 
 // Trains and evaluates every kind; `log` receives progress lines (may be empty).

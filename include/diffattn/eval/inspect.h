@@ -41,7 +41,7 @@ struct MapOptions {
 };
 
 // After run.forward(...) over B sequences: the maps of `layer` for sequence b.
-LayerMaps layer_maps(const TrainContext& run, int64_t layer, int64_t b, const MapOptions& o = {});
+LayerMaps layer_maps(const model::TrainContext& run, int64_t layer, int64_t b, const MapOptions& o = {});
 
 // The views of one head (or the mean over heads, head = -1), in the form views.h exports and
 // the explorer draws. tokens label the T positions. A standard model has only `standard`.
@@ -85,7 +85,7 @@ struct NoiseAnalysis {
 
 // Runs `samples` held-out samples of `spec` (its seed is used as given: pass one the model was
 // not trained on) through the model in batches and accumulates the shares.
-NoiseAnalysis analyze_noise(TrainContext& run, const data::RetrievalSpec& spec, int64_t samples,
+NoiseAnalysis analyze_noise(model::TrainContext& run, const data::RetrievalSpec& spec, int64_t samples,
                             int64_t batch = 16);
 
 // The shares of one weight row over keys [0, n): `answer_begin..answer_end` is the answer span,

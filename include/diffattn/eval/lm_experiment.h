@@ -37,10 +37,10 @@ LmCorpus read_lm_corpus(const std::string& dir, int64_t max_docs = 0);
 // Draws every tensor from its own generator seeded by (seed, name, shape): norm scales 1, V1's
 // lambda vectors N(0, 0.1), the rest N(0, init_std). Tensors of the same name and shape get the
 // same bytes in any architecture.
-void paired_init(Model& m, uint64_t seed, double init_std = 0.02);
+void paired_init(model::Model& m, uint64_t seed, double init_std = 0.02);
 // How many tensors (same name and shape) at least two of the models share; throws
 // InvalidArgument naming the tensor when a shared one differs in any byte.
-int64_t check_pairing(const std::vector<const Model*>& models);
+int64_t check_pairing(const std::vector<const model::Model*>& models);
 
 struct Interval {
   int64_t n = 0;
@@ -58,7 +58,7 @@ struct LmExperimentOptions {
   std::string corpus_dir;
   int64_t max_docs = 0;               // per split; 0: all
   std::vector<uint64_t> seeds = {1, 2, 3};
-  ModelConfig size;                   // the standard model's d_model, n_layers, n_heads, ffn_dim
+  model::ModelConfig size;                   // the standard model's d_model, n_layers, n_heads, ffn_dim
   double init_std = 0.02;
   train::TrainOptions train;           // steps, batch, seq_len, adamw; seed set per seed
   int64_t eval_windows = 4;           // windows of seq_len per held-out document

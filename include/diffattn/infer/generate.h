@@ -23,7 +23,7 @@ struct GenerateOptions {
 
 // Prefills prompt ids through the KV cache, then decodes one token at a time; on_token (if
 // given) sees each new id and may return false to stop. Returns the new ids (without a stop id).
-std::vector<int32_t> generate_ids(const Model& m, const std::vector<int32_t>& prompt,
+std::vector<int32_t> generate_ids(const model::Model& m, const std::vector<int32_t>& prompt,
                                   const GenerateOptions& o,
                                   const std::function<bool(int32_t)>& on_token = {});
 

@@ -83,7 +83,7 @@ class KvStore {
   // half the bytes, rounded once when written, read with float32 arithmetic). Throws
   // InvalidArgument for sizes out of BlockAllocator's range or a store that would not fit in
   // the machine's memory, before anything is allocated.
-  KvStore(const Model& m, int64_t n_blocks, int64_t block_size, DType kv_dtype = DType::F32);
+  KvStore(const model::Model& m, int64_t n_blocks, int64_t block_size, DType kv_dtype = DType::F32);
   // A contiguous store: one sequence (id 0, open from the start, its table {0}) of up to
   // `capacity` positions (at most the model's max_seq_len) in a pool of one block of that many
   // positions per layer: one generation's cache, run by the same paged attention as a paged
@@ -91,7 +91,7 @@ class KvStore {
   struct Contiguous {
     int64_t capacity = 0;
   };
-  KvStore(const Model& m, Contiguous c, DType kv_dtype = DType::F32);
+  KvStore(const model::Model& m, Contiguous c, DType kv_dtype = DType::F32);
   KvStore(const KvStore&) = delete;
   KvStore& operator=(const KvStore&) = delete;
 
@@ -133,10 +133,10 @@ class KvStore {
   int64_t block_size() const { return pools_.empty() ? 0 : pools_[0].block_size; }
   // The layers with K/V in the store: every layer, or a recurrent model's one full-attention
   // layer (SambaY's YOCO layer, whose keys and values its cross layers read).
-  static int64_t kv_layers(const ModelConfig& cfg) { return cfg.recurrent() ? 1 : cfg.n_layers; }
+  static int64_t kv_layers(const model::ModelConfig& cfg) { return cfg.recurrent() ? 1 : cfg.n_layers; }
   // Bytes one sequence of `positions` positions holds in a store of kv_dtype: its K/V, and a
   // recurrent model's state (allocated whole when it opens).
-  static double sequence_bytes(const ModelConfig& cfg, int64_t positions, DType kv_dtype);
+  static double sequence_bytes(const model::ModelConfig& cfg, int64_t positions, DType kv_dtype);
   // The bytes sequence id's recurrent state holds (0 for other models): what was allocated.
   int64_t recurrent_bytes(int32_t id) const;
   int64_t n_layers() const { return static_cast<int64_t>(pools_.size()); }
@@ -144,7 +144,7 @@ class KvStore {
 
  private:
   void reset_recurrent(Seq& s);
-  const ModelConfig* cfg_ = nullptr;
+  const model::ModelConfig* cfg_ = nullptr;
   DType kv_dtype_;
   // The pools first: a pool that cannot fit is refused (with its size) before anything else.
   std::vector<nn::KVPool> pools_;  // one per layer, (n_blocks, block_size, ...) each

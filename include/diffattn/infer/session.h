@@ -17,11 +17,11 @@ class Session {
  public:
   // The model and the store must outlive the session; one thread at a time uses it (a model
   // may serve several sessions on several threads: it is only read).
-  Session(const Model& m, KvStore& kv);
+  Session(const model::Model& m, KvStore& kv);
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
-  const Model& model() const { return m_; }
+  const model::Model& model() const { return m_; }
   KvStore& kv() { return kv_; }
 
   // Runs the batch's rows: each row's K/V go into its sequence's blocks, and the rows whose
@@ -63,10 +63,10 @@ class Session {
   void logits_of(const float* x, int64_t N, const std::vector<int64_t>& rows,
                  const std::vector<int64_t>& out_row, float* logits);
 
-  const Model& m_;
+  const model::Model& m_;
   KvStore& kv_;
   // Reused by every layer and every call: after the first calls, a step allocates nothing.
-  Model::LayerActs layer_;
+  model::Model::LayerActs layer_;
   std::vector<float> x_, cos_, sin_, picked_, normed_, rstd_, head_out_;
   std::vector<int32_t> toks_, tables_;
   std::vector<int64_t> lens_;

@@ -12,7 +12,7 @@
 #include "diffattn/model/model.h"
 #include "diffattn/model/safetensors.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 // What a save writes beside the weights and config.json, and what of the directory's old
 // contents it replaces.
@@ -87,4 +87,4 @@ std::string save_hf_model(const Model& m, const std::string& dir, DType dtype = 
 // the tokenizer files listed under is_model_file and generation_config.json, those present.
 ModelFiles model_side_files(const std::string& dir);
 
-}  // namespace diffattn
+}  // namespace diffattn::model

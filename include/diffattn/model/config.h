@@ -12,7 +12,7 @@
 #include "diffattn/nn/attention_layer.h"
 #include "diffattn/nn/layers.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 // The feed-forward block: SwiGLU (down(silu(gate x) * up x)) or PolyNorm (Motif-2:
 // down(PolyNorm(gate x) * up x), PolyNorm(z) = w0 N(z^3) + w1 N(z^2) + w2 N(z) + b, N an RMS norm
@@ -122,4 +122,4 @@ std::vector<TensorInfo> tensor_table(const ModelConfig& cfg);
 // Number of parameters of a config (all tensors).
 int64_t count_params(const ModelConfig& cfg);
 
-}  // namespace diffattn
+}  // namespace diffattn::model

@@ -18,7 +18,7 @@
 #include "diffattn/nn/attention_layer.h"
 #include "diffattn/nn/mamba.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 // A SambaY layer's weights (ModelConfig::arch == Arch::SambaY; docs/models/phi4flash.md): its
 // two LayerNorms and MLP, and its mixer's weights by kind (mamba: Mamba and GMU; attn: the
@@ -146,4 +146,4 @@ class Model {
   std::vector<double> inv_freq_;  // RoPE frequencies (D/2), scaled per cfg_.rope_scaling
 };
 
-}  // namespace diffattn
+}  // namespace diffattn::model

@@ -15,7 +15,7 @@
 #include "diffattn/model/config.h"
 #include "diffattn/model/model.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 // What a loader needs beyond the ModelConfig: the checkpoint's own head layout (defined in
 // src/model/arch.h; opaque here).
@@ -55,4 +55,4 @@ ModelDir open_model_dir(const std::string& dir);
 // F32 weights, else an inference model over the memory-mapped weights in their stored type.
 Model load_model(const ModelDir& dir);
 
-}  // namespace diffattn
+}  // namespace diffattn::model

@@ -6,7 +6,7 @@
 
 #include "diffattn/model/model.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 struct AdamWOptions {
   double lr = 1e-3, min_lr = 1e-4;
@@ -31,4 +31,4 @@ struct AdamW {
 
 double grad_norm(const std::vector<float>& g);
 
-}  // namespace diffattn
+}  // namespace diffattn::model

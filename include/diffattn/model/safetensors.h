@@ -10,7 +10,7 @@
 #include "diffattn/base/dtype.h"
 #include "diffattn/base/error.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 struct SafeTensor {
   DType dtype = DType::F32;
@@ -63,4 +63,4 @@ SafeTensorsFile read_safetensors(const std::string& path, const SafeTensorsHeade
 // A whole safetensors file in memory (name: what messages call it).
 SafeTensorsFile parse_safetensors(const std::string& bytes, const std::string& name);
 
-}  // namespace diffattn
+}  // namespace diffattn::model

@@ -13,7 +13,7 @@
 #include "diffattn/model/model.h"
 #include "diffattn/nn/attention_layer.h"
 
-namespace diffattn {
+namespace diffattn::model {
 
 class TrainContext {
  public:
@@ -71,4 +71,4 @@ class TrainContext {
   std::vector<float> dlogits_;     // (N, V)
 };
 
-}  // namespace diffattn
+}  // namespace diffattn::model

@@ -34,7 +34,7 @@ using infer::SamplerOptions;
 std::vector<int32_t> stop_ids_for(const std::string& model_dir, const Tokenizer& tok,
                                   int64_t model_vocab);
 // The same from a resolved directory's generation_config.json text (read once by open_model_dir).
-std::vector<int32_t> stop_ids_for(const ModelDir& dir, const Tokenizer& tok, int64_t model_vocab);
+std::vector<int32_t> stop_ids_for(const model::ModelDir& dir, const Tokenizer& tok, int64_t model_vocab);
 // Restricts sampling to the ids that both the model (below model_vocab) and the tokenizer (its
 // tokens, holes left out) have: a padded embedding's extra rows are never drawn, so generated
 // text always decodes. InvalidArgument when no id is left.
@@ -44,7 +44,7 @@ void restrict_to_tokens(SamplerOptions& o, const Tokenizer& tok, int64_t model_v
 // piece of text to on_text as soon as it is known (streamed output): whole UTF-8 characters, an
 // invalid or unfinished byte sequence as U+FFFD (base/text.h, Utf8Stream). Returns the new
 // text, valid UTF-8 the same way. Only ids the tokenizer has are drawn (restrict_to_tokens).
-std::string generate(const Model& m, const Tokenizer& tok, const std::string& prompt,
+std::string generate(const model::Model& m, const Tokenizer& tok, const std::string& prompt,
                      const GenerateOptions& o,
                      const std::function<void(const std::string&)>& on_text = {});
 
@@ -54,7 +54,7 @@ struct TrainOptions {
   int64_t batch = 8;      // sequences per micro-batch
   int64_t seq_len = 128;  // T
   int64_t accum = 1;      // micro-batches per optimizer step
-  AdamWOptions adamw;
+  model::AdamWOptions adamw;
   uint64_t seed = 1;
   int64_t eval_every = 0;  // 0: never
   int64_t eval_batches = 8;
@@ -68,14 +68,14 @@ struct TrainOptions {
 // Throws InvalidArgument naming the option (the JSON key) when a count is out of range, a rate
 // is negative, B * T * accum overflows, or one micro-batch's activations (train_step_bytes, an
 // estimate) exceed this machine's physical memory. The Trainer calls it before allocating.
-void check_train_options(const TrainOptions& o, const ModelConfig& cfg);
+void check_train_options(const TrainOptions& o, const model::ModelConfig& cfg);
 // Bytes of activations and gradients one forward + backward of (batch, seq_len) keeps, about;
 // throws InvalidArgument when the product overflows.
-int64_t train_step_bytes(const ModelConfig& cfg, int64_t batch, int64_t seq_len);
+int64_t train_step_bytes(const model::ModelConfig& cfg, int64_t batch, int64_t seq_len);
 
 // What a resume point (DIR/train_state.safetensors, docs/FORMAT.md) says besides its tensors.
 struct TrainState {
-  ModelConfig config;
+  model::ModelConfig config;
   TrainOptions options;  // checked by check_train_options against config
   int64_t step = 0;      // optimizer steps taken, 0 to options.steps
   int64_t adamw_t = 0;   // AdamW updates taken, 0 to step
@@ -87,7 +87,7 @@ TrainState parse_train_state(const std::map<std::string, std::string>& metadata,
 // Every check of a resume point that needs only its header: the metadata, and the weights and
 // both AdamW moments of every tensor present with the shapes the config implies. Allocates
 // nothing sized by the file.
-TrainState check_train_state_header(const SafeTensorsHeader& h, const std::string& where);
+TrainState check_train_state_header(const model::SafeTensorsHeader& h, const std::string& where);
 
 struct StepLog {
   int64_t step = 0;  // 1-based count of optimizer steps taken
@@ -103,9 +103,9 @@ struct StepLog {
 class Trainer {
  public:
   // A new run: model initialised from opts.seed.
-  Trainer(const std::string& dir, const ModelConfig& cfg, const TrainOptions& opts);
+  Trainer(const std::string& dir, const model::ModelConfig& cfg, const TrainOptions& opts);
   // A new run from given weights (fine-tuning, or a run started from a saved model).
-  Trainer(const std::string& dir, Model model, const TrainOptions& opts);
+  Trainer(const std::string& dir, model::Model model, const TrainOptions& opts);
   // Resumes DIR from its train_state.safetensors; the log is cut back to the saved step.
   static Trainer resume(const std::string& dir);
 
@@ -127,10 +127,10 @@ class Trainer {
   // the cosine decay, so the learning rate from the current step on follows the new schedule.
   void set_schedule(int64_t steps, int64_t eval_every, int64_t eval_batches, int64_t save_every);
 
-  Model& model() { return *model_; }
+  model::Model& model() { return *model_; }
   // The run state of the last step or evaluation (activations, gradients: lambdas, looking
   // inside); eval_loss runs through it (no second set of activations).
-  TrainContext& context() { return ctx_; }
+  model::TrainContext& context() { return ctx_; }
   const TrainOptions& options() const { return opts_; }
   int64_t steps_done() const { return step_; }
   const std::string& dir() const { return dir_; }
@@ -138,14 +138,14 @@ class Trainer {
   bool write_log = true;
   // Saved with the model (its tokenizer.model; replace_tokenizer so that a tokenizer the
   // directory held before is not left beside it).
-  ModelFiles model_files;
+  model::ModelFiles model_files;
 
  private:
   std::string dir_;
-  std::unique_ptr<Model> model_;  // on the heap: ctx_ points at it, and a Trainer moves
-  TrainContext ctx_;
+  std::unique_ptr<model::Model> model_;  // on the heap: ctx_ points at it, and a Trainer moves
+  model::TrainContext ctx_;
   TrainOptions opts_;
-  AdamW adam_;
+  model::AdamW adam_;
   int64_t step_ = 0;
   std::vector<int32_t> tok_, tgt_;
 };
