@@ -1,5 +1,5 @@
-// The serving engine without HTTP (a benchmark, not a test): N sequences submitted at once to
-// serve::Engine, each a short prompt and --max-tokens sampled tokens, timed to the last token.
+// The serving scheduler without HTTP (a benchmark, not a test): N sequences submitted at once to
+// infer::Scheduler, each a short prompt and --max-tokens sampled tokens, timed to the last token.
 // Reports aggregate generated tokens/s per N, and the same N sequences decoded one after another
 // with infer::generate_ids (one sequence at a time, a contiguous store of its own) for reference.
 //   build/bench/bench_serve_engine MODEL_DIR [max_tokens=128] [N,N,...=1,4,16,64] [engine]
@@ -13,7 +13,7 @@
 
 #include "diffattn/model/checkpoint.h"
 #include "diffattn/train/train.h"
-#include "serve/engine.h"
+#include "diffattn/infer/scheduler.h"
 
 using namespace diffattn;
 using Clock = std::chrono::steady_clock;
@@ -40,14 +40,14 @@ int main(int argc, char** argv) {
                 static_cast<long long>(max_tokens));
     std::printf("%8s %16s %22s %8s\n", "streams", "engine tokens/s", "one-at-a-time tokens/s", "ratio");
     for (const int64_t n : ns) {
-      serve::EngineOptions eo;
+      infer::SchedulerOptions eo;
       eo.max_batch = n;
       eo.max_waiting = n;
-      serve::Engine e(m, eo);
+      infer::Scheduler e(m, eo);
       const auto t0 = Clock::now();
-      std::vector<std::shared_ptr<serve::Sequence>> seqs;
+      std::vector<std::shared_ptr<infer::Sequence>> seqs;
       for (int64_t i = 0; i < n; ++i) {
-        serve::SeqRequest r;
+        infer::SeqRequest r;
         r.prompt = prompt(i);
         r.max_tokens = max_tokens;
         r.sampler.temperature = 0.8;
@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
       int64_t tokens = 0;
       for (auto& s : seqs) {
         std::vector<int32_t> got;
-        while (s->wait(got.size(), got, std::chrono::milliseconds(100)) == serve::Finish::kNone) {
+        while (s->wait(got.size(), got, std::chrono::milliseconds(100)) == infer::Finish::kNone) {
         }
         s->wait(got.size(), got, std::chrono::milliseconds(0));
         tokens += static_cast<int64_t>(got.size());

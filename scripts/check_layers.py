@@ -40,7 +40,6 @@ OUTSIDE = {
 # Private headers that a folder outside the stack may include, each with its reason.
 PRIVATE_OK = {
     ('bench', 'grammar/program.h'): 'bench_grammar times the compiled automaton itself',
-    ('bench', 'serve/engine.h'): 'serve_engine times the batching engine without HTTP',
     ('bench', 'kernels/indexing.h'): 'the naive float32 oracle of the cases indexes as the kernels do',
     ('fuzz', 'serve/openai.h'): "fuzz_openai_request fuzzes the request reader behind the server",
     ('fuzz', 'http/request_head.h'): 'fuzz_http_head fuzzes the request-head framing check',

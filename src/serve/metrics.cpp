@@ -15,7 +15,7 @@ void Server::count(const std::string& path, int status) {
 }
 
 std::string Server::metrics() {
-  const EngineStats s = engine_->stats();
+  const infer::SchedulerStats s = engine_->stats();
   std::string out;
   auto gauge = [&](const std::string& name, const std::string& type, const std::string& help, double v) {
     char buf[64];
@@ -47,7 +47,7 @@ std::string Server::metrics() {
   return out;
 }
 
-void Server::record(const std::vector<std::shared_ptr<Sequence>>& seqs, Clock::time_point arrived) {
+void Server::record(const std::vector<std::shared_ptr<infer::Sequence>>& seqs, Clock::time_point arrived) {
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& s : seqs) {
     const double t = s->ttft();

@@ -3,6 +3,8 @@
 // streaming.cpp's, /metrics metrics.cpp's.
 #include "serve/server_impl.h"
 
+#include "serve/constraint.h"
+
 namespace diffattn::serve {
 
 Server::Server(const ServerOptions& o) : o_(o) {
@@ -30,7 +32,7 @@ Server::Server(const ServerOptions& o) : o_(o) {
     name_ = slash == std::string::npos ? d : d.substr(slash + 1);
   }
   created_ = static_cast<int64_t>(std::time(nullptr));
-  engine_ = std::make_unique<Engine>(*model_, o.engine);
+  engine_ = std::make_unique<infer::Scheduler>(*model_, o.engine);
 }
 
 void Server::handle(const httplib::Request& req, httplib::Response& res) {
@@ -197,10 +199,10 @@ json Server::bytes_of(const std::string& s) {
 }
 
 // Chat: choices[].logprobs.content[] entries.
-json Server::chat_logprobs(const std::vector<TokenLogprob>& lps, size_t from, size_t to) const {
+json Server::chat_logprobs(const std::vector<infer::TokenLogprob>& lps, size_t from, size_t to) const {
   json content = json::array();
   for (size_t i = from; i < to; ++i) {
-    const TokenLogprob& t = lps[i];
+    const infer::TokenLogprob& t = lps[i];
     const std::string s = token_text(t.id);
     json top = json::array();
     for (const auto& [id, lp] : t.top) {
@@ -215,10 +217,10 @@ json Server::chat_logprobs(const std::vector<TokenLogprob>& lps, size_t from, si
 // Completions: the legacy {"tokens", "token_logprobs", "top_logprobs", "text_offset"}; `lead`
 // entries first (the echoed prompt's, whose first token has null for both), offsets from
 // `offset0`.
-void Server::legacy_logprobs(json& out, const std::vector<TokenLogprob>& lps, size_t from, size_t to,
+void Server::legacy_logprobs(json& out, const std::vector<infer::TokenLogprob>& lps, size_t from, size_t to,
                      const std::vector<size_t>& ends, size_t offset0) const {
   for (size_t i = from; i < to; ++i) {
-    const TokenLogprob& t = lps[i];
+    const infer::TokenLogprob& t = lps[i];
     out["tokens"].push_back(token_text(t.id));
     out["token_logprobs"].push_back(t.logprob);
     json top = json::object();
@@ -240,7 +242,7 @@ std::string Server::echo_text(const ApiRequest& r, const std::vector<int32_t>& i
 
 // The echoed prompt's legacy log probabilities: its first token has none (null), the others
 // the model's own (Sequence::prompt_logprobs); offsets add up the tokens' texts.
-json Server::echo_logprobs(const std::vector<int32_t>& ids, const std::vector<TokenLogprob>& plps) const {
+json Server::echo_logprobs(const std::vector<int32_t>& ids, const std::vector<infer::TokenLogprob>& plps) const {
   json out = empty_legacy();
   size_t offset = 0;
   for (size_t k = 0; k < ids.size(); ++k) {
@@ -253,7 +255,7 @@ json Server::echo_logprobs(const std::vector<int32_t>& ids, const std::vector<To
       out["top_logprobs"].push_back(nullptr);
       continue;
     }
-    const TokenLogprob& p = plps[k - 1];
+    const infer::TokenLogprob& p = plps[k - 1];
     out["token_logprobs"].push_back(p.logprob);
     json top = json::object();
     for (const auto& [id, lp] : p.top) {
@@ -272,15 +274,15 @@ json Server::empty_legacy() {
 }
 
 // Submits the request's n sequences; on failure cancels those already queued.
-std::vector<std::shared_ptr<Sequence>> Server::submit(const ApiRequest& r, const std::vector<int32_t>& ids,
+std::vector<std::shared_ptr<infer::Sequence>> Server::submit(const ApiRequest& r, const std::vector<int32_t>& ids,
                                               int64_t max_tokens, Clock::time_point deadline) {
-  std::vector<std::shared_ptr<Sequence>> seqs;
+  std::vector<std::shared_ptr<infer::Sequence>> seqs;
   const uint64_t base = r.seed ? static_cast<uint64_t>(*r.seed)
                                : static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
                                      (0x9E3779B97F4A7C15ull * ++seed_counter_);
   try {
     for (int64_t i = 0; i < r.n; ++i) {
-      SeqRequest s;
+      infer::SeqRequest s;
       s.prompt = ids;
       s.max_tokens = max_tokens;
       s.sampler.temperature = r.temperature;
@@ -296,10 +298,7 @@ std::vector<std::shared_ptr<Sequence>> Server::submit(const ApiRequest& r, const
       s.deadline = deadline;
       if (r.logprobs) s.logprobs = r.top_logprobs;
       s.prompt_logprobs = r.echo && r.logprobs;
-      if (r.grammar) {
-        s.grammar = r.grammar;
-        s.masker = masker();
-      }
+      if (r.grammar) s.constraint = grammar_constraint(*r.grammar, masker());
       seqs.push_back(engine_->submit(std::move(s)));
     }
   } catch (...) {
@@ -316,7 +315,7 @@ json Server::usage(int64_t prompt, int64_t completion, int64_t cached) const {
 }
 
 const char* Server::reason(const ChoiceText& c) {
-  return c.stopped || c.finish == Finish::kStop ? "stop" : "length";
+  return c.stopped || c.finish == infer::Finish::kStop ? "stop" : "length";
 }
 
 int Server::complete(const httplib::Request& req, httplib::Response& res, bool chat) {
@@ -367,10 +366,10 @@ int Server::complete(const httplib::Request& req, httplib::Response& res, bool c
                                std::to_string(ctx) + " tokens",
                  "invalid_request_error", "context_length_exceeded", "max_tokens");
   }
-  std::vector<std::shared_ptr<Sequence>> seqs;
+  std::vector<std::shared_ptr<infer::Sequence>> seqs;
   try {
     seqs = submit(r, ids, max_tokens, arrived + std::chrono::seconds(o_.timeout_seconds));
-  } catch (const QueueFull& e) {
+  } catch (const infer::QueueFull& e) {
     res.set_header("Retry-After", "1");
     return error(res, 503, e.what(), "server_error", "queue_full");
   } catch (const InvalidArgument& e) {
@@ -389,20 +388,20 @@ int Server::complete(const httplib::Request& req, httplib::Response& res, bool c
     bool all = true;
     for (size_t i = 0; i < seqs.size(); ++i) {
       ChoiceText& c = choices[i];
-      if (c.finish != Finish::kNone) continue;
+      if (c.finish != infer::Finish::kNone) continue;
       std::vector<int32_t> got;
       c.finish = seqs[i]->wait(c.ids.size(), got, c.lps, std::chrono::milliseconds(50));
-      if (!got.empty() || c.finish != Finish::kNone) {
+      if (!got.empty() || c.finish != infer::Finish::kNone) {
         c.ids.insert(c.ids.end(), got.begin(), got.end());
         if (!r.stop.empty()) {
           c.update(*tok_, r.stop);
           if (c.stopped) {
             seqs[i]->cancel();
-            c.finish = Finish::kStop;
+            c.finish = infer::Finish::kStop;
           }
         }
       }
-      all = all && c.finish != Finish::kNone;
+      all = all && c.finish != infer::Finish::kNone;
     }
     if (all) break;
     if (http::client_gone()) {
@@ -417,12 +416,12 @@ int Server::complete(const httplib::Request& req, httplib::Response& res, bool c
   int64_t completion = 0;
   for (size_t i = 0; i < choices.size(); ++i) {
     ChoiceText& c = choices[i];
-    if (c.finish == Finish::kTimeout) {
+    if (c.finish == infer::Finish::kTimeout) {
       return error(res, 504, "the request ran past its timeout of " + std::to_string(o_.timeout_seconds) + " s",
                    "timeout_error", "timeout");
     }
-    if (c.finish == Finish::kCancelled) return error(res, 503, "the server is shutting down", "server_error", "shutting_down");
-    if (c.finish == Finish::kError) return error(res, 500, "generation failed: " + seqs[i]->error(), "server_error");
+    if (c.finish == infer::Finish::kCancelled) return error(res, 503, "the server is shutting down", "server_error", "shutting_down");
+    if (c.finish == infer::Finish::kError) return error(res, 500, "generation failed: " + seqs[i]->error(), "server_error");
     if (!c.stopped) c.update(*tok_, r.stop);
     completion += static_cast<int64_t>(c.ids.size());
     json ch = {{"index", i}, {"finish_reason", reason(c)}};

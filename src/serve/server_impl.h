@@ -23,7 +23,7 @@
 #include "diffattn/grammar/token_mask.h"
 #include "diffattn/http/http_server.h"
 #include "diffattn/serve/server.h"
-#include "serve/engine.h"
+#include "diffattn/infer/scheduler.h"
 #include "serve/openai.h"
 
 namespace diffattn::serve {
@@ -86,9 +86,9 @@ struct ChoiceText {
   std::string text;    // the text to answer (cut at a stop string)
   size_t sent = 0;     // bytes of text already streamed
   bool stopped = false;  // a stop string ended it
-  Finish finish = Finish::kNone;
+  infer::Finish finish = infer::Finish::kNone;
   // With logprobs: each token's; where each token's text ends in raw (advance keeps it).
-  std::vector<TokenLogprob> lps;
+  std::vector<infer::TokenLogprob> lps;
   std::vector<size_t> ends;
   size_t lp_sent = 0;  // tokens whose log probabilities were streamed
 
@@ -99,7 +99,7 @@ struct ChoiceText {
       raw += stream->push(ids[ends.size()]);
       ends.push_back(raw.size());
     }
-    if (finish != Finish::kNone && !flushed) {
+    if (finish != infer::Finish::kNone && !flushed) {
       raw += stream->finish();
       if (!ends.empty()) ends.back() = raw.size();
       flushed = true;
@@ -111,7 +111,7 @@ struct ChoiceText {
   // cut one).
   size_t lp_upto(size_t end) const {
     size_t k = 0;
-    if (!stopped && finish != Finish::kNone) return std::min(ends.size(), lps.size());
+    if (!stopped && finish != infer::Finish::kNone) return std::min(ends.size(), lps.size());
     if (stopped) {
       while (k < ends.size() && k < lps.size() && (k == 0 ? 0 : ends[k - 1]) < text.size()) ++k;
       return k;
@@ -137,7 +137,7 @@ struct ChoiceText {
   }
   // Bytes that may be streamed now.
   size_t sendable(const std::vector<std::string>& stops) const {
-    if (finish != Finish::kNone || stopped) return text.size();
+    if (finish != infer::Finish::kNone || stopped) return text.size();
     size_t hold = 0;
     for (const std::string& s : stops) hold = std::max(hold, s.size() - 1);
     size_t end = text.size() > hold ? text.size() - hold : 0;
@@ -185,12 +185,12 @@ class Server {
   static json bytes_of(const std::string& s);
 
   // Chat: choices[].logprobs.content[] entries.
-  json chat_logprobs(const std::vector<TokenLogprob>& lps, size_t from, size_t to) const;
+  json chat_logprobs(const std::vector<infer::TokenLogprob>& lps, size_t from, size_t to) const;
 
   // Completions: the legacy {"tokens", "token_logprobs", "top_logprobs", "text_offset"}; `lead`
   // entries first (the echoed prompt's, whose first token has null for both), offsets from
   // `offset0`.
-  void legacy_logprobs(json& out, const std::vector<TokenLogprob>& lps, size_t from, size_t to,
+  void legacy_logprobs(json& out, const std::vector<infer::TokenLogprob>& lps, size_t from, size_t to,
                        const std::vector<size_t>& ends, size_t offset0) const;
 
   // The prompt a completion echoes: as given, or the ids' text.
@@ -198,14 +198,14 @@ class Server {
 
   // The echoed prompt's legacy log probabilities: its first token has none (null), the others
   // the model's own (Sequence::prompt_logprobs); offsets add up the tokens' texts.
-  json echo_logprobs(const std::vector<int32_t>& ids, const std::vector<TokenLogprob>& plps) const;
+  json echo_logprobs(const std::vector<int32_t>& ids, const std::vector<infer::TokenLogprob>& plps) const;
 
   static json empty_legacy();
 
   std::string metrics();
 
   // Submits the request's n sequences; on failure cancels those already queued.
-  std::vector<std::shared_ptr<Sequence>> submit(const ApiRequest& r, const std::vector<int32_t>& ids,
+  std::vector<std::shared_ptr<infer::Sequence>> submit(const ApiRequest& r, const std::vector<int32_t>& ids,
                                                 int64_t max_tokens, Clock::time_point deadline);
 
   // cached: the prompt tokens the first choice took from the prefix cache.
@@ -215,9 +215,9 @@ class Server {
 
   int complete(const httplib::Request& req, httplib::Response& res, bool chat);
 
-  void record(const std::vector<std::shared_ptr<Sequence>>& seqs, Clock::time_point arrived);
+  void record(const std::vector<std::shared_ptr<infer::Sequence>>& seqs, Clock::time_point arrived);
 
-  int stream(httplib::Response& res, const ApiRequest& r, std::vector<std::shared_ptr<Sequence>> seqs,
+  int stream(httplib::Response& res, const ApiRequest& r, std::vector<std::shared_ptr<infer::Sequence>> seqs,
              const std::vector<int32_t>& ids, int64_t P, const std::string& id, int64_t created, Clock::time_point arrived, bool chat);
 
   template <class State, class Chunk>
@@ -233,7 +233,7 @@ class Server {
   infer::SamplerOptions sampling_;  // the ids that may be drawn (vocab_limit, excluded)
   std::string name_;
   int64_t created_ = 0;
-  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<infer::Scheduler> engine_;
   std::atomic<bool> stopping_{false};
   std::atomic<int> in_flight_{0};
   std::atomic<uint64_t> id_counter_{0}, seed_counter_{0};

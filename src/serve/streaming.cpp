@@ -4,10 +4,10 @@
 
 namespace diffattn::serve {
 
-int Server::stream(httplib::Response& res, const ApiRequest& r, std::vector<std::shared_ptr<Sequence>> seqs,
+int Server::stream(httplib::Response& res, const ApiRequest& r, std::vector<std::shared_ptr<infer::Sequence>> seqs,
            const std::vector<int32_t>& ids, int64_t P, const std::string& id, int64_t created, Clock::time_point arrived, bool chat) {
   struct State {
-    std::vector<std::shared_ptr<Sequence>> seqs;
+    std::vector<std::shared_ptr<infer::Sequence>> seqs;
     std::vector<ChoiceText> choices;
     std::vector<bool> started, closed;
     bool done = false;
@@ -65,25 +65,25 @@ bool Server::provide(State& state, const ApiRequest& req, int64_t P, Clock::time
     ChoiceText& c = st->choices[i];
     if (st->closed[i]) continue;
     std::vector<int32_t> got;
-    if (c.finish == Finish::kNone) {
+    if (c.finish == infer::Finish::kNone) {
       // The first choice still running waits for news (up to 100 ms); the others are
       // only looked at, so a call neither spins nor sleeps once per choice.
       c.finish = st->seqs[i]->wait(c.ids.size(), got, c.lps, std::chrono::milliseconds(waited ? 0 : 100));
       waited = true;
       c.ids.insert(c.ids.end(), got.begin(), got.end());
-      if (!got.empty() || c.finish != Finish::kNone) c.update(*tok_, req.stop);
-      if (c.stopped && c.finish == Finish::kNone) {
+      if (!got.empty() || c.finish != infer::Finish::kNone) c.update(*tok_, req.stop);
+      if (c.stopped && c.finish == infer::Finish::kNone) {
         st->seqs[i]->cancel();
-        c.finish = Finish::kStop;
+        c.finish = infer::Finish::kStop;
       }
       if (req.logprobs) c.track(*tok_);
     }
-    if (c.finish == Finish::kTimeout) failure = "the request ran past its timeout of " + std::to_string(o_.timeout_seconds) + " s";
-    if (c.finish == Finish::kCancelled && !c.stopped) failure = "the server is shutting down";
-    if (c.finish == Finish::kError) failure = "generation failed: " + st->seqs[i]->error();
+    if (c.finish == infer::Finish::kTimeout) failure = "the request ran past its timeout of " + std::to_string(o_.timeout_seconds) + " s";
+    if (c.finish == infer::Finish::kCancelled && !c.stopped) failure = "the server is shutting down";
+    if (c.finish == infer::Finish::kError) failure = "generation failed: " + st->seqs[i]->error();
     // Completions with echo: the prompt first (with its log probabilities, complete once a
     // token exists).
-    if (!chat && req.echo && !st->started[i] && (!c.ids.empty() || c.finish != Finish::kNone)) {
+    if (!chat && req.echo && !st->started[i] && (!c.ids.empty() || c.finish != infer::Finish::kNone)) {
       st->started[i] = true;
       const json lp = req.logprobs ? echo_logprobs(st->ids, st->seqs[i]->prompt_logprobs()) : json(nullptr);
       out += chunk(json::array({{{"index", i}, {"text", st->echoed}, {"logprobs", lp}, {"finish_reason", nullptr}}}), nullptr);
@@ -123,14 +123,14 @@ bool Server::provide(State& state, const ApiRequest& req, int64_t P, Clock::time
       }
     }
     if (any) out += chunk(json::array({{{"index", i}, {"delta", delta}, {"logprobs", lps_upto(end)}, {"finish_reason", nullptr}}}), nullptr);
-    if (c.finish != Finish::kNone && failure.empty()) {
+    if (c.finish != infer::Finish::kNone && failure.empty()) {
       st->closed[i] = true;
       const json lp = lps_upto(c.text.size());
       const json fin = chat ? json{{"index", i}, {"delta", json::object()}, {"logprobs", lp}, {"finish_reason", reason(c)}}
                             : json{{"index", i}, {"text", ""}, {"logprobs", lp}, {"finish_reason", reason(c)}};
       out += chunk(json::array({fin}), nullptr);
     }
-    all = all && c.finish != Finish::kNone;
+    all = all && c.finish != infer::Finish::kNone;
   }
   if (!failure.empty()) {
     for (auto& s : st->seqs) s->cancel();

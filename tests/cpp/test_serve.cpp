@@ -22,7 +22,8 @@
 #include "diffattn/train/train.h"
 #include "diffattn/model/train_context.h"
 #include "http/request_head.h"
-#include "serve/engine.h"
+#include "diffattn/infer/scheduler.h"
+#include "serve/constraint.h"
 #include "serve/openai.h"
 #include "one_sequence.h"
 
@@ -58,11 +59,11 @@ std::vector<int32_t> prompt_of(int64_t n, int32_t salt, int64_t V) {
 }
 
 // All tokens of a sequence, waiting until it ends.
-std::vector<int32_t> drain(Sequence& s, Finish* how = nullptr) {
+std::vector<int32_t> drain(infer::Sequence& s, infer::Finish* how = nullptr) {
   std::vector<int32_t> out;
   for (;;) {
-    const Finish f = s.wait(out.size(), out, std::chrono::milliseconds(200));
-    if (f != Finish::kNone) {
+    const infer::Finish f = s.wait(out.size(), out, std::chrono::milliseconds(200));
+    if (f != infer::Finish::kNone) {
       s.wait(out.size(), out, std::chrono::milliseconds(0));
       if (how) *how = f;
       return out;
@@ -369,17 +370,17 @@ TEST_P(EngineKinds, BatchedSequencesMatchGenerateAlone) {
     model::Model m = tiny_model(GetParam(), 3);
     model::Model ref = tiny_model(GetParam(), 3);
     const int64_t V = m.config().vocab_size;
-    EngineOptions eo;
+    infer::SchedulerOptions eo;
     eo.block_size = 4;
     eo.n_blocks = 200;
     eo.prefill_chunk = 7;  // prompts of up to 30 tokens go in several chunks between decode steps
     eo.kv_dtype = dt;
     // The oracle's answers first: the reference model never runs beside the engine's thread
     // (two models computing at once on two threads is not what this test is about).
-    std::vector<SeqRequest> reqs;
+    std::vector<infer::SeqRequest> reqs;
     std::vector<std::vector<int32_t>> wants;
     for (int i = 0; i < 6; ++i) {
-      SeqRequest r;
+      infer::SeqRequest r;
       r.prompt = prompt_of(1 + i * 5, i, V);
       r.max_tokens = 20 + i;
       r.sampler.temperature = i % 2 == 0 ? 0.0 : 0.9;
@@ -391,20 +392,20 @@ TEST_P(EngineKinds, BatchedSequencesMatchGenerateAlone) {
       go.kv_dtype = dt;
       wants.push_back(infer::generate_ids(ref, r.prompt, go));
     }
-    Engine e(m, eo);
-    std::vector<std::shared_ptr<Sequence>> seqs;
+    infer::Scheduler e(m, eo);
+    std::vector<std::shared_ptr<infer::Sequence>> seqs;
     for (int i = 0; i < 6; ++i) {
       seqs.push_back(e.submit(reqs[static_cast<size_t>(i)]));
       if (i == 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // join mid-run
     }
     for (size_t i = 0; i < seqs.size(); ++i) {
-      Finish how = Finish::kNone;
+      infer::Finish how = infer::Finish::kNone;
       const std::vector<int32_t> got = drain(*seqs[i], &how);
       EXPECT_EQ(got, wants[i]) << "sequence " << i;
-      EXPECT_EQ(how, Finish::kLength);
+      EXPECT_EQ(how, infer::Finish::kLength);
       EXPECT_EQ(seqs[i]->prompt_tokens(), static_cast<int64_t>(reqs[i].prompt.size()));
     }
-    const EngineStats s = e.stats();
+    const infer::SchedulerStats s = e.stats();
     EXPECT_EQ(s.free_blocks, s.total_blocks);
     EXPECT_EQ(s.running, 0);
   }
@@ -464,10 +465,10 @@ INSTANTIATE_TEST_SUITE_P(Kinds, EngineKinds,
                          ::testing::Values(nn::AttnKind::DiffV1, nn::AttnKind::DiffV2,
                                            nn::AttnKind::Standard));
 
-TEST(Engine, StopIdsEndASequenceWithoutEmittingThem) {
+TEST(Scheduler, StopIdsEndASequenceWithoutEmittingThem) {
   model::Model m = tiny_model(nn::AttnKind::DiffV1, 5);
   model::Model ref = tiny_model(nn::AttnKind::DiffV1, 5);
-  SeqRequest r;
+  infer::SeqRequest r;
   r.prompt = prompt_of(5, 1, 61);
   r.max_tokens = 30;
   r.sampler.temperature = 0;
@@ -477,41 +478,41 @@ TEST(Engine, StopIdsEndASequenceWithoutEmittingThem) {
   const std::vector<int32_t> free_run = infer::generate_ids(ref, r.prompt, go);
   ASSERT_GE(free_run.size(), 4u);
   r.stop_ids = {free_run[3]};
-  Engine e(m, EngineOptions{});
-  Finish how = Finish::kNone;
+  infer::Scheduler e(m, infer::SchedulerOptions{});
+  infer::Finish how = infer::Finish::kNone;
   const std::vector<int32_t> got = drain(*e.submit(r), &how);
   const auto first = std::find(free_run.begin(), free_run.end(), free_run[3]);
   EXPECT_EQ(got, std::vector<int32_t>(free_run.begin(), first));
-  EXPECT_EQ(how, Finish::kStop);
+  EXPECT_EQ(how, infer::Finish::kStop);
 }
 
 // logprob_of: the log-softmax at a temperature, the top ones in order (ties by id), -inf as -9999.
-TEST(Engine, LogprobOfIsTheLogSoftmax) {
+TEST(Scheduler, LogprobOfIsTheLogSoftmax) {
   const float inf = std::numeric_limits<float>::infinity();
   const std::vector<float> z = {1.0f, 3.0f, -inf, 3.0f, 0.5f};
   for (const double T : {1.0, 0.5, 0.0}) {
     const double t = T > 0 ? T : 1.0;
     double sum = 0;
     for (const float v : z) sum += std::exp(v / t);
-    const TokenLogprob lp = logprob_of(z.data(), 5, T, 0, 3);
+    const infer::TokenLogprob lp = infer::logprob_of(z.data(), 5, T, 0, 3);
     EXPECT_NEAR(lp.logprob, 1.0 / t - std::log(sum), 1e-5);
     ASSERT_EQ(lp.top.size(), 3u);
     EXPECT_EQ(lp.top[0].first, 1);
     EXPECT_EQ(lp.top[1].first, 3);
     EXPECT_EQ(lp.top[2].first, 0);
     EXPECT_NEAR(lp.top[0].second, 3.0 / t - std::log(sum), 1e-5);
-    EXPECT_EQ(logprob_of(z.data(), 5, T, 2, 0).logprob, -9999.0f);
+    EXPECT_EQ(infer::logprob_of(z.data(), 5, T, 2, 0).logprob, -9999.0f);
   }
-  EXPECT_TRUE(logprob_of(z.data(), 5, 1.0, 1, 0).top.empty());
+  EXPECT_TRUE(infer::logprob_of(z.data(), 5, 1.0, 1, 0).top.empty());
 }
 
 // Logprobs from the engine: each generated token's equals logprob_of over the model's logits
 // (greedy: the top one is the token), and the prompt's come one per prompt token after the first,
 // from a prefill one position at a time that leaves the continuation unchanged.
-TEST(Engine, LogprobsOfTokensAndOfThePrompt) {
+TEST(Scheduler, LogprobsOfTokensAndOfThePrompt) {
   model::Model m = tiny_model(nn::AttnKind::DiffV1, 5);
   model::Model ref = tiny_model(nn::AttnKind::DiffV1, 5);
-  SeqRequest r;
+  infer::SeqRequest r;
   r.prompt = prompt_of(6, 1, 61);
   r.max_tokens = 5;
   r.sampler.temperature = 0;
@@ -521,11 +522,11 @@ TEST(Engine, LogprobsOfTokensAndOfThePrompt) {
   go.max_new = 5;
   go.sampler = r.sampler;
   const std::vector<int32_t> want = infer::generate_ids(ref, r.prompt, go);
-  Engine e(m, EngineOptions{});
+  infer::Scheduler e(m, infer::SchedulerOptions{});
   auto seq = e.submit(r);
   std::vector<int32_t> got;
-  std::vector<TokenLogprob> lps;
-  while (seq->wait(got.size(), got, lps, std::chrono::milliseconds(200)) == Finish::kNone) {
+  std::vector<infer::TokenLogprob> lps;
+  while (seq->wait(got.size(), got, lps, std::chrono::milliseconds(200)) == infer::Finish::kNone) {
   }
   seq->wait(got.size(), got, lps, std::chrono::milliseconds(0));
   EXPECT_EQ(got, want);
@@ -537,27 +538,104 @@ TEST(Engine, LogprobsOfTokensAndOfThePrompt) {
   all.insert(all.end(), got.begin(), got.end());
   diffattn::testing::OneSequence cache(ref, 96);
   std::vector<float> logits(V);
-  std::vector<TokenLogprob> want_lp;
+  std::vector<infer::TokenLogprob> want_lp;
   for (size_t i = 0; i + 1 < all.size(); ++i) {
     cache.infer(&all[i], 1, logits.data());
-    want_lp.push_back(logprob_of(logits.data(), V, 1.0, all[i + 1], 2));
+    want_lp.push_back(infer::logprob_of(logits.data(), V, 1.0, all[i + 1], 2));
   }
-  const std::vector<TokenLogprob> plp = seq->prompt_logprobs();
+  const std::vector<infer::TokenLogprob> plp = seq->prompt_logprobs();
   ASSERT_EQ(plp.size(), r.prompt.size() - 1);
   for (size_t i = 0; i + 1 < all.size(); ++i) {
-    const TokenLogprob& g = i < plp.size() ? plp[i] : lps[i - plp.size()];
+    const infer::TokenLogprob& g = i < plp.size() ? plp[i] : lps[i - plp.size()];
     EXPECT_EQ(g.id, all[i + 1]);
     EXPECT_NEAR(g.logprob, want_lp[i].logprob, 1e-3) << i;
     ASSERT_EQ(g.top.size(), 2u);
     EXPECT_EQ(g.top[0].first, want_lp[i].top[0].first) << i;
   }
-  for (const TokenLogprob& g : lps) EXPECT_EQ(g.top[0].first, g.id);  // greedy
+  for (const infer::TokenLogprob& g : lps) EXPECT_EQ(g.top[0].first, g.id);  // greedy
+}
+
+// The scheduler's constraint interface without a grammar: a constraint that allows only even
+// ids and closes after three tokens gives three even ids and kStop; one that allows nothing
+// ends at once (kStop when complete, kError when not); one over another vocabulary is refused
+// at submit, naming both sizes.
+class EvenIds final : public infer::OutputConstraint {
+ public:
+  EvenIds(int64_t V, int64_t len, bool none) : V_(V), len_(len), none_(none) {}
+  void allowed(std::vector<uint8_t>& mask) override {
+    mask.assign(static_cast<size_t>(V_), 0);
+    for (int64_t i = 0; i < V_ && !none_; i += 2) mask[static_cast<size_t>(i)] = 1;
+  }
+  bool advance(int32_t id) override {
+    if (id % 2 != 0 || none_) return false;
+    ++taken_;
+    return true;
+  }
+  bool complete() const override { return taken_ >= len_; }
+  bool closed() const override { return taken_ >= len_; }
+
+ private:
+  int64_t V_, len_, taken_ = 0;
+  bool none_;
+};
+
+class EvenSource final : public infer::ConstraintSource {
+ public:
+  EvenSource(int64_t V, int64_t len, bool none) : V_(V), len_(len), none_(none) {}
+  int64_t vocab_size() const override { return V_; }
+  std::unique_ptr<infer::OutputConstraint> start() const override {
+    return std::make_unique<EvenIds>(V_, len_, none_);
+  }
+
+ private:
+  int64_t V_, len_;
+  bool none_;
+};
+
+TEST(Scheduler, OutputConstraintMasksAndEndsTheSequence) {
+  const model::Model m = tiny_model(nn::AttnKind::DiffV2, 5);
+  const int64_t V = m.config().vocab_size;
+  infer::Scheduler e(m, infer::SchedulerOptions{});
+  for (uint64_t seed = 0; seed < 4; ++seed) {
+    infer::SeqRequest r;
+    r.prompt = prompt_of(5, static_cast<int32_t>(seed), V);
+    r.max_tokens = 10;
+    r.sampler.temperature = 1.0;
+    r.sampler.seed = seed;
+    r.constraint = std::make_shared<const EvenSource>(V, 3, false);
+    infer::Finish how = infer::Finish::kNone;
+    const std::vector<int32_t> got = drain(*e.submit(r), &how);
+    EXPECT_EQ(how, infer::Finish::kStop);
+    ASSERT_EQ(got.size(), 3u);
+    for (const int32_t id : got) EXPECT_EQ(id % 2, 0) << id;
+  }
+  for (const int64_t len : {0, 1}) {  // nothing allowed: complete (len 0) or stuck
+    infer::SeqRequest r;
+    r.prompt = prompt_of(5, 1, V);
+    r.constraint = std::make_shared<const EvenSource>(V, len, true);
+    infer::Finish how = infer::Finish::kNone;
+    const std::shared_ptr<infer::Sequence> s = e.submit(r);
+    EXPECT_TRUE(drain(*s, &how).empty());
+    EXPECT_EQ(how, len == 0 ? infer::Finish::kStop : infer::Finish::kError);
+    if (len == 1) {
+      EXPECT_NE(s->error().find("no token of the vocabulary"), std::string::npos) << s->error();
+    }
+  }
+  infer::SeqRequest r;
+  r.prompt = prompt_of(5, 1, V);
+  r.constraint = std::make_shared<const EvenSource>(V + 1, 3, false);
+  try {
+    e.submit(r);
+    ADD_FAILURE() << "a constraint over another vocabulary was queued";
+  } catch (const InvalidArgument& err) {
+    EXPECT_NE(std::string(err.what()).find(std::to_string(V + 1)), std::string::npos) << err.what();
+  }
 }
 
 // Constrained output on a random model: over a vocabulary of single characters, an enum-only
 // object comes out whole (one of the enum's values, at most one space) and ends the sequence
 // (kStop: nothing may follow), well within a few dozen tokens, for every seed.
-TEST(Engine, ResponseFormatSchemaClosesTheObject) {
+TEST(Scheduler, ResponseFormatSchemaClosesTheObject) {
   model::Model m = tiny_model(nn::AttnKind::DiffV1, 11);
   const std::string chars = "{}[]\":, 0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQ";
   ASSERT_EQ(chars.size(), 61u);
@@ -567,20 +645,19 @@ TEST(Engine, ResponseFormatSchemaClosesTheObject) {
   const grammar::Grammar g = grammar::Grammar::json_schema_text(
       R"({"type":"object","properties":{"color":{"enum":["red","green","blue"]}},)"
       R"("required":["color"],"additionalProperties":false})");
-  Engine e(m, EngineOptions{});
+  infer::Scheduler e(m, infer::SchedulerOptions{});
   for (uint64_t seed = 0; seed < 12; ++seed) {
-    SeqRequest r;
+    infer::SeqRequest r;
     r.prompt = prompt_of(4, static_cast<int32_t>(seed), 61);
     r.max_tokens = 40;
     r.sampler.temperature = 1.5;
     r.sampler.seed = seed;
-    r.grammar = g;
-    r.masker = masker;
-    Finish how = Finish::kNone;
+    r.constraint = serve::grammar_constraint(g, masker);
+    infer::Finish how = infer::Finish::kNone;
     const std::vector<int32_t> got = drain(*e.submit(r), &how);
     std::string text;
     for (const int32_t id : got) text += chars[static_cast<size_t>(id)];
-    EXPECT_EQ(how, Finish::kStop) << text;
+    EXPECT_EQ(how, infer::Finish::kStop) << text;
     EXPECT_LE(got.size(), 20u) << text;
     bool ok = false;
     for (const char* c : {"red", "green", "blue"}) {
@@ -588,18 +665,16 @@ TEST(Engine, ResponseFormatSchemaClosesTheObject) {
     }
     EXPECT_TRUE(ok) << text;
   }
-  // Without a masker over the model's ids, a grammar is refused at submit.
-  SeqRequest bad;
-  bad.prompt = {1, 2};
-  bad.grammar = g;
-  EXPECT_THROW(e.submit(bad), InvalidArgument);
+  // A grammar needs a masker (one over another vocabulary is refused at submit: the test
+  // above).
+  EXPECT_THROW(serve::grammar_constraint(g, nullptr), InvalidArgument);
 }
 
 // Prefix caching: the same prompts, one after another and with others between them, in a pool
 // small enough that cached blocks are evicted: every sequence gives generate_ids' tokens (the
 // oracle: one sequence alone, no cache) with the cache on and off, the repeated prompts take
 // their whole blocks but the last token from the cache, and the stats count it.
-TEST(Engine, PrefixCacheGivesTheSameTokensAndCountsItsHits) {
+TEST(Scheduler, PrefixCacheGivesTheSameTokensAndCountsItsHits) {
   model::Model ref = tiny_model(nn::AttnKind::DiffV1, 9);
   const int64_t V = 61;
   std::vector<std::vector<int32_t>> prompts;
@@ -619,15 +694,15 @@ TEST(Engine, PrefixCacheGivesTheSameTokensAndCountsItsHits) {
   }
   for (const bool cache : {true, false}) {
     model::Model m = tiny_model(nn::AttnKind::DiffV1, 9);
-    EngineOptions o;
+    infer::SchedulerOptions o;
     o.block_size = 8;
     o.n_blocks = 9;  // two sequences of 4 blocks and one more: older cached blocks are evicted
     o.prefill_chunk = 5;
     o.prefix_cache = cache;
-    Engine e(m, o);
+    infer::Scheduler e(m, o);
     std::vector<int64_t> cached;
     for (size_t i = 0; i < prompts.size(); ++i) {
-      SeqRequest r;
+      infer::SeqRequest r;
       r.prompt = prompts[i];
       r.max_tokens = 6;
       r.sampler.temperature = 0;
@@ -653,10 +728,10 @@ TEST(Engine, PrefixCacheGivesTheSameTokensAndCountsItsHits) {
 
 // A pool that holds one sequence at a time: the others wait for its blocks, none is refused and
 // none is corrupted; a queue bounded at 2 refuses the fourth.
-TEST(Engine, FullPoolQueuesThenRefusesBeyondTheQueue) {
+TEST(Scheduler, FullPoolQueuesThenRefusesBeyondTheQueue) {
   model::Model m = tiny_model(nn::AttnKind::DiffV1, 7);
   model::Model ref = tiny_model(nn::AttnKind::DiffV1, 7);
-  EngineOptions eo;
+  infer::SchedulerOptions eo;
   eo.block_size = 8;
   eo.n_blocks = 5;  // 40 positions: one sequence of 10 + 25
   eo.max_waiting = 2;
@@ -666,8 +741,8 @@ TEST(Engine, FullPoolQueuesThenRefusesBeyondTheQueue) {
   eo.before_step = [&](int64_t step) {
     while (step >= 1 && !submitted.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   };
-  Engine e(m, eo);
-  SeqRequest r;
+  infer::Scheduler e(m, eo);
+  infer::SeqRequest r;
   r.prompt = prompt_of(10, 2, 61);
   r.max_tokens = 25;
   r.sampler.temperature = 0;
@@ -677,12 +752,12 @@ TEST(Engine, FullPoolQueuesThenRefusesBeyondTheQueue) {
   const std::vector<int32_t> want = infer::generate_ids(ref, r.prompt, go);
   // The engine's thread may admit the first at once (then two more fit the queue) or not yet
   // (then the third submission finds the queue full): count refusals, not their position.
-  std::vector<std::shared_ptr<Sequence>> seqs;
+  std::vector<std::shared_ptr<infer::Sequence>> seqs;
   int refused = 0;
   for (int i = 0; i < 6; ++i) {
     try {
       seqs.push_back(e.submit(r));
-    } catch (const QueueFull& q) {
+    } catch (const infer::QueueFull& q) {
       ++refused;
       EXPECT_NE(std::string(q.what()).find("at capacity"), std::string::npos);
     }
@@ -692,21 +767,21 @@ TEST(Engine, FullPoolQueuesThenRefusesBeyondTheQueue) {
   EXPECT_LE(seqs.size(), 3u);
   for (auto& s : seqs) EXPECT_EQ(drain(*s), want);
   // A request the pool can never hold is refused at once, not queued for ever.
-  SeqRequest big = r;
+  infer::SeqRequest big = r;
   big.max_tokens = 40;
   EXPECT_THROW(e.submit(big), InvalidArgument);
-  SeqRequest too_long = r;
+  infer::SeqRequest too_long = r;
   too_long.max_tokens = 90;  // past max_seq_len 96
   EXPECT_THROW(e.submit(too_long), InvalidArgument);
-  SeqRequest bad_token = r;
+  infer::SeqRequest bad_token = r;
   bad_token.prompt[0] = 61;
   EXPECT_THROW(e.submit(bad_token), InvalidArgument);
 }
 
-TEST(Engine, CancelFreesTheBlocksAndOthersGoOn) {
+TEST(Scheduler, CancelFreesTheBlocksAndOthersGoOn) {
   model::Model m = tiny_model(nn::AttnKind::DiffV1, 9);
   model::Model ref = tiny_model(nn::AttnKind::DiffV1, 9);
-  EngineOptions eo;
+  infer::SchedulerOptions eo;
   eo.block_size = 4;
   eo.n_blocks = 64;
   // The engine stops before its third step until the test has cancelled: without the hold a fast
@@ -715,7 +790,7 @@ TEST(Engine, CancelFreesTheBlocksAndOthersGoOn) {
   eo.before_step = [&](int64_t step) {
     while (step >= 2 && !cancelled.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   };
-  SeqRequest r;
+  infer::SeqRequest r;
   r.prompt = prompt_of(6, 4, 61);
   r.max_tokens = 80;
   r.sampler.temperature = 0;
@@ -723,16 +798,16 @@ TEST(Engine, CancelFreesTheBlocksAndOthersGoOn) {
   go.max_new = 80;
   go.sampler = r.sampler;
   const std::vector<int32_t> want = infer::generate_ids(ref, r.prompt, go);
-  Engine e(m, eo);
+  infer::Scheduler e(m, eo);
   auto a = e.submit(r);
   auto b = e.submit(r);
   std::vector<int32_t> some;
   while (some.empty()) a->wait(0, some, std::chrono::milliseconds(100));
   a->cancel();
   cancelled = true;
-  Finish how = Finish::kNone;
+  infer::Finish how = infer::Finish::kNone;
   std::vector<int32_t> got = drain(*a, &how);
-  EXPECT_EQ(how, Finish::kCancelled);
+  EXPECT_EQ(how, infer::Finish::kCancelled);
   EXPECT_LT(got.size(), 80u);
   EXPECT_EQ(drain(*b), want);
   for (int i = 0; i < 100 && e.stats().free_blocks != e.stats().total_blocks; ++i) {
@@ -740,10 +815,10 @@ TEST(Engine, CancelFreesTheBlocksAndOthersGoOn) {
   }
   EXPECT_EQ(e.stats().free_blocks, e.stats().total_blocks);
   // A sequence past its deadline ends as a timeout.
-  SeqRequest late = r;
+  infer::SeqRequest late = r;
   late.deadline = std::chrono::steady_clock::now();
   drain(*e.submit(late), &how);
-  EXPECT_EQ(how, Finish::kTimeout);
+  EXPECT_EQ(how, infer::Finish::kTimeout);
 }
 
 // ---- the request layer ----

@@ -41,7 +41,7 @@ def tree(tmp_path, files):
 
 def test_a_clean_tree_passes(tmp_path):
     p = run(tree(tmp_path, {
-        "bench/serve_engine.cpp": '#include "serve/engine.h"\n',
+        "bench/grammar.cpp": '#include "grammar/program.h"\n',
         # namespaces that follow their folder, a root-namespace layer, nested and Highway ones
         "src/train/t.cpp": "namespace diffattn::train {\nnamespace {\n}\n}\n",
         "src/base/b.cpp": "namespace diffattn {\nnamespace hn = hwy::HWY_NAMESPACE;\n}\n",

@@ -1,7 +1,7 @@
 // The generation loop: one sequence's prompt prefilled and then decoded a token at a time
 // through an infer::Session over a contiguous KvStore, each token drawn by a Sampler. generate
 // (train/train.h: text in and out), the CLI, the explorer and Python run it; the server's
-// continuous-batching engine (src/serve/engine.h) runs many sequences through one Session.
+// continuous-batching scheduler (scheduler.h) runs many sequences through one Session.
 #pragma once
 
 #include <cstdint>

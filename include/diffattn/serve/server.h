@@ -1,5 +1,5 @@
 // `diffattn serve`: an OpenAI-compatible HTTP server over one model (server.cpp), on the shared
-// hardened HTTP server (src/http/) and the continuous-batching engine (engine.h).
+// hardened HTTP server (src/http/) and the continuous-batching scheduler (infer/scheduler.h).
 //
 //   POST /v1/completions        {"prompt": "..." | [ids], "max_tokens", "temperature", "top_p",
 //                                "top_k", "seed", "stop", "n", "stream", "stream_options"}
@@ -17,7 +17,7 @@
 #include <string>
 
 #include "diffattn/data/data.h"
-#include "serve/engine.h"
+#include "diffattn/infer/scheduler.h"
 #include "serve/openai.h"
 
 namespace diffattn::serve {
@@ -32,7 +32,7 @@ struct ServerOptions {
   size_t max_body_bytes = 1 << 20;
   int workers = 128;                  // connections served at once (each stream holds one)
   int queue = 64;                     // connections waiting for a worker
-  EngineOptions engine;
+  infer::SchedulerOptions engine;
   ApiLimits api;
   data::TokenizerChoice tokenizer = data::TokenizerChoice::kModel;
   // Non-empty: every request but /health and /metrics needs "Authorization: Bearer api_key"

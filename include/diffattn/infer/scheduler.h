@@ -1,9 +1,10 @@
-// The generation engine behind `diffattn serve`: a scheduler with continuous batching over one
-// model, through one inference session (infer::Session) over a paged KV store (infer::KvStore:
-// one pool of fixed-size blocks per layer, each running sequence a sequence of the store, its
-// table of block ids handed out by the store's BlockAllocator).
+// The scheduler: continuous batching of many sequences over one model, through one inference
+// session (Session) over a paged KV store (KvStore: one pool of fixed-size blocks per layer,
+// each running sequence a sequence of the store, its table of block ids handed out by the
+// store's BlockAllocator, with the prefix cache). `diffattn serve` runs its requests through
+// it (src/serve), as does bench_serve_engine without HTTP.
 //
-// One thread (the engine's) owns the session and the store. Each step it
+// One thread (the scheduler's) owns the session and the store. Each step it
 //   1. drops sequences that finished, were cancelled (client gone) or ran out of time, returning
 //      their blocks to the pool;
 //   2. admits waiting sequences, first come first served, while the batch has room and the pool
@@ -38,15 +39,13 @@
 #include <vector>
 
 #include "diffattn/base/error.h"
-#include "diffattn/grammar/json_schema.h"
-#include "diffattn/grammar/token_mask.h"
 #include "diffattn/infer/batch.h"
 #include "diffattn/infer/kv_store.h"
 #include "diffattn/infer/session.h"
 #include "diffattn/model/model.h"
 #include "diffattn/infer/sampler.h"
 
-namespace diffattn::serve {
+namespace diffattn::infer {
 
 class QueueFull : public Error {
  public:
@@ -69,10 +68,34 @@ struct TokenLogprob {
 // `top` ids' (ties by id).
 TokenLogprob logprob_of(const float* logits, int64_t V, double T, int32_t id, int64_t top);
 
+// Constrained output, one per sequence: which ids may come next, and where the text stands as
+// ids are taken. The server's JSON grammars implement it (src/serve); the scheduler knows no
+// grammar.
+class OutputConstraint {
+ public:
+  virtual ~OutputConstraint() = default;
+  // mask[id] = 1 where id may come next, 0 elsewhere (mask is resized to the constraint's ids).
+  virtual void allowed(std::vector<uint8_t>& mask) = 0;
+  // Takes id; false when the constraint refuses it.
+  virtual bool advance(int32_t id) = 0;
+  // The ids so far make a whole document.
+  virtual bool complete() const = 0;
+  // complete(), and nothing may follow it.
+  virtual bool closed() const = 0;
+};
+
+// What starts a sequence's constraint when the sequence is admitted; shared by requests.
+class ConstraintSource {
+ public:
+  virtual ~ConstraintSource() = default;
+  virtual int64_t vocab_size() const = 0;  // the ids its masks cover: the model's
+  virtual std::unique_ptr<OutputConstraint> start() const = 0;
+};
+
 struct SeqRequest {
   std::vector<int32_t> prompt;
   int64_t max_tokens = 16;
-  infer::SamplerOptions sampler;
+  SamplerOptions sampler;
   std::vector<int32_t> stop_ids;
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
   // >= 0: each generated token's log probability with that many top ones: the log-softmax of
@@ -83,14 +106,12 @@ struct SeqRequest {
   // distribution (the raw logits at temperature 1); the prompt's chunks then ask for every
   // row's logits.
   bool prompt_logprobs = false;
-  // Constrained output: only tokens that keep the text a prefix of a document of the grammar
-  // (masker: built for the model's vocabulary, its end-of-sequence ids the stop ids). A
-  // finished document ends the sequence (kStop) when nothing may follow it.
-  std::optional<grammar::Grammar> grammar;
-  std::shared_ptr<const grammar::TokenMasker> masker;
+  // Constrained output: only the ids the sequence's constraint allows (null: any). A finished
+  // document ends the sequence (kStop) when nothing may follow it.
+  std::shared_ptr<const ConstraintSource> constraint;
 };
 
-// One sequence's progress, shared by the engine and the request's handler.
+// One sequence's progress, shared by the scheduler and the request's handler.
 class Sequence {
  public:
   // Waits until more than `have` tokens exist, the sequence ended, or `timeout` passed; copies
@@ -102,7 +123,7 @@ class Sequence {
   // The prompt's log probabilities (SeqRequest::prompt_logprobs), complete once the first token
   // exists: one per prompt token from the second on.
   std::vector<TokenLogprob> prompt_logprobs() const;
-  // Asks the engine to stop the sequence and free its blocks (idempotent).
+  // Asks the scheduler to stop the sequence and free its blocks (idempotent).
   void cancel();
   int64_t prompt_tokens() const { return prompt_len_; }
   // Prompt tokens whose K/V came from the prefix cache (known once the sequence is admitted).
@@ -112,7 +133,7 @@ class Sequence {
   double ttft() const;
 
  private:
-  friend class Engine;
+  friend class Scheduler;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<int32_t> tokens_;
@@ -125,7 +146,7 @@ class Sequence {
   std::chrono::steady_clock::time_point submitted_, first_token_;
 };
 
-struct EngineOptions {
+struct SchedulerOptions {
   int64_t block_size = 16;        // KV positions per block
   int64_t n_blocks = 4096;        // the pool
   int64_t max_batch = 64;         // running sequences
@@ -134,14 +155,14 @@ struct EngineOptions {
   DType kv_dtype = DType::F32;    // the pools' storage (BF16/F16: half the memory and traffic)
   // Automatic prefix caching: the whole blocks of a prompt (but its last token) are taken from
   // earlier sequences' blocks when the same tokens began their prompts, and the start of the
-  // next block is copied from a cached block after the same prefix (infer::BlockAllocator).
+  // next block is copied from a cached block after the same prefix (BlockAllocator).
   bool prefix_cache = true;  // off for a recurrent model (its state is not in the blocks)
-  // Called by the engine's thread before each step (0, 1, ...); tests hold the engine here to
+  // Called by the scheduler's thread before each step (0, 1, ...); tests hold it here to
   // make an interleaving (a cancel between two steps) certain instead of likely.
   std::function<void(int64_t step)> before_step;
 };
 
-struct EngineStats {
+struct SchedulerStats {
   int64_t running = 0, waiting = 0, free_blocks = 0, total_blocks = 0;
   int64_t steps = 0, prompt_tokens = 0, generated_tokens = 0;
   int64_t cached_prompt_tokens = 0;  // prompt tokens taken from the prefix cache
@@ -149,13 +170,13 @@ struct EngineStats {
   double last_batch = 0;  // sequences advanced in the last step
 };
 
-class Engine {
+class Scheduler {
  public:
-  // The model must outlive the engine; the engine's thread only reads it.
-  Engine(const model::Model& model, const EngineOptions& o);
-  ~Engine();
-  Engine(const Engine&) = delete;
-  Engine& operator=(const Engine&) = delete;
+  // The model must outlive the scheduler; its thread only reads it.
+  Scheduler(const model::Model& model, const SchedulerOptions& o);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
 
   // Queues a sequence. Throws InvalidArgument when it cannot ever run (empty prompt, prompt +
   // max_tokens beyond the model's max_seq_len or the whole pool), QueueFull when max_waiting
@@ -163,8 +184,8 @@ class Engine {
   std::shared_ptr<Sequence> submit(SeqRequest r);
   // Cancels everything queued and running and stops the thread.
   void shutdown();
-  EngineStats stats() const;
-  const EngineOptions& options() const { return o_; }
+  SchedulerStats stats() const;
+  const SchedulerOptions& options() const { return o_; }
 
  private:
   struct Running {
@@ -174,11 +195,11 @@ class Engine {
     bool ended = false;     // finished: its sequence closed, its blocks released
     int64_t prefilled = 0;  // prompt tokens in the cache
     int64_t registered = 0;  // its first blocks registered in (or taken from) the prefix cache
-    uint64_t key = infer::BlockAllocator::kRootKey;  // the key of its last registered block
+    uint64_t key = BlockAllocator::kRootKey;  // the key of its last registered block
     int64_t generated = 0;
     int32_t last = -1;      // the token to feed next (after the prefill)
-    std::unique_ptr<infer::Sampler> sampler;
-    std::optional<grammar::Matcher> matcher;  // constrained output
+    std::unique_ptr<Sampler> sampler;
+    std::unique_ptr<OutputConstraint> constraint;  // constrained output
     std::vector<uint8_t> mask;
   };
   void loop();
@@ -192,25 +213,25 @@ class Engine {
   bool take(Running& r, const float* logits);
 
   const model::Model& m_;
-  EngineOptions o_;
+  SchedulerOptions o_;
   // The store first: a pool that cannot fit is refused (with its size) before anything else.
-  infer::KvStore kv_;
-  infer::BlockAllocator& alloc_;  // kv_'s
-  infer::Session session_;
-  infer::Batch batch_;  // a step's rows, reused
+  KvStore kv_;
+  BlockAllocator& alloc_;  // kv_'s
+  Session session_;
+  Batch batch_;  // a step's rows, reused
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::pair<std::shared_ptr<Sequence>, SeqRequest>> waiting_;
   bool stop_ = false;
-  EngineStats stats_;
+  SchedulerStats stats_;
   std::vector<float> batch_logits_;  // (batch, V) of a decode step
   struct Ended {
     std::shared_ptr<Sequence> seq;
     Finish how;
     std::string error;
   };
-  std::vector<Ended> ended_;  // finished in this step, not yet told (engine thread only)
+  std::vector<Ended> ended_;  // finished in this step, not yet told (the scheduler thread only)
   std::thread thread_;
 };
 
-}  // namespace diffattn::serve
+}  // namespace diffattn::infer

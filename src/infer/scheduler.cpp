@@ -1,11 +1,12 @@
-// The serving engine (engine.h): sequences and the continuous-batching loop over a session.
-#include "serve/engine.h"
+// The scheduler (include/diffattn/infer/scheduler.h): sequences and the continuous-batching
+// loop over a session.
+#include "diffattn/infer/scheduler.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
-namespace diffattn::serve {
+namespace diffattn::infer {
 
 using Clock = std::chrono::steady_clock;
 
@@ -93,13 +94,13 @@ double Sequence::ttft() const {
   return std::chrono::duration<double>(first_token_ - submitted_).count();
 }
 
-// ---- Engine ----
+// ---- Scheduler ----
 
-Engine::Engine(const model::Model& model, const EngineOptions& o)
+Scheduler::Scheduler(const model::Model& model, const SchedulerOptions& o)
     : m_(model), o_(o), kv_(model, o.n_blocks, o.block_size, o.kv_dtype), alloc_(kv_.blocks()),
       session_(model, kv_) {
   if (o.max_batch < 1 || o.max_waiting < 0 || o.prefill_chunk < 1) {
-    throw InvalidArgument("engine: max_batch and prefill_chunk must be >= 1, max_waiting >= 0");
+    throw InvalidArgument("scheduler: max_batch and prefill_chunk must be >= 1, max_waiting >= 0");
   }
   // A recurrent model's state after a prefix is not in its blocks: no prefix cache.
   if (model.config().recurrent()) o_.prefix_cache = false;
@@ -107,9 +108,9 @@ Engine::Engine(const model::Model& model, const EngineOptions& o)
   thread_ = std::thread([this] { loop(); });
 }
 
-Engine::~Engine() { shutdown(); }
+Scheduler::~Scheduler() { shutdown(); }
 
-void Engine::shutdown() {
+void Scheduler::shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -118,12 +119,12 @@ void Engine::shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
-EngineStats Engine::stats() const {
+SchedulerStats Scheduler::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
 }
 
-std::shared_ptr<Sequence> Engine::submit(SeqRequest r) {
+std::shared_ptr<Sequence> Scheduler::submit(SeqRequest r) {
   const int64_t P = static_cast<int64_t>(r.prompt.size());
   const int64_t cap = m_.config().max_seq_len, V = m_.config().vocab_size;
   if (P < 1) throw InvalidArgument("the prompt has no tokens");
@@ -144,10 +145,11 @@ std::shared_ptr<Sequence> Engine::submit(SeqRequest r) {
                           std::to_string(alloc_.total()) + " of " +
                           std::to_string(alloc_.block_size()) + " positions)");
   }
-  infer::Sampler check(r.sampler);  // throws on bad sampler options, before anything is queued
+  Sampler check(r.sampler);  // throws on bad sampler options, before anything is queued
   (void)check;
-  if (r.grammar && (!r.masker || r.masker->vocab_size() != V)) {
-    throw InvalidArgument("constrained output needs a token masker over the model's " + std::to_string(V) + " ids");
+  if (r.constraint && r.constraint->vocab_size() != V) {
+    throw InvalidArgument("constrained output needs a token mask over the model's " + std::to_string(V) +
+                          " ids, got one over " + std::to_string(r.constraint->vocab_size()));
   }
   auto seq = std::make_shared<Sequence>();
   seq->prompt_len_ = P;
@@ -167,13 +169,13 @@ std::shared_ptr<Sequence> Engine::submit(SeqRequest r) {
   return seq;
 }
 
-void Engine::finish(Running& r, Finish f, const std::string& error) {
+void Scheduler::finish(Running& r, Finish f, const std::string& error) {
   kv_.close(r.id);
   r.ended = true;
   ended_.push_back({r.seq, f, error});
 }
 
-void Engine::publish_ended() {
+void Scheduler::publish_ended() {
   for (Ended& e : ended_) {
     {
       std::lock_guard<std::mutex> lock(e.seq->mu_);
@@ -187,17 +189,17 @@ void Engine::publish_ended() {
   ended_.clear();
 }
 
-bool Engine::take(Running& r, const float* logits) {
+bool Scheduler::take(Running& r, const float* logits) {
   const int64_t V = m_.config().vocab_size;
   const uint8_t* allowed = nullptr;
-  if (r.matcher) {
-    // Constrained output: only the tokens the grammar allows; none left means the document is
-    // complete (and the vocabulary has no end-of-sequence id to say so) or stuck.
-    r.req.masker->allowed(*r.matcher, r.mask);
+  if (r.constraint) {
+    // Constrained output: only the tokens the constraint allows; none left means the document
+    // is complete (and the vocabulary has no end-of-sequence id to say so) or stuck.
+    r.constraint->allowed(r.mask);
     const int64_t n = std::min<int64_t>(V, static_cast<int64_t>(r.mask.size()));
     r.mask.resize(static_cast<size_t>(V), 0);
     if (std::find(r.mask.begin(), r.mask.begin() + n, uint8_t{1}) == r.mask.begin() + n) {
-      if (r.matcher->accepts_end()) {
+      if (r.constraint->complete()) {
         finish(r, Finish::kStop);
       } else {
         finish(r, Finish::kError, "constrained output: no token of the vocabulary continues the document");
@@ -216,8 +218,8 @@ bool Engine::take(Running& r, const float* logits) {
     lp = logprob_of(r.sampler->last_logits(), r.sampler->last_vocab(), r.req.sampler.temperature, next,
                     r.req.logprobs);
   }
-  if (r.matcher && !r.req.masker->advance(*r.matcher, next)) {
-    finish(r, Finish::kError, "constrained output: the sampler drew a token the grammar refuses");
+  if (r.constraint && !r.constraint->advance(next)) {
+    finish(r, Finish::kError, "constrained output: the sampler drew a token the constraint refuses");
     return false;
   }
   ++r.generated;
@@ -233,7 +235,7 @@ bool Engine::take(Running& r, const float* logits) {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.generated_tokens;
   }
-  if (r.matcher && r.matcher->accepts_end() && r.matcher->allowed_bytes().none()) {
+  if (r.constraint && r.constraint->closed()) {
     finish(r, Finish::kStop);  // a whole document, and nothing may follow it
     return false;
   }
@@ -244,7 +246,7 @@ bool Engine::take(Running& r, const float* logits) {
   return true;
 }
 
-void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<float>& logits) {
+void Scheduler::step(std::vector<std::unique_ptr<Running>>& running, std::vector<float>& logits) {
   const auto now = Clock::now();
   // 1. Leave: cancelled or out of time.
   for (auto& r : running) {
@@ -284,7 +286,7 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
       const int64_t P = static_cast<int64_t>(req.prompt.size()), span = P + req.max_tokens;
       auto r = std::make_unique<Running>();
       r->id = kv_.open();
-      infer::KvStore::Seq& kv = kv_.seq(r->id);
+      KvStore::Seq& kv = kv_.seq(r->id);
       // The prefix cache: whole blocks of the prompt, but its last token (whose logits the
       // first draw needs), while earlier prompts had them. A request for the prompt's log
       // probabilities computes every position.
@@ -328,8 +330,8 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
       }
       r->seq = seq;
       r->req = std::move(req);
-      r->sampler = std::make_unique<infer::Sampler>(r->req.sampler);
-      if (r->req.grammar) r->matcher.emplace(*r->req.grammar);
+      r->sampler = std::make_unique<Sampler>(r->req.sampler);
+      if (r->req.constraint) r->constraint = r->req.constraint->start();
       running.push_back(std::move(r));
       waiting_.pop_front();
     }
@@ -428,7 +430,7 @@ void Engine::step(std::vector<std::unique_ptr<Running>>& running, std::vector<fl
   publish_ended();
 }
 
-void Engine::loop() {
+void Scheduler::loop() {
   std::vector<std::unique_ptr<Running>> running;
   std::vector<float> logits(static_cast<size_t>(m_.config().vocab_size));
   int64_t n_steps = 0;
@@ -457,4 +459,4 @@ void Engine::loop() {
   stats_.free_blocks = alloc_.free_blocks();
 }
 
-}  // namespace diffattn::serve
+}  // namespace diffattn::infer
