@@ -111,3 +111,40 @@ def test_reads_half_precision(tmp_path, dtype):
     for name, arr in weights.items():
         tol = 1e-3 if dtype == "F16" else 1e-2
         assert np.abs(got[name] - arr).max() <= tol * max(1.0, np.abs(arr).max()), name
+
+
+def test_each_call_has_its_own_run_state(tmp_path):
+    """The model is shared read only (a TrainContext per call): V2's lambdas come from the last
+    forward, loss or gradients call (NaN before any), and calls from two threads at once give
+    what each gives alone (they once shared the model's saved activations)."""
+    import threading
+    cfg = config("diff_v2")
+    tm.save_model_dir(str(tmp_path), cfg, tm.random_weights(cfg, seed=3))
+    m = diffattn.load_model(str(tmp_path))
+    assert all(np.isnan(x) for x in m.lambdas())
+    rng = np.random.default_rng(4)
+    toks = [rng.integers(0, cfg["vocab_size"], size=(2, 17), dtype=np.int64) for _ in range(2)]
+    tgts = [rng.integers(0, cfg["vocab_size"], size=(2, 17), dtype=np.int64) for _ in range(2)]
+    m.forward(toks[0])
+    lam0 = m.lambdas()
+    assert len(lam0) == cfg["n_layers"] and all(0 < x < 1 for x in lam0)
+    m.loss(toks[1], tgts[1])
+    assert m.lambdas() != lam0
+    m.forward(toks[0])
+    assert m.lambdas() == lam0
+    alone = [(m.forward(t), m.gradients(t, g)) for t, g in zip(toks, tgts)]
+    got = [None, None]
+
+    def work(i):
+        for _ in range(3):
+            got[i] = (m.forward(toks[i]), m.gradients(toks[i], tgts[i]))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for (lg, gr), (lg1, gr1) in zip(alone, got):
+        np.testing.assert_allclose(lg1, lg, rtol=1e-6, atol=1e-7)
+        for name in gr:
+            np.testing.assert_allclose(gr1[name], gr[name], rtol=1e-5, atol=1e-7, err_msg=name)
