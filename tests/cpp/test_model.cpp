@@ -326,7 +326,9 @@ TEST_P(ModelKinds, TrainContextsShareOneConstModel) {
   ra.backward();
   same(of(ra, la), a);
   same(of(rb, lb), b);
-  if (GetParam() == nn::AttnKind::DiffV2) EXPECT_NE(a.lambdas, b.lambdas);  // per token
+  if (GetParam() == nn::AttnKind::DiffV2) {
+    EXPECT_NE(a.lambdas, b.lambdas);  // per token
+  }
   // At once on two threads.
   Step ta;
   std::thread other([&] { ta = alone(tok_a, tgt_a); });
