@@ -266,31 +266,22 @@ template <typename E>
 struct PagedKV {
   const E* k;  // the pools: (n_blocks, bs, key_heads, D), (n_blocks, bs, G, Dv)
   const E* v;
-  const int32_t* table;  // this sequence's block ids
-  int64_t bs, k_rs, v_rs, k_hs, v_hs, k_block, v_block;
+  fused::KvPages pages;  // this sequence's block ids: key j at pool row pages.row(j)
+  int64_t k_rs, v_rs, k_hs, v_hs;
   PagedKV(const PagedAttnParams& pp, int64_t b)
       : k(AsE<E>(pp.k_pool, pp.k16_pool)),
         v(AsE<E>(pp.v_pool, pp.v16_pool)),
-        table(pp.block_tables + b * pp.table_stride),
-        bs(pp.block_size),
-        k_rs(pp.key_heads() * pp.D), v_rs(pp.G * pp.Dv), k_hs(pp.D), v_hs(pp.Dv),
-        k_block(pp.block_size * pp.key_heads() * pp.D), v_block(pp.block_size * pp.G * pp.Dv) {}
+        pages{pp.block_tables + b * pp.table_stride, pp.block_size},
+        k_rs(pp.key_heads() * pp.D), v_rs(pp.G * pp.Dv), k_hs(pp.D), v_hs(pp.Dv) {}
   PagedKV(const OnePaged& one, int64_t)
       : k(AsE<E>(one.p.k, one.p.k16)),
         v(AsE<E>(one.p.v, one.p.v16)),
-        table(one.pages.table),
-        bs(one.pages.block_size),
+        pages(one.pages),
         k_rs(one.p.k_row_stride), v_rs(one.p.v_row_stride),
-        k_hs(one.p.k_head_stride), v_hs(one.p.v_head_stride),
-        k_block(one.pages.block_size * one.p.k_row_stride),
-        v_block(one.pages.block_size * one.p.v_row_stride) {}
-  HWY_INLINE const E* krow(int64_t j) const {
-    return k + static_cast<int64_t>(table[j / bs]) * k_block + (j % bs) * k_rs;
-  }
-  HWY_INLINE const E* vrow(int64_t j) const {
-    return v + static_cast<int64_t>(table[j / bs]) * v_block + (j % bs) * v_rs;
-  }
-  HWY_INLINE int64_t run(int64_t j) const { return bs - j % bs; }
+        k_hs(one.p.k_head_stride), v_hs(one.p.v_head_stride) {}
+  HWY_INLINE const E* krow(int64_t j) const { return k + pages.row(j) * k_rs; }
+  HWY_INLINE const E* vrow(int64_t j) const { return v + pages.row(j) * v_rs; }
+  HWY_INLINE int64_t run(int64_t j) const { return pages.block_size - j % pages.block_size; }
 };
 
 // Keys [j_begin, j_end) of sequence b for the groups [g0, g1): partial m (M), l (L) and O of
