@@ -14,6 +14,44 @@ namespace diffattn::kernels {
 
 namespace {
 
+// A forward whose K/V are 16-bit (kv_dtype BF16 or F16) as one over float32 copies: k and v
+// are converted into `k` (B, Tk, key_heads, D) and `v` (B, Tk, G, Dv), contiguous, and the
+// returned params read them (kv_dtype F32). Memory B * Tk * (key_heads * D + G * Dv) floats:
+// for the reference, whose work grows with Tq * Tk anyway (the tiled forward widens tile by
+// tile as it packs instead).
+AttnParams with_f32_kv(const AttnParams& p, std::vector<float>& k, std::vector<float>& v) {
+  AttnParams f = p;
+  const int64_t KH = p.key_heads();
+  k.resize(static_cast<size_t>(p.B * p.Tk * KH * p.D));
+  v.resize(static_cast<size_t>(p.B * p.Tk * p.G * p.Dv));
+  for (int64_t b = 0; b < p.B; ++b) {
+    for (int64_t t = 0; t < p.Tk; ++t) {
+      for (int64_t h = 0; h < KH; ++h) {
+        convert_to_f32(&k[static_cast<size_t>(((b * p.Tk + t) * KH + h) * p.D)],
+                       p.k16 + b * p.k_batch_stride + t * p.k_row_stride + h * p.k_head_stride,
+                       p.kv_dtype, p.D);
+      }
+      for (int64_t g = 0; g < p.G; ++g) {
+        convert_to_f32(&v[static_cast<size_t>(((b * p.Tk + t) * p.G + g) * p.Dv)],
+                       p.v16 + b * p.v_batch_stride + t * p.v_row_stride + g * p.v_head_stride,
+                       p.kv_dtype, p.Dv);
+      }
+    }
+  }
+  f.kv_dtype = DType::F32;
+  f.k = k.data();
+  f.v = v.data();
+  f.k16 = f.v16 = nullptr;
+  f.k_head_stride = p.D;
+  f.k_row_stride = KH * p.D;
+  f.k_batch_stride = p.Tk * KH * p.D;
+  f.v_head_stride = p.Dv;
+  f.v_row_stride = p.G * p.Dv;
+  f.v_batch_stride = p.Tk * p.G * p.Dv;
+  return f;
+}
+
+
 // Softmax of one query row of map m over its visible keys 0..n-1, in double:
 // probs[j] = exp(s_j - lse), s_j = scale * q.k_j. Returns lse (+inf when n == 0).
 double row_softmax(const Rows& r, int64_t b, int64_t i, int64_t h, int m, int64_t n,

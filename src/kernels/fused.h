@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <vector>
 
 #include "diffattn/kernels/attention.h"
 #include "hwy/aligned_allocator.h"
@@ -46,12 +45,6 @@ void attention_decode_paged_fused(const PagedAttnParams& p);
 // The FlashAttention-2 style backward (signed differential or standard attention).
 void attention_bwd_fused(const AttnBwdParams& p);
 
-// A forward whose K/V are 16-bit (kv_dtype BF16 or F16) as one over float32 copies: k and v
-// are converted into `k` (B, Tk, key_heads, D) and `v` (B, Tk, G, Dv), contiguous, and the
-// returned params read them (kv_dtype F32). Memory B * Tk * (key_heads * D + G * Dv) floats:
-// for the reference, whose work grows with Tq * Tk anyway (the tiled forward widens tile by
-// tile as it packs instead).
-AttnParams with_f32_kv(const AttnParams& p, std::vector<float>& k, std::vector<float>& v);
 
 namespace fused {
 

@@ -454,38 +454,6 @@ void check_params(const PagedAttnParams& p, const char* op) {
   }
 }
 
-AttnParams with_f32_kv(const AttnParams& p, std::vector<float>& k, std::vector<float>& v) {
-  AttnParams f = p;
-  const int64_t KH = p.key_heads();
-  k.resize(static_cast<size_t>(p.B * p.Tk * KH * p.D));
-  v.resize(static_cast<size_t>(p.B * p.Tk * p.G * p.Dv));
-  for (int64_t b = 0; b < p.B; ++b) {
-    for (int64_t t = 0; t < p.Tk; ++t) {
-      for (int64_t h = 0; h < KH; ++h) {
-        convert_to_f32(&k[static_cast<size_t>(((b * p.Tk + t) * KH + h) * p.D)],
-                       p.k16 + b * p.k_batch_stride + t * p.k_row_stride + h * p.k_head_stride,
-                       p.kv_dtype, p.D);
-      }
-      for (int64_t g = 0; g < p.G; ++g) {
-        convert_to_f32(&v[static_cast<size_t>(((b * p.Tk + t) * p.G + g) * p.Dv)],
-                       p.v16 + b * p.v_batch_stride + t * p.v_row_stride + g * p.v_head_stride,
-                       p.kv_dtype, p.Dv);
-      }
-    }
-  }
-  f.kv_dtype = DType::F32;
-  f.k = k.data();
-  f.v = v.data();
-  f.k16 = f.v16 = nullptr;
-  f.k_head_stride = p.D;
-  f.k_row_stride = KH * p.D;
-  f.k_batch_stride = p.Tk * KH * p.D;
-  f.v_head_stride = p.Dv;
-  f.v_row_stride = p.G * p.Dv;
-  f.v_batch_stride = p.Tk * p.G * p.Dv;
-  return f;
-}
-
 double visible_pairs(const AttnProblem& p) {
   if (!p.causal) return static_cast<double>(p.Tq) * static_cast<double>(p.Tk);
   double n = 0;
