@@ -13,6 +13,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "diffattn/kernels/runtime.h"
@@ -483,20 +484,26 @@ void expect_rejected(const P& p, const std::string& field,
   }
 }
 
-TEST(SelectiveScan, BadParamsThrowNamingTheField) {
-  const ScanData s({3, 7, 5, true, true}, 61);
-  ScanOut o = fresh_out(s);
-  const kernels::ScanParams good = params_of(s, o, 0, 3);
-  const std::function<void(const kernels::ScanParams&, kernels::Backend)> call = [](const kernels::ScanParams& p, kernels::Backend b) {
-    kernels::selective_scan(p, b);
-  };
-  kernels::selective_scan(good);  // the baseline is accepted
-  const auto bad = [&](const std::string& field, const std::function<void(kernels::ScanParams&)>& edit) {
-    kernels::ScanParams p = good;
+// bad(field, edit): good with edit applied is refused by both backends, naming field.
+template <class P>
+auto refusal_check(const P& good,
+                   std::type_identity_t<std::function<void(const P&, kernels::Backend)>> call) {
+  return [good, call](const std::string& field, const std::function<void(P&)>& edit) {
+    P p = good;
     edit(p);
     SCOPED_TRACE(field);
     expect_rejected(p, field, call);
   };
+}
+
+TEST(SelectiveScan, BadParamsThrowNamingTheField) {
+  const ScanData s({3, 7, 5, true, true}, 61);
+  ScanOut o = fresh_out(s);
+  const kernels::ScanParams good = params_of(s, o, 0, 3);
+  kernels::selective_scan(good);  // the baseline is accepted
+  const auto bad = refusal_check(good, [](const kernels::ScanParams& p, kernels::Backend b) {
+    kernels::selective_scan(p, b);
+  });
   bad("T", [](kernels::ScanParams& p) { p.T = -1; });
   bad("E", [](kernels::ScanParams& p) { p.E = 0; });
   bad("N", [](kernels::ScanParams& p) { p.N = 0; });
@@ -535,15 +542,9 @@ TEST(CausalConv1dSilu, BadParamsThrowNamingTheField) {
   const ConvData s({3, 7, 4}, 71);
   ConvOut o = fresh_out(s);
   const kernels::ConvParams good = params_of(s, o, 0, 3);
-  const std::function<void(const kernels::ConvParams&, kernels::Backend)> call = [](const kernels::ConvParams& p, kernels::Backend b) {
+  const auto bad = refusal_check(good, [](const kernels::ConvParams& p, kernels::Backend b) {
     kernels::causal_conv1d_silu(p, b);
-  };
-  const auto bad = [&](const std::string& field, const std::function<void(kernels::ConvParams&)>& edit) {
-    kernels::ConvParams p = good;
-    edit(p);
-    SCOPED_TRACE(field);
-    expect_rejected(p, field, call);
-  };
+  });
   bad("T", [](kernels::ConvParams& p) { p.T = -2; });
   bad("E", [](kernels::ConvParams& p) { p.E = 0; });
   bad("K", [](kernels::ConvParams& p) { p.K = 0; });
