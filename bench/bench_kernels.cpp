@@ -78,8 +78,8 @@ void BM_chunk(benchmark::State& state) {
   std::iota(table.begin(), table.end(), 0);
   std::shuffle(table.begin(), table.end(), std::mt19937(7));
   auto bytes = [](const void* x) { return static_cast<const char*>(x); };
-  const char* ksrc = f32 ? bytes(p.k) : bytes(p.k16);
-  const char* vsrc = f32 ? bytes(p.v) : bytes(p.v16);
+  const char* ksrc = bytes(p.k);
+  const char* vsrc = bytes(p.v);
   // n rows of `row` elements from row `from` of src to row `to` of dst
   auto rows = [es](char* dst, int64_t to, const char* src, int64_t from, int64_t n, int64_t row) {
     std::memcpy(dst + static_cast<size_t>(to * row) * es, src + static_cast<size_t>(from * row) * es,
@@ -100,13 +100,8 @@ void BM_chunk(benchmark::State& state) {
     const int64_t starts[2] = {0, Tq}, len = T;
     pp.q_starts = starts, pp.seq_lens = &len, pp.block_tables = table.data();
     pp.q = p.q, pp.lam = p.lam, pp.out = p.out, pp.kv_dtype = c.kv_dtype;
-    if (f32) {
-      pp.k_pool = reinterpret_cast<const float*>(kpool.data());
-      pp.v_pool = reinterpret_cast<const float*>(vpool.data());
-    } else {
-      pp.k16_pool = reinterpret_cast<const uint16_t*>(kpool.data());
-      pp.v16_pool = reinterpret_cast<const uint16_t*>(vpool.data());
-    }
+    pp.k_pool = kpool.data();
+    pp.v_pool = vpool.data();
     pp.set_contiguous_strides();
     for (auto _ : state) kernels::attention_paged(pp);
   } else {
@@ -114,7 +109,7 @@ void BM_chunk(benchmark::State& state) {
     std::vector<float> kf(f32 ? 0 : static_cast<size_t>(T * krow));
     std::vector<float> vf(f32 ? 0 : static_cast<size_t>(T * vrow));
     kernels::AttnParams g = p;
-    g.kv_dtype = DType::F32, g.k16 = g.v16 = nullptr;
+    g.kv_dtype = DType::F32;
     g.k = f32 ? reinterpret_cast<const float*>(kc.data()) : kf.data();
     g.v = f32 ? reinterpret_cast<const float*>(vc.data()) : vf.data();
     g.k_row_stride = krow, g.k_head_stride = p.D, g.k_batch_stride = T * krow;

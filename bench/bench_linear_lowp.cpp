@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
                         2.0 * sh.OC * sh.C * static_cast<double>(copies.size()),
                         [&, sh, N, t] {
                           for (auto& c : copies)
-                            nn::linear_fwd(out.data(), x.data(), TypedPtr{c.data(), t}, N, sh.C, sh.OC);
+                            nn::linear_fwd(out.data(), x.data(), TensorView{c.data(), t}, N, sh.C, sh.OC);
                         },
                         nullptr, {}, {}});
       }
@@ -174,7 +174,7 @@ int main(int argc, char** argv) {
                         2.0 * N * sh.OC * sh.C * static_cast<double>(n_copies),
                         [&, sh, N, t] {
                           for (auto& c : copies)
-                            nn::linear_fwd(out.data(), x.data(), TypedPtr{c.data(), t}, N, sh.C, sh.OC);
+                            nn::linear_fwd(out.data(), x.data(), TensorView{c.data(), t}, N, sh.C, sh.OC);
                         },
                         [&, sh, N, n_copies] {  // OpenBLAS itself (linear_fwd would take the
                           // few-rows kernel at this N)
@@ -207,7 +207,7 @@ int main(int argc, char** argv) {
       rows.push_back({"gemm N=512 " + std::string(dtype_name(t)) + " " + dims, true,
                       2.0 * kPrefillN * sh.OC * sh.C,
                       [&, sh, t] {
-                        nn::linear_fwd(out.data(), x.data(), TypedPtr{c.data(), t}, kPrefillN, sh.C, sh.OC);
+                        nn::linear_fwd(out.data(), x.data(), TensorView{c.data(), t}, kPrefillN, sh.C, sh.OC);
                       },
                       [&, sh] {
                         nn::linear_fwd(out.data(), x.data(), w.f32.data(), kPrefillN, sh.C, sh.OC);

@@ -13,11 +13,11 @@ namespace diffattn::python {
 
 // A read-only view of a NumPy float32 C-contiguous array; anything else is a ValueError that
 // names the tensor and says what it got.
-kernels::ConstView view_of(const char* op, const char* name, const pybind11::handle& obj);
+TensorView view_of(const char* op, const char* name, const pybind11::handle& obj);
 
 // A read-only view of a NumPy float32 array with any non-negative strides (a whole number of
 // elements each); the kernels check what they can read. No copy.
-kernels::ConstView strided_view_of(const char* op, const char* name, const pybind11::handle& obj);
+TensorView strided_view_of(const char* op, const char* name, const pybind11::handle& obj);
 
 // A new float32 array of the given shape laid out with the given element strides (uninitialised;
 // its buffer spans what the strides reach, so a gradient can take its input's layout).
@@ -30,10 +30,15 @@ pybind11::array_t<float> new_array(const Shape& shape);
 void check_shape(const char* op, const char* name, const Shape& got, const Shape& want,
                  const char* symbols);
 
+// A Python TensorView (bind_view.cpp) of v, keeping owner (the object holding v's memory) alive
+// while the view or a DLPack consumer of it lives.
+pybind11::object tensor_view_object(const TensorView& v, const pybind11::object& owner);
+
 void bind_kernels(pybind11::module_& m);
 void bind_model(pybind11::module_& m);
 void bind_eval(pybind11::module_& m);
 void bind_tensors(pybind11::module_& m);
+void bind_view(pybind11::module_& m);
 void bind_tokenize(pybind11::module_& m);
 
 }  // namespace diffattn::python

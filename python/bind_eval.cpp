@@ -112,7 +112,7 @@ void bind_eval(py::module_& m) {
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& coef,
          bool causal, std::optional<double> scale, const std::string& mode) {
         const char* op = "kway_attention";
-        const kernels::ConstView cv = view_of(op, "coef", coef);
+        const TensorView cv = view_of(op, "coef", coef);
         if (cv.shape.size() != 1) {
           throw InvalidArgument(std::string(op) + ": coef has shape " + shape_str(cv.shape) + ", expected (maps)");
         }
@@ -272,9 +272,9 @@ n_heads, n_kv_heads, head_dim, tie_embeddings) as (name, shape, component) tuple
   m.def(
       "write_npy",
       [](const std::string& path, const py::handle& array) {
-        const kernels::ConstView v = view_of("write_npy", "array", array);
+        const TensorView v = view_of("write_npy", "array", array);
         py::gil_scoped_release nogil;
-        viz::write_npy(path, v.data, v.shape);
+        viz::write_npy(path, v.f32(), v.shape);
       },
       py::arg("path"), py::arg("array"),
       R"doc(Writes a float32 C-contiguous array as .npy (format 1.0), atomically.)doc");
@@ -298,7 +298,7 @@ n_heads, n_kv_heads, head_dim, tie_embeddings) as (name, shape, component) tuple
       "render_heatmap",
       [](const std::string& path, const py::handle& matrix, std::vector<std::string> row_labels,
          std::vector<std::string> col_labels, const std::string& title, bool signed_scale) {
-        const kernels::ConstView v = view_of("render_heatmap", "matrix", matrix);
+        const TensorView v = view_of("render_heatmap", "matrix", matrix);
         if (v.shape.size() != 2) {
           throw InvalidArgument("render_heatmap: matrix has shape " + shape_str(v.shape) + ", expected (rows, cols)");
         }
@@ -307,7 +307,7 @@ n_heads, n_kv_heads, head_dim, tie_embeddings) as (name, shape, component) tuple
         spec.row_labels = std::move(row_labels);
         spec.col_labels = std::move(col_labels);
         spec.scale = signed_scale ? viz::ColorScale::Diverging : viz::ColorScale::Sequential;
-        const viz::Canvas c = viz::render_heatmap(v.data, static_cast<int>(v.shape[0]),
+        const viz::Canvas c = viz::render_heatmap(v.f32(), static_cast<int>(v.shape[0]),
                                                   static_cast<int>(v.shape[1]), spec);
         viz::write_png(path, c);
         return py::make_tuple(c.width(), c.height());

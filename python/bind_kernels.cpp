@@ -92,15 +92,15 @@ Forward forward(kernels::AttnParams p, kernels::Backend backend) {
 kernels::AttnBwdParams saved(const kernels::AttnParams& p, const py::handle& out, const py::handle& lse,
                     const py::handle& o2, const char* op) {
   kernels::AttnBwdParams bp(p);
-  const kernels::ConstView vo = view_of(op, "out", out), vl = view_of(op, "lse", lse);
+  const TensorView vo = view_of(op, "out", out), vl = view_of(op, "lse", lse);
   check_shape(op, "out", vo.shape, p.out_shape(), "(B, Tq, H, Dv)");
   check_shape(op, "lse", vl.shape, p.lse_shape(), "(B, maps*H, Tq)");
-  bp.out = vo.data;
-  bp.lse = vl.data;
+  bp.out = vo.f32();
+  bp.lse = vl.f32();
   if (p.maps == 2) {
-    const kernels::ConstView v2 = view_of(op, "o2", o2);
+    const TensorView v2 = view_of(op, "o2", o2);
     check_shape(op, "o2", v2.shape, p.out_shape(), "(B, Tq, H, Dv)");
-    bp.o2 = v2.data;
+    bp.o2 = v2.f32();
   }
   return bp;
 }
@@ -129,9 +129,9 @@ py::tuple backward(kernels::AttnBwdParams bp, const py::handle& dout_obj, kernel
       dout_obj2 = py::array_t<float, py::array::c_style>::ensure(dout_obj);
     }
   }
-  const kernels::ConstView dout = view_of(op, "dout", dout_obj2);
+  const TensorView dout = view_of(op, "dout", dout_obj2);
   check_shape(op, "dout", dout.shape, bp.out_shape(), "(B, Tq, H, Dv)");
-  bp.dout = dout.data;
+  bp.dout = dout.f32();
   // Each gradient takes its input's layout (the kernels write dq with q's strides).
   const kernels::AttnProblem& p = bp;
   py::array_t<float> dq = new_strided_array(p.q_shape(), {p.q_batch_stride, p.q_row_stride,

@@ -207,6 +207,15 @@ void bind_model(py::module_& m) {
           },
           "the weights: {tensor name: float32 array} (copies; BF16/F16 weights converted)")
       .def(
+          "tensor",
+          [](const py::object& self_obj, const std::string& name) {
+            const model::Model& self = self_obj.cast<const model::Model&>();
+            return tensor_view_object(self.weight(name), self_obj);
+          },
+          py::arg("name"),
+          "the weight `name` in its stored type, without a copy: a read-only TensorView that "
+          "torch.from_dlpack or numpy.from_dlpack reads in place (the model stays alive while it is used)")
+      .def(
           "generate",
           [](const model::Model& self, const std::vector<int32_t>& prompt, int64_t max_new, double temperature,
              uint64_t seed, const std::vector<int32_t>& stop_ids, const std::string& kv_dtype) {
@@ -292,15 +301,15 @@ void bind_model(py::module_& m) {
             throw InvalidArgument(std::string(op) + ": tensors has no \"" + t.name + "\" of shape " + shape_str(t.shape));
           }
           const std::string label = "tensors[\"" + t.name + "\"]";
-          const kernels::ConstView v = view_of(op, label.c_str(), tensors[py::str(t.name)]);
+          const TensorView v = view_of(op, label.c_str(), tensors[py::str(t.name)]);
           check_shape(op, label.c_str(), v.shape, t.shape, "the config's");
           for (int64_t i = 0; i < t.numel; ++i) {
-            if (!std::isfinite(v.data[i])) {
-              throw InvalidArgument(std::string(op) + ": " + label + " holds " + (std::isnan(v.data[i]) ? "NaN" : "Inf") +
+            if (!std::isfinite(v.f32()[i])) {
+              throw InvalidArgument(std::string(op) + ": " + label + " holds " + (std::isnan(v.f32()[i]) ? "NaN" : "Inf") +
                                     " at flat index " + std::to_string(i));
             }
           }
-          std::memcpy(m.params.data() + t.offset, v.data, sizeof(float) * static_cast<size_t>(t.numel));
+          std::memcpy(m.params.data() + t.offset, v.f32(), sizeof(float) * static_cast<size_t>(t.numel));
         }
         py::gil_scoped_release nogil;
         return model::save_model(m, path, dt);

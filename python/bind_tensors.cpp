@@ -23,14 +23,14 @@ namespace diffattn::python {
 namespace {
 
 // (address, shape, strides) as a view; a malformed tuple is an error naming the tensor.
-kernels::ConstView raw_view(const char* op, const char* name, const py::handle& obj) {
+TensorView raw_view(const char* op, const char* name, const py::handle& obj) {
   if (!py::isinstance<py::tuple>(obj) || py::len(obj) != 3) {
     throw InvalidArgument(std::string(op) + ": " + name +
                           " must be a tuple (address, shape, strides)");
   }
   const auto t = py::reinterpret_borrow<py::tuple>(obj);
   const auto addr = t[0].cast<uintptr_t>();
-  kernels::ConstView v{reinterpret_cast<const float*>(addr), t[1].cast<Shape>(), t[2].cast<Shape>()};
+  TensorView v = TensorView(reinterpret_cast<const float*>(addr), t[1].cast<Shape>(), t[2].cast<Shape>());
   if (v.shape.size() != v.strides.size()) {
     throw InvalidArgument(std::string(op) + ": " + name + " has " +
                           std::to_string(v.shape.size()) + " sizes and " +
@@ -53,7 +53,7 @@ kernels::ConstView raw_view(const char* op, const char* name, const py::handle& 
 // layout the kernel writes).
 float* raw_output(const char* op, const char* name, const py::handle& obj, const Shape& want,
                   const Shape& strides) {
-  const kernels::ConstView v = raw_view(op, name, obj);
+  const TensorView v = raw_view(op, name, obj);
   check_shape(op, name, v.shape, want, "the forward's shape");
   bool same = true;  // a dimension of size 1 has no stride that matters (torch keeps any)
   for (size_t i = 0; i < want.size(); ++i) same = same && (want[i] <= 1 || v.strides[i] == strides[i]);
@@ -61,7 +61,7 @@ float* raw_output(const char* op, const char* name, const py::handle& obj, const
     throw InvalidArgument(std::string(op) + ": " + name + " has strides " +
                           shape_str(v.strides) + ", the kernel writes " + shape_str(strides));
   }
-  return const_cast<float*>(v.data);
+  return const_cast<float*>(v.f32());
 }
 
 kernels::AttnParams problem(const char* op, const py::handle& q, const py::handle& k, const py::handle& v,
@@ -95,10 +95,10 @@ void bind_tensors(py::module_& m) {
          std::optional<double> scale, const std::string& backend) {
         const char* op = "attention forward";
         kernels::AttnParams p = problem(op, q, k, v, lam, causal, scale);
-        p.out = raw_output(op, "out", out, p.out_shape(), kernels::contiguous_strides(p.out_shape()));
-        p.lse = raw_output(op, "lse", lse, p.lse_shape(), kernels::contiguous_strides(p.lse_shape()));
+        p.out = raw_output(op, "out", out, p.out_shape(), contiguous_strides(p.out_shape()));
+        p.lse = raw_output(op, "lse", lse, p.lse_shape(), contiguous_strides(p.lse_shape()));
         if (p.maps == 2) {
-          p.o2 = raw_output(op, "o2", o2, p.out_shape(), kernels::contiguous_strides(p.out_shape()));
+          p.o2 = raw_output(op, "o2", o2, p.out_shape(), contiguous_strides(p.out_shape()));
         }
         const kernels::Backend b = backend_named(backend, op);
         py::gil_scoped_release nogil;
@@ -119,9 +119,9 @@ void bind_tensors(py::module_& m) {
         const char* op = "attention backward";
         const kernels::AttnParams p = problem(op, q, k, v, lam, causal, scale);
         kernels::AttnBwdParams bp(p);
-        const Shape os = p.out_shape(), oc = kernels::contiguous_strides(os);
+        const Shape os = p.out_shape(), oc = contiguous_strides(os);
         bp.out = raw_output(op, "out", out, os, oc);
-        bp.lse = raw_output(op, "lse", lse, p.lse_shape(), kernels::contiguous_strides(p.lse_shape()));
+        bp.lse = raw_output(op, "lse", lse, p.lse_shape(), contiguous_strides(p.lse_shape()));
         if (p.maps == 2) bp.o2 = raw_output(op, "o2", o2, os, oc);
         bp.dout = raw_output(op, "dout", dout, os, oc);
         bp.dq = raw_output(op, "dq", dq, p.q_shape(),
@@ -131,7 +131,7 @@ void bind_tensors(py::module_& m) {
         bp.dv = raw_output(op, "dv", dv, p.v_shape(),
                            {p.v_batch_stride, p.v_row_stride, p.v_head_stride, 1});
         if (p.maps == 2) {
-          bp.dlam = raw_output(op, "dlam", dlam, p.lam_shape(), kernels::contiguous_strides(p.lam_shape()));
+          bp.dlam = raw_output(op, "dlam", dlam, p.lam_shape(), contiguous_strides(p.lam_shape()));
         }
         const kernels::Backend b = backend_named(backend, op);
         py::gil_scoped_release nogil;

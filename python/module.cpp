@@ -39,17 +39,17 @@ py::array float32_array(const char* op, const char* name, const py::handle& obj,
 
 }  // namespace
 
-kernels::ConstView view_of(const char* op, const char* name, const py::handle& obj) {
+TensorView view_of(const char* op, const char* name, const py::handle& obj) {
   Shape shape;
   const py::array a = float32_array(op, name, obj, shape);
   if (!(a.flags() & py::array::c_style)) {
     throw InvalidArgument(std::string(op) + ": " + name + " of shape " + shape_str(shape) +
                           " must be C-contiguous (use numpy.ascontiguousarray)");
   }
-  return kernels::ConstView{static_cast<const float*>(a.data()), shape};
+  return TensorView(static_cast<const float*>(a.data()), shape);
 }
 
-kernels::ConstView strided_view_of(const char* op, const char* name, const py::handle& obj) {
+TensorView strided_view_of(const char* op, const char* name, const py::handle& obj) {
   Shape shape;
   const py::array a = float32_array(op, name, obj, shape);
   if (reinterpret_cast<uintptr_t>(a.data()) % alignof(float) != 0) {
@@ -66,7 +66,7 @@ kernels::ConstView strided_view_of(const char* op, const char* name, const py::h
     }
     strides[static_cast<size_t>(i)] = bytes / static_cast<py::ssize_t>(sizeof(float));
   }
-  return kernels::ConstView{static_cast<const float*>(a.data()), shape, strides};
+  return TensorView(static_cast<const float*>(a.data()), shape, strides);
 }
 
 py::array_t<float> new_strided_array(const Shape& shape, const Shape& strides) {
@@ -133,6 +133,7 @@ PYBIND11_MODULE(_core, m) {
       diffattn::python::set_error(PyExc_RuntimeError, e.what());
     }
   });
+  diffattn::python::bind_view(m);
   diffattn::python::bind_kernels(m);
   diffattn::python::bind_model(m);
   diffattn::python::bind_eval(m);

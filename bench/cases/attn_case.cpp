@@ -106,9 +106,8 @@ Kv16::Kv16(std::span<const float> k32, std::span<const float> v32, DType dt, boo
 
 void Kv16::use_in(kernels::AttnProblem& p) const {
   p.kv_dtype = dtype;
-  p.k = p.v = nullptr;
-  p.k16 = k.data();
-  p.v16 = v.data();
+  p.k = k.data();
+  p.v = v.data();
 }
 
 namespace {
@@ -258,10 +257,9 @@ std::vector<Comparison> check_fwd(const kernels::AttnParams& p, kernels::Backend
   if (p.kv_dtype != DType::F32) {
     kr.resize(static_cast<size_t>(p.numel(p.k_shape())));
     vr.resize(static_cast<size_t>(p.numel(p.v_shape())));
-    convert_to_f32(kr.data(), p.k16, p.kv_dtype, static_cast<int64_t>(kr.size()));
-    convert_to_f32(vr.data(), p.v16, p.kv_dtype, static_cast<int64_t>(vr.size()));
+    convert_to_f32(kr.data(), p.k, p.kv_dtype, static_cast<int64_t>(kr.size()));
+    convert_to_f32(vr.data(), p.v, p.kv_dtype, static_cast<int64_t>(vr.size()));
     pr.kv_dtype = DType::F32;
-    pr.k16 = pr.v16 = nullptr;
     pr.k = kr.data();
     pr.v = vr.data();
   }

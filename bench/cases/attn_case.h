@@ -77,7 +77,7 @@ struct Kv16 {
   std::vector<float> k_rounded, v_rounded;
   Kv16(std::span<const float> k32, std::span<const float> v32, DType dt,
        bool keep_rounded = true);
-  // Points p's K/V at the 16-bit copies (kv_dtype, k16, v16; k and v null). Contiguous, as
+  // Points p's K/V at the 16-bit copies (kv_dtype, k, v). Contiguous, as
   // the vectors given to the constructor were.
   void use_in(kernels::AttnProblem& p) const;
 };

@@ -180,13 +180,5 @@ void convert_from_f32(void* dst, const float* src, DType t, int64_t n) {
   }
 }
 
-const float* TypedPtr::f32() const {
-  if (dtype != DType::F32) {
-    throw InvalidArgument(std::string("TypedPtr::f32: the tensor is ") + dtype_name(dtype) +
-                          ", not F32");
-  }
-  return static_cast<const float*>(data);
-}
-
 }  // namespace diffattn
 #endif  // HWY_ONCE

@@ -15,8 +15,8 @@ namespace {
 // The call restricted to sequence b of the batch.
 kernels::AttnBwdParams batch_slice(kernels::AttnBwdParams p, int64_t b) {
   p.q += b * p.q_batch_stride;
-  p.k += b * p.k_batch_stride;
-  p.v += b * p.v_batch_stride;
+  p.k = p.kf() + b * p.k_batch_stride;
+  p.v = p.vf() + b * p.v_batch_stride;
   p.out += b * p.o_batch_stride;
   p.lse += b * p.q_heads() * p.Tq;
   if (p.lam_per_token) p.lam += b * p.Tq * p.H;
@@ -33,7 +33,7 @@ void full_width_standard(const kernels::AttnProblem& p, float* probs) {
     // Sub-heads 2h and 2h+1 of a row are adjacent: pair h's [q1; q2] is 2D contiguous floats.
     std::memcpy(&q[static_cast<size_t>(t * H * 2 * D)], p.q + t * p.q_row_stride,
                 sizeof(float) * static_cast<size_t>(H * 2 * D));
-    const float* kr = p.k + t * p.k_row_stride;
+    const float* kr = p.kf() + t * p.k_row_stride;
     for (int64_t g = 0; g < G; ++g) {
       float* dst = &k[static_cast<size_t>((t * G + g) * 2 * D)];
       if (p.shared_keys) {  // V2: both maps read key head g
@@ -43,7 +43,7 @@ void full_width_standard(const kernels::AttnProblem& p, float* probs) {
         std::memcpy(dst, kr + g * 2 * D, sizeof(float) * static_cast<size_t>(2 * D));
       }
     }
-    std::memcpy(&v[static_cast<size_t>(t * G * Dv)], p.v + t * p.v_row_stride,
+    std::memcpy(&v[static_cast<size_t>(t * G * Dv)], p.vf() + t * p.v_row_stride,
                 sizeof(float) * static_cast<size_t>(G * Dv));
   }
   kernels::AttnOptions o;

@@ -28,12 +28,12 @@ AttnParams with_f32_kv(const AttnParams& p, std::vector<float>& k, std::vector<f
     for (int64_t t = 0; t < p.Tk; ++t) {
       for (int64_t h = 0; h < KH; ++h) {
         convert_to_f32(&k[static_cast<size_t>(((b * p.Tk + t) * KH + h) * p.D)],
-                       p.k16 + b * p.k_batch_stride + t * p.k_row_stride + h * p.k_head_stride,
+                       p.kh() + b * p.k_batch_stride + t * p.k_row_stride + h * p.k_head_stride,
                        p.kv_dtype, p.D);
       }
       for (int64_t g = 0; g < p.G; ++g) {
         convert_to_f32(&v[static_cast<size_t>(((b * p.Tk + t) * p.G + g) * p.Dv)],
-                       p.v16 + b * p.v_batch_stride + t * p.v_row_stride + g * p.v_head_stride,
+                       p.vh() + b * p.v_batch_stride + t * p.v_row_stride + g * p.v_head_stride,
                        p.kv_dtype, p.Dv);
       }
     }
@@ -41,7 +41,6 @@ AttnParams with_f32_kv(const AttnParams& p, std::vector<float>& k, std::vector<f
   f.kv_dtype = DType::F32;
   f.k = k.data();
   f.v = v.data();
-  f.k16 = f.v16 = nullptr;
   f.k_head_stride = p.D;
   f.k_row_stride = KH * p.D;
   f.k_batch_stride = p.Tk * KH * p.D;
@@ -247,12 +246,12 @@ void bwd_ref(const AttnBwdParams& p, bool saved_lse) {
   for (int64_t b = 0; b < p.B; ++b) {
     for (int64_t j = 0; j < p.Tk; ++j) {
       for (int64_t kh = 0; kh < kh_n; ++kh) {
-        float* dst = p.dk + (r.k(b, j, kh) - p.k);
+        float* dst = p.dk + (r.k(b, j, kh) - p.kf());
         const double* src = &dk[static_cast<size_t>(((b * p.Tk + j) * kh_n + kh) * p.D)];
         for (int64_t d = 0; d < p.D; ++d) dst[d] = static_cast<float>(src[d]);
       }
       for (int64_t g = 0; g < p.G; ++g) {
-        float* dst = p.dv + (r.v(b, j, g) - p.v);
+        float* dst = p.dv + (r.v(b, j, g) - p.vf());
         const double* src = &dv[static_cast<size_t>(((b * p.Tk + j) * p.G + g) * p.Dv)];
         for (int64_t d = 0; d < p.Dv; ++d) dst[d] = static_cast<float>(src[d]);
       }

@@ -229,17 +229,13 @@ HWY_INLINE void PrefetchSpan(const void* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 2);
 }
 
-// Where key row j of one sequence's cache lies, as elements of type E (float: p.k/p.v;
-// 16-bit: k16/v16). Contiguous: row j at base + j * row stride (a KV cache with spare
+// Where key row j of one sequence's cache lies, as elements of type E (float for kv_dtype F32,
+// the 16-bit words otherwise). Contiguous: row j at base + j * row stride (a KV cache with spare
 // capacity). Paged: row j % bs of block table[j / bs] of a pool. run(j): how many rows from j
 // on lie at the row stride from row j (a P V product over rows may not cross a block end).
 template <typename E>
-HWY_INLINE const E* AsE(const float* f, const uint16_t* h) {
-  if constexpr (std::is_same_v<E, float>) {
-    return f;
-  } else {
-    return reinterpret_cast<const E*>(h);
-  }
+HWY_INLINE const E* AsE(const void* p) {
+  return static_cast<const E*>(p);
 }
 
 template <typename E>
@@ -248,8 +244,8 @@ struct ContiguousKV {
   const E* v;
   int64_t k_rs, v_rs, k_hs, v_hs;
   ContiguousKV(const AttnProblem& p, int64_t b)
-      : k(AsE<E>(p.k, p.k16) + b * p.k_batch_stride),
-        v(AsE<E>(p.v, p.v16) + b * p.v_batch_stride),
+      : k(AsE<E>(p.k) + b * p.k_batch_stride),
+        v(AsE<E>(p.v) + b * p.v_batch_stride),
         k_rs(p.k_row_stride), v_rs(p.v_row_stride), k_hs(p.k_head_stride), v_hs(p.v_head_stride) {}
   HWY_INLINE const E* krow(int64_t j) const { return k + j * k_rs; }
   HWY_INLINE const E* vrow(int64_t j) const { return v + j * v_rs; }
@@ -269,13 +265,13 @@ struct PagedKV {
   fused::KvPages pages;  // this sequence's block ids: key j at pool row pages.row(j)
   int64_t k_rs, v_rs, k_hs, v_hs;
   PagedKV(const PagedAttnParams& pp, int64_t b)
-      : k(AsE<E>(pp.k_pool, pp.k16_pool)),
-        v(AsE<E>(pp.v_pool, pp.v16_pool)),
+      : k(AsE<E>(pp.k_pool)),
+        v(AsE<E>(pp.v_pool)),
         pages{pp.block_tables + b * pp.table_stride, pp.block_size},
         k_rs(pp.key_heads() * pp.D), v_rs(pp.G * pp.Dv), k_hs(pp.D), v_hs(pp.Dv) {}
   PagedKV(const OnePaged& one, int64_t)
-      : k(AsE<E>(one.p.k, one.p.k16)),
-        v(AsE<E>(one.p.v, one.p.v16)),
+      : k(AsE<E>(one.p.k)),
+        v(AsE<E>(one.p.v)),
         pages(one.pages),
         k_rs(one.p.k_row_stride), v_rs(one.p.v_row_stride),
         k_hs(one.p.k_head_stride), v_hs(one.p.v_head_stride) {}

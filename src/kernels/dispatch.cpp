@@ -83,9 +83,9 @@ bool values_finite(const AttnProblem& p, const fused::KvPages* pages = nullptr) 
       for (int64_t g = 0; g < p.G; ++g) {
         const float* x;
         if (p.kv_dtype == DType::F32) {
-          x = p.v + at + g * p.v_head_stride;
+          x = p.vf() + at + g * p.v_head_stride;
         } else {
-          convert_to_f32(row.data(), p.v16 + at + g * p.v_head_stride, p.kv_dtype, p.Dv);
+          convert_to_f32(row.data(), p.vh() + at + g * p.v_head_stride, p.kv_dtype, p.Dv);
           x = row.data();
         }
         float z = 0.0f;  // x * 0 is NaN exactly when x is NaN or Inf
@@ -163,10 +163,8 @@ void paged_ref_one(const PagedAttnParams& pp, int64_t b) {
   if (pp.rows_of(b) == 0) return;
   const int64_t KH = pp.key_heads(), es = static_cast<int64_t>(dtype_size(pp.kv_dtype));
   const int64_t krow = KH * pp.D, vrow = pp.G * pp.Dv, len = pp.seq_lens[b];
-  const char* kp = pp.kv_dtype == DType::F32 ? reinterpret_cast<const char*>(pp.k_pool)
-                                             : reinterpret_cast<const char*>(pp.k16_pool);
-  const char* vp = pp.kv_dtype == DType::F32 ? reinterpret_cast<const char*>(pp.v_pool)
-                                             : reinterpret_cast<const char*>(pp.v16_pool);
+  const char* kp = static_cast<const char*>(pp.k_pool);
+  const char* vp = static_cast<const char*>(pp.v_pool);
   std::vector<char> k(static_cast<size_t>(std::max<int64_t>(len, 1) * krow * es));
   std::vector<char> v(static_cast<size_t>(std::max<int64_t>(len, 1) * vrow * es));
   for (int64_t j = 0; j < len; ++j) {
@@ -178,13 +176,8 @@ void paged_ref_one(const PagedAttnParams& pp, int64_t b) {
                 static_cast<size_t>(vrow * es));
   }
   AttnParams p = sequence_problem(pp, b);
-  if (pp.kv_dtype == DType::F32) {
-    p.k = reinterpret_cast<const float*>(k.data());
-    p.v = reinterpret_cast<const float*>(v.data());
-  } else {
-    p.k16 = reinterpret_cast<const uint16_t*>(k.data());
-    p.v16 = reinterpret_cast<const uint16_t*>(v.data());
-  }
+  p.k = k.data();
+  p.v = v.data();
   // A decode step's row (q_starts null) sees all its keys: causal with Tq = 1 is the same.
   attention_fwd_ref(p);
 }
@@ -198,11 +191,7 @@ void paged_ref(const PagedAttnParams& pp) {
 // a causal call's values hold a NaN or Inf (as attention_fwd does).
 void paged_sequence_fused(const PagedAttnParams& pp, int64_t b) {
   AttnParams p = sequence_problem(pp, b);
-  if (pp.kv_dtype == DType::F32) {
-    p.k = pp.k_pool, p.v = pp.v_pool;
-  } else {
-    p.k16 = pp.k16_pool, p.v16 = pp.v16_pool;
-  }
+  p.k = pp.k_pool, p.v = pp.v_pool;
   // the pools' rows: (key_heads, D) and (G, Dv)
   p.k_row_stride = pp.key_heads() * pp.D, p.k_head_stride = pp.D;
   p.v_row_stride = pp.G * pp.Dv, p.v_head_stride = pp.Dv;

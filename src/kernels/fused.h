@@ -17,7 +17,7 @@ namespace diffattn::kernels {
 
 namespace fused {
 // One sequence's K/V kept in the blocks of a pool (attention_paged's rows of a sequence, run by
-// the tiled forward or the split-KV path): the problem's k and v (k16, v16) point at the pools'
+// the tiled forward or the split-KV path): the problem's k and v (in kv_dtype) point at the pools'
 // starts, and key row j lies at row table[j / block_size] * block_size + j % block_size of them,
 // at the problem's row and head strides (its batch strides are unused: B = 1).
 struct KvPages {

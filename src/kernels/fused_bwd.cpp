@@ -158,12 +158,12 @@ void BwdItem(const AttnBwdParams& p, const BwdLayout& f, const RowStats& st, Bwd
   }
   for (int64_t kl = 0; kl < f.nkh; ++kl) {
     const int64_t kh = f.nkh == 2 ? 2 * g + kl : g;
-    float* dk = p.dk + (r.k(b, j0, kh) - p.k);
+    float* dk = p.dk + (r.k(b, j0, kh) - p.kf());
     for (int64_t j = 0; j < nk; ++j) {
       std::copy_n(w.dk.get() + (kl * Bk + j) * f.Dp, p.D, dk + j * p.k_row_stride);
     }
   }
-  float* dv = p.dv + (r.v(b, j0, g) - p.v);
+  float* dv = p.dv + (r.v(b, j0, g) - p.vf());
   for (int64_t j = 0; j < nk; ++j) std::copy_n(w.dv.get() + j * f.Dvp, p.Dv, dv + j * p.v_row_stride);
 }
 

@@ -80,9 +80,9 @@ void PackTileRows(const AttnParams& p, const FwdLayout& f, const fused::KvPages*
     for (int64_t kl = 0; kl < f.nkh; ++kl) {
       const int64_t kh = f.nkh == 2 ? 2 * g + kl : g;
       const int64_t at = k_at + kh * p.k_head_stride;
-      const float* src = p.k + at;
+      const float* src = p.kf() + at;
       if (!f32) {
-        convert_to_f32(row, p.k16 + at, p.kv_dtype, p.D);
+        convert_to_f32(row, p.kh() + at, p.kv_dtype, p.D);
         src = row;
       }
       float* kd = kdst + kl * p.D * Bk + t;
@@ -91,9 +91,9 @@ void PackTileRows(const AttnParams& p, const FwdLayout& f, const fused::KvPages*
     const int64_t at = v_at + g * p.v_head_stride;
     float* vd = vdst + t * f.Dvp;
     if (f32) {
-      std::memcpy(vd, p.v + at, sizeof(float) * static_cast<size_t>(p.Dv));
+      std::memcpy(vd, p.vf() + at, sizeof(float) * static_cast<size_t>(p.Dv));
     } else {
-      convert_to_f32(vd, p.v16 + at, p.kv_dtype, p.Dv);
+      convert_to_f32(vd, p.vh() + at, p.kv_dtype, p.Dv);
     }
     std::fill(vd + p.Dv, vd + f.Dvp, 0.0f);
   }

@@ -33,10 +33,10 @@ struct Rows {
     return p.q + b * p.q_batch_stride + t * p.q_row_stride + head * p.q_head_stride;
   }
   const float* k(int64_t b, int64_t t, int64_t head) const {
-    return p.k + b * p.k_batch_stride + t * p.k_row_stride + head * p.k_head_stride;
+    return p.kf() + b * p.k_batch_stride + t * p.k_row_stride + head * p.k_head_stride;
   }
   const float* v(int64_t b, int64_t t, int64_t g) const {
-    return p.v + b * p.v_batch_stride + t * p.v_row_stride + g * p.v_head_stride;
+    return p.vf() + b * p.v_batch_stride + t * p.v_row_stride + g * p.v_head_stride;
   }
   float* out(int64_t b, int64_t t, int64_t h) const {
     return out_ + b * p.o_batch_stride + t * p.o_row_stride + h * p.o_head_stride;

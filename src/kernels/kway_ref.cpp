@@ -41,8 +41,8 @@ void expect_shape(const char* name, const Shape& got, const Shape& want, const c
 
 }  // namespace
 
-KWayParams kway_params(const ConstView& q, const ConstView& k, const ConstView& v,
-                       const ConstView& coef, int maps, const AttnOptions& opts) {
+KWayParams kway_params(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& coef, int maps, const AttnOptions& opts) {
   if (maps < 1 || maps > 8) {
     throw InvalidArgument("kway_attention: maps must be 1..8, got " + std::to_string(maps));
   }
@@ -69,10 +69,10 @@ KWayParams kway_params(const ConstView& q, const ConstView& k, const ConstView& 
   p.Dv = v.shape[3];
   expect_shape("v", v.shape, {p.B, p.Tk, p.H, p.Dv}, "(B, Tk, H, Dv)");
   expect_shape("coef", coef.shape, {maps}, "(maps)");
-  p.q = q.data;
-  p.k = k.data;
-  p.v = v.data;
-  p.coef = coef.data;
+  p.q = q.f32();
+  p.k = k.f32();
+  p.v = v.f32();
+  p.coef = coef.f32();
   p.causal = opts.causal;
   p.scale = opts.scale != 0.0f ? opts.scale : 1.0f / std::sqrt(static_cast<float>(p.D));
   p.mode = opts.mode;

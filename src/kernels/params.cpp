@@ -17,16 +17,6 @@ int64_t AttnProblem::numel(const Shape& s) const {
   return n;
 }
 
-Shape contiguous_strides(const Shape& shape) {
-  Shape st(shape.size(), 1);
-  for (size_t i = shape.size(); i-- > 1;) st[i - 1] = st[i] * std::max<int64_t>(shape[i], 1);
-  return st;
-}
-
-Shape ConstView::effective_strides() const {
-  return strides.empty() ? contiguous_strides(shape) : strides;
-}
-
 void AttnProblem::set_contiguous_strides() {
   q_head_stride = k_head_stride = D;
   v_head_stride = o_head_stride = Dv;
@@ -71,12 +61,40 @@ void need_positive(const char* op, const char* what, int64_t n) {
   if (n < 1) fail(op, std::string(what) + " must be at least 1, got " + std::to_string(n));
 }
 
+// A view's data as float32 on the host: what these operators read.
+const float* f32_of(const char* op, const char* name, const TensorView& x) {
+  if (x.dtype != DType::F32) {
+    fail(op, std::string(name) + " is " + dtype_name(x.dtype) + ", expected float32");
+  }
+  if (x.device.type != DeviceType::CPU) {
+    fail(op, std::string(name) + " is on " + device_name(x.device.type) +
+                 ", expected host memory (the CPU backends read it)");
+  }
+  return static_cast<const float*>(x.data);
+}
+
+// k and v: float32, or both BF16 or both F16 (a 16-bit KV cache), on the host; sets kv_dtype.
+void kv_of(const char* op, const TensorView& k, const TensorView& v, AttnParams& p) {
+  if (k.dtype != v.dtype) {
+    fail(op, std::string("k is ") + dtype_name(k.dtype) + " and v is " + dtype_name(v.dtype) +
+                 ": K and V must have one type");
+  }
+  if (k.dtype == DType::F32) {
+    p.k = f32_of(op, "k", k);
+    p.v = f32_of(op, "v", v);
+  } else {
+    p.k = k.u16();
+    p.v = v.u16();
+  }
+  p.kv_dtype = k.dtype;
+}
+
 void need_data(const char* op, const char* name, const void* data, int64_t numel) {
   if (numel > 0 && data == nullptr) fail(op, std::string(name) + " has no data (null pointer)");
 }
 
 // Common checks of q, v and the grouping; returns nothing, fills p's sizes from q and v.
-void fill_from_q_v(const char* op, int maps, const ConstView& q, const ConstView& v,
+void fill_from_q_v(const char* op, int maps, const TensorView& q, const TensorView& v,
                    AttnParams& p) {
   need_rank(op, "q", q.shape, 4, maps == 2 ? "(B, Tq, 2H, D)" : "(B, Tq, H, D)");
   need_rank(op, "v", v.shape, 4, "(B, Tk, G, Dv)");
@@ -120,7 +138,7 @@ void fill_from_q_v(const char* op, int maps, const ConstView& q, const ConstView
 struct Strides4 {
   int64_t batch, row, head;
 };
-Strides4 take_strides(const char* op, const char* name, const ConstView& x) {
+Strides4 take_strides(const char* op, const char* name, const TensorView& x) {
   const Shape st = x.effective_strides();
   if (st.size() != x.shape.size()) {
     fail(op, std::string(name) + " has " + std::to_string(st.size()) + " strides for shape " +
@@ -141,7 +159,7 @@ Strides4 take_strides(const char* op, const char* name, const ConstView& x) {
   return {at(0), at(1), at(2)};
 }
 
-void fill_strides(const char* op, const ConstView& q, const ConstView& k, const ConstView& v,
+void fill_strides(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
                   AttnParams& p) {
   const Strides4 sq = take_strides(op, "q", q), sk = take_strides(op, "k", k),
                  sv = take_strides(op, "v", v);
@@ -159,8 +177,8 @@ void fill_options(const char* op, const AttnOptions& opts, AttnParams& p) {
 
 }  // namespace
 
-AttnParams diff_attn_params(const ConstView& q, const ConstView& k, const ConstView& v,
-                            const ConstView& lam, const AttnOptions& opts) {
+AttnParams diff_attn_params(const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& lam, const AttnOptions& opts) {
   const char* op = "diff_attention";
   AttnParams p;
   fill_from_q_v(op, 2, q, v, p);
@@ -193,10 +211,9 @@ AttnParams diff_attn_params(const ConstView& q, const ConstView& k, const ConstV
                  shape_str({p.H}) + " or (B, Tq, H) = " + shape_str({p.B, p.Tq, p.H}));
   }
   fill_options(op, opts, p);
-  p.q = q.data;
-  p.k = k.data;
-  p.v = v.data;
-  p.lam = lam.data;
+  p.q = f32_of(op, "q", q);
+  kv_of(op, k, v, p);
+  p.lam = f32_of(op, "lam", lam);
   p.set_contiguous_strides();
   fill_strides(op, q, k, v, p);
   if (!lam.strides.empty() && lam.strides != contiguous_strides(lam.shape) && p.H > 1) {
@@ -209,7 +226,7 @@ AttnParams diff_attn_params(const ConstView& q, const ConstView& k, const ConstV
   return p;
 }
 
-AttnParams attn_params(const ConstView& q, const ConstView& k, const ConstView& v,
+AttnParams attn_params(const TensorView& q, const TensorView& k, const TensorView& v,
                        const AttnOptions& opts) {
   const char* op = "attention";
   AttnParams p;
@@ -220,9 +237,8 @@ AttnParams attn_params(const ConstView& q, const ConstView& k, const ConstView& 
                  ")");
   fill_options(op, opts, p);
   p.mode = DiffMode::Signed;
-  p.q = q.data;
-  p.k = k.data;
-  p.v = v.data;
+  p.q = f32_of(op, "q", q);
+  kv_of(op, k, v, p);
   p.set_contiguous_strides();
   fill_strides(op, q, k, v, p);
   need_data(op, "q", q.data, p.numel(p.q_shape()));
@@ -294,19 +310,11 @@ void check_problem(const AttnProblem& p, const char* op) {
   check_layout(op, "out", true, p.B, p.Tq, p.H, p.Dv, p.o_batch_stride, p.o_row_stride,
                p.o_head_stride);
   need_data(op, "q", p.q, p.numel(p.q_shape()));
-  if (p.kv_dtype == DType::F32) {
-    need_data(op, "k", p.k, p.numel(p.k_shape()));
-    need_data(op, "v", p.v, p.numel(p.v_shape()));
-  } else if (p.kv_dtype == DType::BF16 || p.kv_dtype == DType::F16) {
-    if (p.k != nullptr || p.v != nullptr) {
-      fail(op, std::string("kv_dtype is ") + dtype_name(p.kv_dtype) +
-                   ": k and v must be null (the 16-bit K/V are k16 and v16)");
-    }
-    need_data(op, "k16", p.k16, p.numel(p.k_shape()));
-    need_data(op, "v16", p.v16, p.numel(p.v_shape()));
-  } else {
+  if (p.kv_dtype != DType::F32 && p.kv_dtype != DType::BF16 && p.kv_dtype != DType::F16) {
     fail(op, "kv_dtype is not F32, BF16 or F16");
   }
+  need_data(op, "k", p.k, p.numel(p.k_shape()));
+  need_data(op, "v", p.v, p.numel(p.v_shape()));
   if (p.maps == 2) need_data(op, "lam", p.lam, p.numel(p.lam_shape()));
 }
 
@@ -412,19 +420,11 @@ void check_params(const PagedAttnParams& p, const char* op) {
   need_data(op, "block_tables", p.block_tables, 1);
   need_data(op, "seq_lens", p.seq_lens, 1);
   if (p.maps == 2) need_data(op, "lam", p.lam, 1);
-  if (p.kv_dtype == DType::F32) {
-    need_data(op, "k_pool", p.k_pool, 1);
-    need_data(op, "v_pool", p.v_pool, 1);
-  } else if (p.kv_dtype == DType::BF16 || p.kv_dtype == DType::F16) {
-    if (p.k_pool != nullptr || p.v_pool != nullptr) {
-      fail(op, std::string("kv_dtype is ") + dtype_name(p.kv_dtype) +
-                   ": k_pool and v_pool must be null (the 16-bit pools are k16_pool, v16_pool)");
-    }
-    need_data(op, "k16_pool", p.k16_pool, 1);
-    need_data(op, "v16_pool", p.v16_pool, 1);
-  } else {
+  if (p.kv_dtype != DType::F32 && p.kv_dtype != DType::BF16 && p.kv_dtype != DType::F16) {
     fail(op, "kv_dtype is not F32, BF16 or F16");
   }
+  need_data(op, "k_pool", p.k_pool, 1);
+  need_data(op, "v_pool", p.v_pool, 1);
   // The tables: each sequence's length fits its row, and every block it reads is in the pool.
   const int64_t cap = p.table_stride * p.block_size;
   for (int64_t b = 0; b < p.B; ++b) {

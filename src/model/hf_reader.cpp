@@ -185,10 +185,10 @@ class Loader {
     const std::vector<TensorInfo> table = tensor_table(cfg_);
     std::map<std::string, size_t> idx;
     for (size_t i = 0; i < table.size(); ++i) idx[table[i].name] = i;
-    store_->tensors.assign(table.size(), TypedPtr{});
+    store_->tensors.assign(table.size(), TensorView{});
     std::set<std::string> used;
     auto at = [&](const std::string& name) { return get(name, table[idx.at(name)].shape, used); };
-    auto put = [&](const std::string& name, TypedPtr p) { store_->tensors[idx.at(name)] = p; };
+    auto put = [&](const std::string& name, TensorView p) { store_->tensors[idx.at(name)] = p; };
     const bool v2 = cfg_.attention == nn::AttnKind::DiffV2;
     for (int64_t l = 0; l < cfg_.n_layers; ++l) {
       const std::string p = "layers." + std::to_string(l) + ".attn.";
@@ -196,7 +196,7 @@ class Loader {
       const int64_t nq = q.entry->shape[0], nk = k.entry->shape[0];
       Located lam;
       if (v2) lam = at(p + "lambda_proj.weight");
-      const TypedPtr proj = permuted_qkv(q, k, v, cfg_.d_model, v2 ? &lam : nullptr);
+      const TensorView proj = permuted_qkv(q, k, v, cfg_.d_model, v2 ? &lam : nullptr);
       const size_t row = static_cast<size_t>(cfg_.d_model) * dtype_size(proj.dtype);
       const auto* base = static_cast<const uint8_t*>(proj.data);
       put(p + "q_proj.weight", proj);
@@ -223,7 +223,7 @@ class Loader {
   // "model."), matrices where they lie in the mapped files, the rest as float32.
   std::shared_ptr<HfStore> load_sambay() {
     const std::vector<TensorInfo> table = tensor_table(cfg_);
-    store_->tensors.assign(table.size(), TypedPtr{});
+    store_->tensors.assign(table.size(), TensorView{});
     std::set<std::string> used;
     for (size_t i = 0; i < table.size(); ++i) {
       const Located t = get("model." + table[i].name, table[i].shape, used);
@@ -246,8 +246,8 @@ class Loader {
     const std::vector<TensorInfo> table = tensor_table(cfg_);
     std::map<std::string, size_t> idx;
     for (size_t i = 0; i < table.size(); ++i) idx[table[i].name] = i;
-    store_->tensors.assign(table.size(), TypedPtr{});
-    auto set = [&](const std::string& ours, TypedPtr p) { store_->tensors[idx.at(ours)] = p; };
+    store_->tensors.assign(table.size(), TensorView{});
+    auto set = [&](const std::string& ours, TensorView p) { store_->tensors[idx.at(ours)] = p; };
     std::set<std::string> used;
     const int64_t C = cfg_.d_model, V = cfg_.vocab_size, F = cfg_.ffn_dim;
 
@@ -262,7 +262,7 @@ class Loader {
       const Located v = get(hf + "self_attn.v_proj.weight", {L_.Hkv * L_.d, C}, used);
       const nn::AttnLayerShape s = cfg_.attn_shape(l);
       const int64_t nq = s.n_q(), nk = L_.Hkv * L_.d;  // nq: the project's q rows
-      const TypedPtr proj = permuted_qkv(q, k, v, C, nullptr, nq);
+      const TensorView proj = permuted_qkv(q, k, v, C, nullptr, nq);
       const size_t es = dtype_size(proj.dtype);
       const auto* base = static_cast<const uint8_t*>(proj.data);
       set(p + "attn.q_proj.weight", proj);
@@ -345,7 +345,7 @@ class Loader {
   }
 
   // The tensor where it lies in the mapping (copied only when misaligned for its type).
-  TypedPtr in_place(const Located& t) {
+  TensorView in_place(const Located& t) {
     const DType dt = t.entry->dtype;
     t.file->will_need(t.entry->begin, t.entry->end);
     if (reinterpret_cast<uintptr_t>(t.bytes()) % dtype_size(dt) == 0) return {t.bytes(), dt};
@@ -359,7 +359,7 @@ class Loader {
   }
 
   // A small tensor as float32.
-  TypedPtr small(const Located& t) {
+  TensorView small(const Located& t) {
     std::vector<float> f(static_cast<size_t>(t.entry->numel));
     copy_f32(f.data(), t, 0, t.entry->numel);
     store_->small.push_back(std::move(f));
@@ -389,7 +389,7 @@ class Loader {
   // q | k | v stacked and permuted, in their common stored type (float32 when they differ);
   // `extra` (V2's lambda_proj) is appended as it is, so the block is the layer's one product.
   // nq_out: the q rows produced (0: q's own; Motif repeats shared noise rows).
-  TypedPtr permuted_qkv(const Located& q, const Located& k, const Located& v, int64_t C,
+  TensorView permuted_qkv(const Located& q, const Located& k, const Located& v, int64_t C,
                         const Located* extra = nullptr, int64_t nq_out = 0) {
     const bool same = q.entry->dtype == k.entry->dtype && q.entry->dtype == v.entry->dtype &&
                       (!extra || extra->entry->dtype == q.entry->dtype);

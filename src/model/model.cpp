@@ -100,9 +100,10 @@ void Model::index_tensors() {
   inv_freq_ = nn::rope_inv_freq(cfg_.head_dim, cfg_.rope_theta, cfg_.rope_scaling);
 }
 
-TypedPtr Model::wt(int64_t i) const {
-  if (store_) return store_->tensors[static_cast<size_t>(i)];
-  return typed(params.data() + off(i));
+TensorView Model::wt(int64_t i) const {
+  TensorView v = store_ ? store_->tensors[static_cast<size_t>(i)] : typed(params.data() + off(i));
+  v.shape = table_[static_cast<size_t>(i)].shape;  // the table's: the store's views carry none
+  return v;
 }
 
 int64_t Model::num_params() const {
@@ -126,7 +127,7 @@ const TensorInfo& Model::tensor(const std::string& name) const {
   return table_[it->second];
 }
 
-TypedPtr Model::weight(const std::string& name) const {
+TensorView Model::weight(const std::string& name) const {
   tensor(name);  // throws naming an unknown tensor
   return wt(static_cast<int64_t>(index_.at(name)));
 }
@@ -134,7 +135,7 @@ TypedPtr Model::weight(const std::string& name) const {
 std::vector<float> Model::weight_f32(const std::string& name) const {
   const TensorInfo& t = tensor(name);
   std::vector<float> out(static_cast<size_t>(t.numel));
-  const TypedPtr w = weight(name);
+  const TensorView w = weight(name);
   convert_to_f32(out.data(), w.data, w.dtype, t.numel);
   return out;
 }
@@ -205,7 +206,7 @@ void Model::ffn_fwd(int64_t l, LayerActs& a, float* x_out, int64_t BT) const {
   nn::rmsnorm_fwd(a.fn.data(), a.fn_rstd.data(), a.x_mid.data(), wf(o.ffn_norm), BT, C,
                   cfg_.norm_eps);
   a.gu.resize(static_cast<size_t>(BT * 2 * F));
-  const TypedPtr gate = wt(o.gate), up = wt(o.up);
+  const TensorView gate = wt(o.gate), up = wt(o.up);
   if (gate.dtype == up.dtype &&
       static_cast<const char*>(up.data) ==
           static_cast<const char*>(gate.data) + static_cast<size_t>(F * C) * dtype_size(gate.dtype)) {

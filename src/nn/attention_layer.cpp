@@ -82,23 +82,23 @@ kernels::AttnParams make_params(const AttnLayerShape& s, int64_t B, int64_t Tq, 
   const int64_t np = s.n_proj();
   const int64_t Tk = cache ? cache->len : Tq;
   const float* q = proj;
-  const bool c16 = cache && cache->kv_dtype != DType::F32;
-  // A 16-bit cache: the views carry its address for the builders' checks only; k16/v16 below.
-  const float* k = !cache ? proj + s.n_q()
-                   : c16  ? reinterpret_cast<const float*>(cache->k16.data())
-                          : cache->k.data();
-  const float* v = !cache ? proj + s.n_q() + s.n_k()
-                   : c16  ? reinterpret_cast<const float*>(cache->v16.data())
-                          : cache->v.data();
+  // k and v: columns of the projection, or the cache's rows from k0 on in its type.
+  const DType kt = cache ? cache->kv_dtype : DType::F32;
+  const void* k = !cache               ? static_cast<const void*>(proj + s.n_q())
+                  : kt == DType::F32   ? static_cast<const void*>(cache->k.data() + k0 * s.n_k())
+                                       : static_cast<const void*>(cache->k16.data() + k0 * s.n_k());
+  const void* v = !cache               ? static_cast<const void*>(proj + s.n_q() + s.n_k())
+                  : kt == DType::F32   ? static_cast<const void*>(cache->v.data() + k0 * s.n_v())
+                                       : static_cast<const void*>(cache->v16.data() + k0 * s.n_v());
   kernels::AttnOptions opts;
   opts.causal = true;
   // q is a column block of the (B, T, n_proj) projection; k and v are too, or rows of the
   // cache, whose batches are `capacity` positions apart.
   const int64_t krow = cache ? s.n_k() : np, vrow = cache ? s.n_v() : np;
   const int64_t kcap = cache ? cache->capacity : Tq;
-  const kernels::ConstView qv{q, {B, Tq, s.q_heads(), s.D}, {Tq * np, np, s.D, 1}};
-  const kernels::ConstView kv{k, {B, Tk, s.k_heads(), s.D}, {kcap * krow, krow, s.D, 1}};
-  const kernels::ConstView vv{v, {B, Tk, s.G, s.Dv()}, {kcap * vrow, vrow, s.Dv(), 1}};
+  const TensorView qv = TensorView(q, {B, Tq, s.q_heads(), s.D}, {Tq * np, np, s.D, 1});
+  const TensorView kv(k, kt, {B, Tk, s.k_heads(), s.D}, {kcap * krow, krow, s.D, 1});
+  const TensorView vv(v, kt, {B, Tk, s.G, s.Dv()}, {kcap * vrow, vrow, s.Dv(), 1});
   kernels::AttnParams p;
   if (s.kind == AttnKind::Standard) {
     p = kernels::attn_params(qv, kv, vv, opts);
@@ -109,15 +109,6 @@ kernels::AttnParams make_params(const AttnLayerShape& s, int64_t B, int64_t Tq, 
     p = kernels::diff_attn_params(qv, kv, vv, {lam, lam_shape}, opts);
   }
   p.noise_share = s.noise_share;
-  if (c16) {
-    p.kv_dtype = cache->kv_dtype;
-    p.k16 = cache->k16.data() + k0 * s.n_k();
-    p.v16 = cache->v16.data() + k0 * s.n_v();
-    p.k = p.v = nullptr;
-  } else if (cache) {
-    p.k += k0 * s.n_k();
-    p.v += k0 * s.n_v();
-  }
   return p;
 }
 
@@ -205,8 +196,11 @@ void paged_attention(AttnLayerActs& acts, const AttnLayerShape& s, const KVPool&
   p.q = q;
   p.lam = s.maps() == 2 ? acts.lam.data() : nullptr;
   p.kv_dtype = pool.kv_dtype;
-  p.k_pool = pool.k.get(), p.v_pool = pool.v.get();
-  p.k16_pool = pool.k16.get(), p.v16_pool = pool.v16.get();
+  if (pool.kv_dtype == DType::F32) {
+    p.k_pool = pool.k.get(), p.v_pool = pool.v.get();
+  } else {
+    p.k_pool = pool.k16.get(), p.v_pool = pool.v16.get();
+  }
   p.block_tables = seqs.tables;
   p.seq_lens = seqs.lens;
   p.set_contiguous_strides();

@@ -58,7 +58,7 @@ class SmallProductThreads {
 
 // out (N, OC) = inp (N, C) @ weight^T for a few rows by the multi-row matrix-vector kernel of
 // linear_lowp.cpp (any weight dtype): each weight row read once for all N rows, no packing.
-void linear_fwd_few_rows(float* out, const float* inp, TypedPtr weight, int64_t N, int64_t C,
+void linear_fwd_few_rows(float* out, const float* inp, TensorView weight, int64_t N, int64_t C,
                          int64_t OC, int64_t ldo);
 
 void linear_fwd(float* out, const float* inp, const float* weight, int64_t N, int64_t C,

@@ -242,7 +242,7 @@ constexpr int64_t kPanelRows = 128;
 
 }  // namespace
 
-void linear_fwd_few_rows(float* out, const float* inp, TypedPtr weight, int64_t N, int64_t C,
+void linear_fwd_few_rows(float* out, const float* inp, TensorView weight, int64_t N, int64_t C,
                          int64_t OC, int64_t ldo) {
   if (ldo == 0) ldo = OC;
   // out (N, OC) = inp (N, C) @ W^T: tasks of kGemvRowBlock weight rows, statically split so
@@ -257,7 +257,7 @@ void linear_fwd_few_rows(float* out, const float* inp, TypedPtr weight, int64_t 
   }
 }
 
-void linear_fwd(float* out, const float* inp, TypedPtr weight, int64_t N, int64_t C, int64_t OC,
+void linear_fwd(float* out, const float* inp, TensorView weight, int64_t N, int64_t C, int64_t OC,
                 int64_t ldo) {
   if (weight.dtype == DType::F32) {
     linear_fwd(out, inp, weight.f32(), N, C, OC, ldo);
@@ -299,7 +299,7 @@ void linear_fwd(float* out, const float* inp, TypedPtr weight, int64_t N, int64_
   }
 }
 
-void embedding_fwd(float* out, const int32_t* tokens, TypedPtr table, int64_t N, int64_t C,
+void embedding_fwd(float* out, const int32_t* tokens, TensorView table, int64_t N, int64_t C,
                    int64_t V) {
   if (table.dtype == DType::F32) {
     embedding_fwd(out, tokens, table.f32(), N, C, V);

@@ -218,6 +218,48 @@ void expect_within_dtype_error(const char* name, const std::vector<float>& got,
   expect_ok(bench::compare_dtype(name, got, truth64, plain));
 }
 
+// The builders take K/V views in 16 bits (the model's cache path) and fill the params as a
+// call set up by hand does; a K and V of different types, or of an unsupported one, are refused.
+TEST(FusedDecode, BuildersTakeSixteenBitKVViews) {
+  const AttnCase& c = bench::cache16_test_cases().front();
+  const Problem pr = problem_of(c, 17);
+  const Kv16 kv(pr, DType::F16);
+  testing::FwdResult by_hand_res;
+  const kernels::AttnParams by_hand = kv.params(pr, by_hand_res);
+  kernels::AttnOptions o;
+  o.causal = pr.causal, o.scale = pr.scale, o.mode = pr.mode;
+  const TensorView q(pr.q.data(), pr.q_shape()), k(kv.k.data(), DType::F16, pr.k_shape()),
+      v(kv.v.data(), DType::F16, pr.v_shape());
+  kernels::AttnParams built = pr.maps == 2 ? kernels::diff_attn_params(q, k, v, {pr.lam.data(), pr.lam_shape()}, o)
+                                           : kernels::attn_params(q, k, v, o);
+  built.noise_share = pr.noise_share;
+  EXPECT_EQ(built.kv_dtype, DType::F16);
+  EXPECT_EQ(built.k, by_hand.k);
+  EXPECT_EQ(built.v, by_hand.v);
+  EXPECT_EQ(built.k_row_stride, by_hand.k_row_stride);
+  EXPECT_EQ(built.v_batch_stride, by_hand.v_batch_stride);
+  testing::FwdResult built_res = by_hand_res;
+  built.out = built_res.out.data(), built.lse = built_res.lse.data();
+  built.o2 = built.maps == 2 ? built_res.o2.data() : nullptr;
+  kernels::attention_fwd(by_hand);
+  kernels::attention_fwd(built);
+  EXPECT_EQ(built_res.out, by_hand_res.out);
+  auto refused = [&](const TensorView& qq, const TensorView& kk, const TensorView& vv, const std::string& words) {
+    try {
+      if (pr.maps == 2) {
+        kernels::diff_attn_params(qq, kk, vv, {pr.lam.data(), pr.lam_shape()}, o);
+      } else {
+        kernels::attn_params(qq, kk, vv, o);
+      }
+      ADD_FAILURE() << "accepted: " << words;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  refused(q, k, TensorView(pr.v.data(), pr.v_shape()), "k is F16 and v is F32: K and V must have one type");
+  refused(TensorView(kv.k.data(), DType::F16, pr.q_shape()), k, v, "q is F16, expected float32");
+}
+
 TEST(FusedDecode, Cache16MatchesFloat64ReferenceAndTheFloat32Path) {
   for (const AttnCase& c : bench::cache16_test_cases()) {
     for (const DType dt : {DType::BF16, DType::F16}) {
@@ -321,11 +363,11 @@ TEST(FusedDecode, Cache16RefusedWhereFloat32IsNeeded) {
   std::vector<float> probs(static_cast<size_t>(p.B * p.H * p.Tq * p.Tk));
   kernels::attention_fwd(p);
   EXPECT_THROW(kernels::attention_probs(p, 0, probs.data()), InvalidArgument);
-  kernels::AttnParams both = p;  // 16-bit type with float pointers too: ambiguous, refused
-  both.k = pr.k.data();
-  EXPECT_THROW(kernels::attention_fwd(both), InvalidArgument);
+  kernels::AttnParams unknown = p;  // K and V are one typed pointer each: only the type can be wrong
+  unknown.kv_dtype = static_cast<DType>(7);
+  EXPECT_THROW(kernels::attention_fwd(unknown), InvalidArgument);
   kernels::AttnParams missing = p;
-  missing.v16 = nullptr;
+  missing.v = nullptr;
   EXPECT_THROW(kernels::attention_fwd(missing), InvalidArgument);
 }
 
@@ -434,7 +476,7 @@ struct PagedCase {
     if (dt == DType::F32) {
       p.k_pool = kpool.data(), p.v_pool = vpool.data();
     } else {
-      p.k16_pool = k16.data(), p.v16_pool = v16.data();
+      p.k_pool = k16.data(), p.v_pool = v16.data();
     }
     p.block_tables = tables.data();
     p.seq_lens = lens.data();
@@ -641,9 +683,8 @@ TEST(FusedDecodePaged, RefusesBadParamsNamingTheField) {
   p.k_pool = nullptr;
   refused(p, "k_pool");
   p = pc.params(out);
-  p.k16_pool = pc.k16.data();  // F32 pools with a 16-bit type: ambiguous
-  p.kv_dtype = DType::BF16;
-  refused(p, "k_pool and v_pool must be null");
+  p.kv_dtype = static_cast<DType>(9);
+  refused(p, "kv_dtype is not F32, BF16 or F16");
   p = pc.params(out);
   p.lam = nullptr;
   refused(p, "lam");

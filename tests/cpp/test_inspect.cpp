@@ -181,7 +181,7 @@ std::vector<double> dense_row(const kernels::AttnProblem& p, int64_t h, int m, i
   for (int64_t j = 0; j <= i; ++j) {
     double dot = 0;
     for (int64_t d = 0; d < p.D; ++d) {
-      dot += static_cast<double>(p.q[i * p.q_row_stride + qh * p.D + d]) * p.k[j * p.k_row_stride + kh * p.D + d];
+      dot += static_cast<double>(p.q[i * p.q_row_stride + qh * p.D + d]) * p.kf()[j * p.k_row_stride + kh * p.D + d];
     }
     s[static_cast<size_t>(j)] = dot * p.scale;
     mx = std::max(mx, s[static_cast<size_t>(j)]);
@@ -209,8 +209,8 @@ TEST_P(MapsOfKind, AgreeWithADenseRecomputationAndTheOutput) {
     const eval::LayerMaps mp = eval::layer_maps(run, l, b);
     kernels::AttnBwdParams p = run.layer_attention(l).params;
     p.q += b * p.q_batch_stride;
-    p.k += b * p.k_batch_stride;
-    p.v += b * p.v_batch_stride;
+    p.k = p.kf() + b * p.k_batch_stride;
+    p.v = p.vf() + b * p.v_batch_stride;
     p.out += b * p.o_batch_stride;
     for (int64_t h = 0; h < mp.H; ++h) {
       for (int64_t i = 0; i < T; ++i) {
@@ -233,7 +233,7 @@ TEST_P(MapsOfKind, AgreeWithADenseRecomputationAndTheOutput) {
         const int64_t g = h / (p.H / p.G);
         for (int64_t d = 0; d < p.Dv; ++d) {
           double o = 0;
-          for (int64_t j = 0; j <= i; ++j) o += static_cast<double>(main[row + j]) * p.v[j * p.v_row_stride + g * p.Dv + d];
+          for (int64_t j = 0; j <= i; ++j) o += static_cast<double>(main[row + j]) * p.vf()[j * p.v_row_stride + g * p.Dv + d];
           ASSERT_NEAR(p.out[i * p.o_row_stride + h * p.Dv + d], o, 2e-5);
         }
         if (mp.has_pair()) {
@@ -245,7 +245,7 @@ TEST_P(MapsOfKind, AgreeWithADenseRecomputationAndTheOutput) {
             for (int mm = 0; mm < 2; ++mm) {
               const int64_t kh = p.shared_keys ? g : 2 * g + mm;
               for (int64_t d = 0; d < p.D; ++d) {
-                dot += static_cast<double>(p.q[i * p.q_row_stride + (2 * h + mm) * p.D + d]) * p.k[j * p.k_row_stride + kh * p.D + d];
+                dot += static_cast<double>(p.q[i * p.q_row_stride + (2 * h + mm) * p.D + d]) * p.kf()[j * p.k_row_stride + kh * p.D + d];
               }
             }
             s[static_cast<size_t>(j)] = dot / std::sqrt(2.0 * static_cast<double>(p.D));

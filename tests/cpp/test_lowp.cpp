@@ -1,17 +1,19 @@
 // Element types (dtype.h) and the BF16/F16 weight kernels (nn::linear_fwd / embedding_fwd with a
-// TypedPtr): conversions against exact expectations over every 16-bit pattern, RNE ties and the
-// special values; the typed product against a float64 reference with a tolerance relative to
+// TensorView): conversions against exact expectations over every 16-bit pattern, RNE ties and the
+// special values (and the tensor view, base/tensor.h, with its DLPack export); the typed product against a float64 reference with a tolerance relative to
 // what a plain float32 product of the same rounded weights gets wrong.
 #include <gtest/gtest.h>
 
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
 #include "diffattn/base/dtype.h"
 #include "diffattn/base/error.h"
+#include "diffattn/base/tensor.h"
 #include "diffattn/kernels/runtime.h"
 #include "diffattn/nn/layers.h"
 #include "simd_targets.h"
@@ -197,12 +199,122 @@ void bulk_conversions_match_scalar() {
   }
 }
 
-TEST(DType, TypedPtr) {
+TEST(TensorView, TypedAccessRefusesTheWrongTypeAndDevice) {
   const float x[2] = {1, 2};
   EXPECT_EQ(typed(x).f32(), x);
   const uint16_t h[2] = {0, 0};
-  const TypedPtr p{h, DType::BF16};
+  const TensorView p{h, DType::BF16};
   EXPECT_THROW(p.f32(), InvalidArgument);
+  EXPECT_EQ(p.u16(), h);
+  EXPECT_THROW(typed(x).u16(), InvalidArgument);
+  const TensorView on_gpu(x, DType::F32, {2}, {}, Device{DeviceType::CUDA, 0});
+  EXPECT_THROW(on_gpu.f32(), InvalidArgument);
+  EXPECT_THROW(Dims({1, 2, 3, 4, 5, 6, 7}), InvalidArgument);
+}
+
+TEST(TensorView, StridesNumelAndContiguity) {
+  const float x[24] = {};
+  const TensorView v(x, {2, 3, 4});
+  EXPECT_EQ(v.effective_strides(), Dims({12, 4, 1}));
+  EXPECT_EQ(v.numel(), 24);
+  EXPECT_TRUE(v.contiguous());
+  const TensorView t(x, {3, 2, 4}, {4, 12, 1});  // a transpose of the first two dimensions
+  EXPECT_FALSE(t.contiguous());
+  EXPECT_EQ(Shape(t.strides), (Shape{4, 12, 1}));
+  // A zero-size dimension leaves the other strides as they would be.
+  EXPECT_EQ(contiguous_strides(Dims({2, 0, 3})), Dims({3, 3, 1}));
+}
+
+// to_dlpack then from_dlpack gives the same view; the owner lives until the deleter runs.
+TEST(TensorView, DLPackRoundTripKeepsTheOwnerAlive) {
+  auto owner = std::make_shared<std::vector<uint16_t>>(2 * 3 * 5);
+  const TensorView v(owner->data(), DType::BF16, {2, 3}, {15, 5});
+  for (bool versioned : {false, true}) {
+    SCOPED_TRACE(versioned);
+    const long before = owner.use_count();
+    dlpack::DLManagedTensor* m = nullptr;
+    dlpack::DLManagedTensorVersioned* mv = nullptr;
+    const dlpack::DLTensor* t = nullptr;
+    if (versioned) {
+      mv = to_dlpack_versioned(v, owner);
+      t = &mv->dl_tensor;
+      EXPECT_EQ(mv->version.major, 1u);
+      EXPECT_EQ(mv->flags & dlpack::kFlagReadOnly, dlpack::kFlagReadOnly);
+    } else {
+      m = to_dlpack(v, owner);
+      t = &m->dl_tensor;
+    }
+    EXPECT_EQ(owner.use_count(), before + 1);
+    EXPECT_EQ(t->ndim, 2);
+    EXPECT_EQ(t->dtype.code, dlpack::kCodeBfloat);
+    EXPECT_EQ(t->dtype.bits, 16);
+    EXPECT_EQ(t->device.device_type, 1);
+    EXPECT_EQ(t->shape[1], 3);
+    EXPECT_EQ(t->strides[0], 15);
+    const TensorView back = from_dlpack(*t, "test");
+    EXPECT_EQ(back.data, v.data);
+    EXPECT_EQ(back.dtype, DType::BF16);
+    EXPECT_EQ(back.shape, v.shape);
+    EXPECT_EQ(back.strides, v.strides);
+    if (versioned) {
+      mv->deleter(mv);
+    } else {
+      m->deleter(m);
+    }
+    EXPECT_EQ(owner.use_count(), before);
+  }
+  // Contiguous views export their strides too (DLPack 1.0 consumers may require them).
+  const float x[6] = {};
+  dlpack::DLManagedTensor* m = to_dlpack(TensorView(x, {2, 3}), nullptr);
+  EXPECT_EQ(m->dl_tensor.strides[0], 3);
+  EXPECT_EQ(m->dl_tensor.dtype.code, dlpack::kCodeFloat);
+  EXPECT_EQ(m->dl_tensor.dtype.bits, 32);
+  m->deleter(m);
+}
+
+TEST(TensorView, DLPackRefusesWhatTheLibraryCannotRead) {
+  const float x[4] = {};
+  EXPECT_THROW(to_dlpack(typed(x), nullptr), InvalidArgument);  // no shape
+  int64_t shape[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  dlpack::DLTensor t{const_cast<float*>(x), {1, 0}, 2, {dlpack::kCodeFloat, 32, 1}, shape, nullptr, 0};
+  EXPECT_NO_THROW(from_dlpack(t, "x"));
+  auto refuses = [&](dlpack::DLTensor bad, const std::string& words) {
+    try {
+      from_dlpack(bad, "x");
+      ADD_FAILURE() << "accepted: " << words;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  dlpack::DLTensor b = t;
+  b.dtype = {0, 32, 1};  // int32
+  refuses(b, "element type");
+  b = t;
+  b.dtype = {dlpack::kCodeFloat, 64, 1};
+  refuses(b, "element type");
+  b = t;
+  b.dtype.lanes = 4;
+  refuses(b, "vector");
+  b = t;
+  b.device.device_type = 8;  // Metal
+  refuses(b, "device type 8");
+  b = t;
+  b.ndim = 7;
+  refuses(b, "7 dimensions");
+  b = t;
+  b.ndim = -1;
+  refuses(b, "dimensions");
+  b = t;
+  shape[0] = -3;
+  refuses(b, "negative size");
+  shape[0] = 1;
+  b = t;
+  b.shape = nullptr;
+  refuses(b, "without a shape");
+  // byte_offset is applied.
+  b = t;
+  b.byte_offset = 8;
+  EXPECT_EQ(from_dlpack(b, "x").data, static_cast<const void*>(x + 2));
 }
 
 // ---- typed linear_fwd ----
@@ -233,7 +345,7 @@ void check_linear(DType t, const LinearCase& k, uint32_t seed) {
   if (t == DType::F32) {  // the float32 product: sgemv, the few-rows kernel or sgemm by N
     nn::linear_fwd(out.data(), x.data(), w.data(), N, C, OC, ldo);
   } else {
-    nn::linear_fwd(out.data(), x.data(), TypedPtr{wq.data(), t}, N, C, OC, ldo);
+    nn::linear_fwd(out.data(), x.data(), TensorView{wq.data(), t}, N, C, OC, ldo);
   }
 
   double err = 0, err32 = 0, scale = 0;
@@ -306,9 +418,9 @@ TEST(LinearLowp, SameResultOnOneAndTwoThreads) {
     convert_from_f32(wq.data(), w0.data(), DType::BF16, OC * C);
     std::vector<float> a(static_cast<size_t>(N * OC)), b(a.size());
     kernels::set_num_threads(1);
-    nn::linear_fwd(a.data(), x.data(), TypedPtr{wq.data(), DType::BF16}, N, C, OC);
+    nn::linear_fwd(a.data(), x.data(), TensorView{wq.data(), DType::BF16}, N, C, OC);
     kernels::set_num_threads(2);
-    nn::linear_fwd(b.data(), x.data(), TypedPtr{wq.data(), DType::BF16}, N, C, OC);
+    nn::linear_fwd(b.data(), x.data(), TensorView{wq.data(), DType::BF16}, N, C, OC);
     EXPECT_EQ(a, b) << "N=" << N;
   }
   kernels::set_num_threads(saved);
@@ -336,12 +448,12 @@ TEST(LinearLowp, FewRowsIndependentOfTheBatch) {
       std::vector<unsigned char> w(dtype_size(t) * OC * C);
       convert_from_f32(w.data(), w0.data(), t, OC * C);
       std::vector<float> all(static_cast<size_t>(N * OC));
-      nn::linear_fwd(all.data(), x.data(), TypedPtr{w.data(), t}, N, C, OC);
+      nn::linear_fwd(all.data(), x.data(), TensorView{w.data(), t}, N, C, OC);
       for (int64_t first : {int64_t{0}, int64_t{5}, int64_t{13}}) {
         for (int64_t n : {int64_t{2}, int64_t{3}, N - first}) {
           if (first + n > N) continue;
           std::vector<float> part(static_cast<size_t>(n * OC));
-          nn::linear_fwd(part.data(), x.data() + first * C, TypedPtr{w.data(), t}, n, C, OC);
+          nn::linear_fwd(part.data(), x.data() + first * C, TensorView{w.data(), t}, n, C, OC);
           ASSERT_EQ(std::memcmp(part.data(), all.data() + first * OC, part.size() * 4), 0)
               << dtype_name(t) << " rows " << first << ".." << first + n;
         }
@@ -354,9 +466,9 @@ TEST(LinearLowp, RejectsBadStride) {
   const float x[4] = {};
   const uint16_t w[4] = {};
   float out[4];
-  EXPECT_THROW(nn::linear_fwd(out, x, TypedPtr{w, DType::BF16}, 1, 2, 2, 1), InvalidArgument);
-  EXPECT_THROW(nn::linear_fwd(out, x, TypedPtr{nullptr, DType::F16}, 1, 2, 2), InvalidArgument);
-  EXPECT_THROW(nn::linear_fwd(out, x, TypedPtr{w, static_cast<DType>(7)}, 1, 2, 2), InvalidArgument);
+  EXPECT_THROW(nn::linear_fwd(out, x, TensorView{w, DType::BF16}, 1, 2, 2, 1), InvalidArgument);
+  EXPECT_THROW(nn::linear_fwd(out, x, TensorView{nullptr, DType::F16}, 1, 2, 2), InvalidArgument);
+  EXPECT_THROW(nn::linear_fwd(out, x, TensorView{w, static_cast<DType>(7)}, 1, 2, 2), InvalidArgument);
 }
 
 TEST(EmbeddingLowp, GathersWidenedRows) {
@@ -369,14 +481,14 @@ TEST(EmbeddingLowp, GathersWidenedRows) {
     convert_to_f32(want.data(), table.data(), t, V * C);
     const std::vector<int32_t> tokens = {3, 0, 49, 3};
     std::vector<float> out(tokens.size() * C);
-    nn::embedding_fwd(out.data(), tokens.data(), TypedPtr{table.data(), t}, 4, C, V);
+    nn::embedding_fwd(out.data(), tokens.data(), TensorView{table.data(), t}, 4, C, V);
     for (size_t i = 0; i < tokens.size(); ++i) {
       for (int64_t c = 0; c < C; ++c) ASSERT_EQ(out[i * C + c], want[tokens[i] * C + c]);
     }
     const int32_t bad[2] = {1, 50};
-    EXPECT_THROW(nn::embedding_fwd(out.data(), bad, TypedPtr{table.data(), t}, 2, C, V), InvalidArgument);
+    EXPECT_THROW(nn::embedding_fwd(out.data(), bad, TensorView{table.data(), t}, 2, C, V), InvalidArgument);
     const int32_t neg[1] = {-1};
-    EXPECT_THROW(nn::embedding_fwd(out.data(), neg, TypedPtr{table.data(), t}, 1, C, V), InvalidArgument);
+    EXPECT_THROW(nn::embedding_fwd(out.data(), neg, TensorView{table.data(), t}, 1, C, V), InvalidArgument);
   }
 }
 

@@ -363,6 +363,24 @@ TEST(TrainContext, ModelsOverAWeightStoreRunForwardButNoBackward) {
   EXPECT_THROW(opt.step(f32, std::vector<float>(3), model::AdamWOptions{}, 1e-3), InvalidArgument);
 }
 
+// Model::weight is a view with the table's shape whichever way the weights are held.
+TEST(Model, WeightViewsCarryTheTableShape) {
+  const model::ModelConfig c = tiny(nn::AttnKind::DiffV1);
+  model::Model f32(c);
+  f32.init_weights(5);
+  auto store = std::make_shared<model::WeightStore>();
+  for (const model::TensorInfo& t : f32.tensors()) store->tensors.push_back(typed(f32.params.data() + t.offset));
+  const model::Model kept(c, store);
+  for (const model::TensorInfo& t : f32.tensors()) {
+    for (const model::Model* m : {static_cast<const model::Model*>(&f32), &kept}) {
+      const TensorView v = m->weight(t.name);
+      EXPECT_EQ(Shape(v.shape), t.shape) << t.name;
+      EXPECT_EQ(v.numel(), t.numel) << t.name;
+      EXPECT_EQ(v.f32(), f32.params.data() + t.offset) << t.name;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Kinds, ModelKinds,
                          ::testing::Values(nn::AttnKind::DiffV1, nn::AttnKind::DiffV2,
                                            nn::AttnKind::Standard),

@@ -148,3 +148,43 @@ def test_each_call_has_its_own_run_state(tmp_path):
         np.testing.assert_allclose(lg1, lg, rtol=1e-6, atol=1e-7)
         for name in gr:
             np.testing.assert_allclose(gr1[name], gr[name], rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", ["F32", "F16", "BF16"])
+def test_weights_export_through_dlpack_in_their_stored_type(tmp_path, dtype):
+    """Model.tensor(name) is the weight as stored, read in place by torch.from_dlpack and
+    numpy.from_dlpack: same dtype, shape and values as the file (read independently here), and
+    the model stays alive while a consumer holds the memory."""
+    import gc
+    cfg = config("diff_v1")
+    tm.save_model_dir(str(tmp_path), cfg, tm.random_weights(cfg, seed=9), dtype=dtype)
+    back, _ = tm.read_safetensors(str(tmp_path / "model.safetensors"))
+    m = diffattn.load_model(str(tmp_path))
+    views = {}
+    for name, arr in back.items():
+        v = m.tensor(name)
+        # Matrices stay in their stored type; the small vectors (norms, lambdas) are widened to
+        # float32 at load (WeightStore).
+        stored = dtype if arr.ndim >= 2 else "F32"
+        assert v.shape == arr.shape and v.device == "cpu"
+        assert v.dtype == {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[stored], name
+        assert v.__dlpack_device__() == (1, 0)
+        t = torch.from_dlpack(v)
+        assert t.dtype == {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[stored], name
+        assert tuple(t.shape) == arr.shape, name
+        np.testing.assert_array_equal(t.float().numpy(), arr, err_msg=name)
+        if stored != "BF16":   # NumPy has no bfloat16
+            a = np.from_dlpack(v)
+            np.testing.assert_array_equal(a.astype(np.float32), arr, err_msg=name)
+            assert not a.flags.writeable, name   # the versioned handle says read only
+        views[name] = v
+    with pytest.raises(ValueError, match='model has no tensor "nope"'):
+        m.tensor("nope")
+    with pytest.raises(BufferError, match="copy=True"):
+        views["norm.weight"].__dlpack__(copy=True)
+    # The model goes, the views (and what torch made of them) keep its memory.
+    held = torch.from_dlpack(views["embed_tokens.weight"])
+    del m
+    gc.collect()
+    np.testing.assert_array_equal(held.float().numpy(), back["embed_tokens.weight"])
+    np.testing.assert_array_equal(torch.from_dlpack(views["norm.weight"]).float().numpy(), back["norm.weight"])

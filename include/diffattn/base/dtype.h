@@ -1,5 +1,5 @@
 // Element types of stored tensors (safetensors F32, BF16, F16) and their conversions to and
-// from float32. Low-precision weights stay in their stored type in memory; TypedPtr carries a
+// from float32. Low-precision weights stay in their stored type in memory; TensorView carries a
 // pointer with its type to the kernels that read them (nn::linear_fwd, nn::embedding_fwd), which
 // accumulate in float32.
 #pragma once
@@ -36,14 +36,5 @@ uint16_t f32_to_f16(float f);
 void convert_to_f32(float* dst, const void* src, DType t, int64_t n);
 // dst (n elements of type t) = src (n) rounded as f32_to_bf16 / f32_to_f16 do.
 void convert_from_f32(void* dst, const float* src, DType t, int64_t n);
-
-// A read-only tensor pointer with its element type.
-struct TypedPtr {
-  const void* data = nullptr;
-  DType dtype = DType::F32;
-  // data as float32; throws InvalidArgument when dtype is not F32.
-  const float* f32() const;
-};
-inline TypedPtr typed(const float* p) { return TypedPtr{p, DType::F32}; }
 
 }  // namespace diffattn

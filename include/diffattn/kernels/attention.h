@@ -9,6 +9,7 @@
 
 #include "diffattn/base/dtype.h"
 #include "diffattn/base/error.h"
+#include "diffattn/base/tensor.h"
 
 namespace diffattn::kernels {
 
@@ -26,21 +27,11 @@ struct AttnOptions {
   DiffMode mode = DiffMode::Signed;
 };
 
-// A float32 tensor as the caller holds it: data, shape and element strides, outermost first
-// (PyTorch's and NumPy's order, in elements rather than bytes). Empty strides mean row-major
-// contiguous. The operators read the innermost dimension contiguously and every other one
-// through its stride: a fused QKV buffer, a KV cache with spare capacity, a (B, heads, T, D)
-// tensor transposed to (B, T, heads, D).
-struct ConstView {
-  const float* data = nullptr;
-  Shape shape;
-  Shape strides{};  // empty: contiguous
-
-  // The strides in force: `strides`, or the contiguous ones of `shape`.
-  Shape effective_strides() const;
-};
-// Row-major contiguous strides of a shape.
-Shape contiguous_strides(const Shape& shape);
+// The operators' inputs are TensorViews (base/tensor.h) of float32 on the host: data, shape and
+// element strides, outermost first (PyTorch's and NumPy's order, in elements rather than bytes;
+// empty strides mean row-major contiguous). The operators read the innermost dimension
+// contiguously and every other one through its stride: a fused QKV buffer, a KV cache with spare
+// capacity, a (B, heads, T, D) tensor transposed to (B, T, heads, D).
 
 // One attention problem: sizes, options, the inputs and every layout. maps == 2: differential
 // attention, pair h of H subtracts sub-head 2h+1's map (times lambda) from sub-head 2h's.
@@ -73,17 +64,19 @@ struct AttnProblem {
 
   // ---- inputs ----
   const float* q = nullptr;    // (B, Tq, maps*H, D)
-  const float* k = nullptr;    // (B, Tk, kv_key_heads(), D)
-  const float* v = nullptr;    // (B, Tk, G, Dv)
-  const float* lam = nullptr;  // (H) or (B, Tq, H); unused when maps == 1
-  // K and V stored in 16 bits (a BF16 or F16 KV cache; every computation stays float32):
-  // kv_dtype != F32 reads k16 and v16 instead of k and v (which stay null), with the same
-  // shapes and element strides. The forward and decode take it (the split-KV decode reads
-  // it directly, the tiled forward widens each K/V tile as it packs it, the reference reads a
-  // float32 copy); the backward and attention_probs refuse it.
+  // K and V in kv_dtype: float32, or 16 bits (a BF16 or F16 KV cache; every computation stays
+  // float32). The forward and decode take 16 bits (the split-KV decode reads them directly, the
+  // tiled forward widens each K/V tile as it packs it, the reference reads a float32 copy); the
+  // backward and attention_probs refuse them. Strides are in elements of kv_dtype.
   DType kv_dtype = DType::F32;
-  const uint16_t* k16 = nullptr;  // (B, Tk, kv_key_heads(), D) when kv_dtype != F32
-  const uint16_t* v16 = nullptr;  // (B, Tk, G, Dv) when kv_dtype != F32
+  const void* k = nullptr;     // (B, Tk, key_heads(), D)
+  const void* v = nullptr;     // (B, Tk, G, Dv)
+  const float* lam = nullptr;  // (H) or (B, Tq, H); unused when maps == 1
+  // k and v as float32 (kv_dtype F32) or as 16-bit words (BF16, F16): the caller knows which.
+  const float* kf() const { return static_cast<const float*>(k); }
+  const float* vf() const { return static_cast<const float*>(v); }
+  const uint16_t* kh() const { return static_cast<const uint16_t*>(k); }
+  const uint16_t* vh() const { return static_cast<const uint16_t*>(v); }
   int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
   int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
   int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
@@ -181,10 +174,8 @@ struct PagedAttnParams {
   const float* q = nullptr;    // (rows, maps*H, D), strided by q_row_stride, q_head_stride
   const float* lam = nullptr;  // (H) or (rows, H); unused when maps == 1
   DType kv_dtype = DType::F32;
-  const float* k_pool = nullptr;       // (n_blocks, block_size, key_heads(), D), kv_dtype F32
-  const float* v_pool = nullptr;       // (n_blocks, block_size, G, Dv), kv_dtype F32
-  const uint16_t* k16_pool = nullptr;  // the same shapes when kv_dtype is BF16 or F16
-  const uint16_t* v16_pool = nullptr;
+  const void* k_pool = nullptr;  // (n_blocks, block_size, key_heads(), D) in kv_dtype
+  const void* v_pool = nullptr;  // (n_blocks, block_size, G, Dv) in kv_dtype
   const int32_t* block_tables = nullptr;  // (B, table_stride): pool block ids
   const int64_t* seq_lens = nullptr;      // (B): keys each sequence holds, its rows' included:
                                           //   n_b..table_stride*block_size
@@ -215,11 +206,11 @@ struct PagedAttnParams {
 // expected and the actual shape or stride. Checks shapes only: no tensor data is read (see
 // check_lambda). Output pointers are left null with contiguous strides: allocate out_shape()
 // (and lse_shape(), out_shape() for o2), or set o_*_stride for a strided out.
-AttnParams diff_attn_params(const ConstView& q, const ConstView& k, const ConstView& v,
-                            const ConstView& lam, const AttnOptions& opts);
+AttnParams diff_attn_params(const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& lam, const AttnOptions& opts);
 
 // The same for standard softmax attention (opts.mode is ignored).
-AttnParams attn_params(const ConstView& q, const ConstView& k, const ConstView& v,
+AttnParams attn_params(const TensorView& q, const TensorView& k, const TensorView& v,
                        const AttnOptions& opts);
 
 // Checks a filled params struct before a kernel reads it: sizes, strides, pointers, and that

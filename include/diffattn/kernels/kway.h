@@ -33,8 +33,8 @@ struct KWayParams {
 // Builds and validates the params from the caller's tensors (q (B, Tq, maps*H, D), k (B, Tk,
 // maps*H, D), v (B, Tk, H, Dv), coef (maps)); throws InvalidArgument naming the tensor, the
 // expected and the actual shape. Output pointers are left null.
-KWayParams kway_params(const ConstView& q, const ConstView& k, const ConstView& v,
-                       const ConstView& coef, int maps, const AttnOptions& opts);
+KWayParams kway_params(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& coef, int maps, const AttnOptions& opts);
 
 // The forward, plain loops with double accumulation. Checks the params first.
 void kway_attention_ref(const KWayParams& p);

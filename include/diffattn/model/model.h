@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "diffattn/base/dtype.h"
+#include "diffattn/base/tensor.h"
 #include "diffattn/kernels/attention.h"
 #include "diffattn/model/config.h"
 #include "diffattn/nn/attention_layer.h"
@@ -26,7 +27,7 @@ namespace diffattn::model {
 struct SambaYLayer {
   LayerKind kind = LayerKind::Mamba;
   const float *ln_in_w = nullptr, *ln_in_b = nullptr, *ln_post_w = nullptr, *ln_post_b = nullptr;
-  TypedPtr fc1, fc2;  // (2F, C) rows [gate | up]; (C, F)
+  TensorView fc1, fc2;  // (2F, C) rows [gate | up]; (C, F)
   nn::MambaWeights mamba;
   nn::AttnLayerWeights attn;
 };
@@ -44,7 +45,7 @@ struct LayerTensors {
 // alive (memory-mapped files, converted copies). Read only; models built on one share it.
 struct WeightStore {
   virtual ~WeightStore() = default;
-  std::vector<TypedPtr> tensors;
+  std::vector<TensorView> tensors;
   std::string description;  // what `diffattn info` shows, e.g. "Hugging Face diffllama, BF16"
 };
 
@@ -64,8 +65,9 @@ class Model {
   bool trainable() const { return store_ == nullptr; }
   // Where the weights live: "float32" or the store's description.
   std::string storage() const;
-  // A tensor in its stored type, and a float32 copy of it.
-  TypedPtr weight(const std::string& name) const;
+  // A tensor in its stored type (a view with the table's shape, read only; to_dlpack exports it
+  // without a copy), and a float32 copy of it.
+  TensorView weight(const std::string& name) const;
   std::vector<float> weight_f32(const std::string& name) const;
   const std::vector<TensorInfo>& tensors() const { return table_; }
   const TensorInfo& tensor(const std::string& name) const;  // throws naming the tensor
@@ -126,7 +128,7 @@ class Model {
   void require_trainable(const char* what) const;
   // Tensor i of the table: in its stored type, as float32 (throws if stored otherwise), and
   // its offset in params (trainable models) and in a context's gradients.
-  TypedPtr wt(int64_t i) const;
+  TensorView wt(int64_t i) const;
   const float* wf(int64_t i) const { return i < 0 ? nullptr : wt(i).f32(); }
   int64_t off(int64_t i) const { return table_[static_cast<size_t>(i)].offset; }
   void index_tensors();

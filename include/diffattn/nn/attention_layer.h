@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "diffattn/base/dtype.h"
+#include "diffattn/base/tensor.h"
 #include "diffattn/base/memory.h"
 #include "diffattn/kernels/attention.h"
 
@@ -45,8 +46,8 @@ struct AttnLayerShape {
 // A layer's weights: the two projections in their stored type (weights kept as loaded may be
 // BF16/F16), the small vectors as float32.
 struct AttnLayerWeights {
-  TypedPtr proj;                        // (n_proj, C): q_proj, k_proj, v_proj[, lambda_proj] stacked
-  TypedPtr out_proj;                    // (C, H*Dv)
+  TensorView proj;                        // (n_proj, C): q_proj, k_proj, v_proj[, lambda_proj] stacked
+  TensorView out_proj;                    // (C, H*Dv)
   const float* proj_bias = nullptr;     // (n_q + n_k + n_v) or null: q, k, v biases stacked
   const float* out_bias = nullptr;      // (C) or null
   const float* lambda_q1 = nullptr;     // (D) V1

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "diffattn/base/dtype.h"
+#include "diffattn/base/tensor.h"
 
 #include "diffattn/kernels/attention.h"
 
@@ -41,7 +42,7 @@ void linear_fwd(float* out, const float* inp, const float* weight, int64_t N, in
 // N <= kGemvMaxN16 the multi-row matrix-vector kernel, which reads (and widens) each weight
 // once per call for all N rows; above it, panels of the weight widened to float32 in
 // per-thread scratch and multiplied by sgemm (prefill is compute-bound).
-void linear_fwd(float* out, const float* inp, TypedPtr weight, int64_t N, int64_t C, int64_t OC,
+void linear_fwd(float* out, const float* inp, TensorView weight, int64_t N, int64_t C, int64_t OC,
                 int64_t ldo = 0);
 // dinp (N, C) += dout @ weight; dweight (OC, C) += dout^T @ inp. dinp may be null (skipped).
 // ldd: dout's row stride. dinp_overwrite: dinp = dout @ weight instead (a fresh buffer needs no
@@ -58,7 +59,7 @@ void bias_add(float* out, const float* bias, int64_t N, int64_t OC, int64_t ldo 
 void embedding_fwd(float* out, const int32_t* tokens, const float* table, int64_t N, int64_t C,
                    int64_t V);
 // The same gather from a table (V, C) in table.dtype, rows widened to float32.
-void embedding_fwd(float* out, const int32_t* tokens, TypedPtr table, int64_t N, int64_t C,
+void embedding_fwd(float* out, const int32_t* tokens, TensorView table, int64_t N, int64_t C,
                    int64_t V);
 // dtable (V, C) += scatter of dout (N, C) (serial over rows: tokens repeat).
 void embedding_bwd(float* dtable, const float* dout, const int32_t* tokens, int64_t N,

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "diffattn/base/dtype.h"
+#include "diffattn/base/tensor.h"
 
 namespace diffattn::nn {
 
@@ -27,10 +28,10 @@ struct MambaShape {
 // kernels' form (conv taps (K, E), A = -exp(A_log) (E, N)). A GMU uses in_proj (E, C) and
 // out_proj (C, E) only.
 struct MambaWeights {
-  TypedPtr in_proj;   // (2E, C) rows [x | z]; GMU: (E, C)
-  TypedPtr x_proj;    // (R + 2N, E) rows [dt | B | C]
-  TypedPtr dt_proj;   // (E, R)
-  TypedPtr out_proj;  // (C, E)
+  TensorView in_proj;   // (2E, C) rows [x | z]; GMU: (E, C)
+  TensorView x_proj;    // (R + 2N, E) rows [dt | B | C]
+  TensorView dt_proj;   // (E, R)
+  TensorView out_proj;  // (C, E)
   const float* conv_w = nullptr;   // (K, E)
   const float* conv_b = nullptr;   // (E)
   const float* dt_bias = nullptr;  // (E)
