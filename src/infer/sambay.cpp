@@ -63,9 +63,9 @@ void Session::sambay_layers(int64_t l0, int64_t l1, int64_t N, const std::vector
     }
     add_into(x_.data(), mix_.data(), N * C);
     nn::layernorm_fwd(ln_.data(), x_.data(), y.ln_post_w, y.ln_post_b, N, C, cfg.norm_eps);
-    nn::linear_fwd(fc_.data(), ln_.data(), y.fc1, N, C, 2 * F);
-    nn::swiglu_fwd(hid_.data(), fc_.data(), fc_.data() + F, N, F, 2 * F);
-    nn::linear_fwd(mix_.data(), hid_.data(), y.fc2, N, F, C);
+    ctx_.linear(fc_.data(), ln_.data(), y.fc1, N, C, 2 * F);
+    ctx_.swiglu(hid_.data(), fc_.data(), fc_.data() + F, N, F, 2 * F);
+    ctx_.linear(mix_.data(), hid_.data(), y.fc2, N, F, C);
     add_into(x_.data(), mix_.data(), N * C);
   }
 }
@@ -89,9 +89,9 @@ void Session::sambay_chunk(const Batch& b, const std::vector<int64_t>& rows,
     const model::SambaYLayer& y = m_.sambay_layer(l);
     if (y.kind == model::LayerKind::SlidingAttention) {
       const std::vector<nn::WindowSeq> w{{0, T, pos0, &s.rec.rings[static_cast<size_t>(state_index(l))]}};
-      nn::attn_layer_window(out, layer_.attn, an, y.attn, cfg.attn_shape(l), T, w, window_);
+      nn::attn_layer_window(ctx_, out, layer_.attn, an, y.attn, cfg.attn_shape(l), T, w, window_);
     } else {
-      nn::attn_layer_fwd_paged(out, layer_.attn, an, y.attn, cfg.attn_shape(l), T, nullptr,
+      nn::attn_layer_fwd_paged(ctx_, out, layer_.attn, an, y.attn, cfg.attn_shape(l), T, nullptr,
                                nullptr, kv_.pools()[0], s.table.data(),
                                static_cast<int64_t>(s.table.size()), pos0);
     }
@@ -112,7 +112,7 @@ void Session::sambay_chunk(const Batch& b, const std::vector<int64_t>& rows,
   }
   // The full-attention layer's keys (pos0 + T), read in the sequence's blocks.
   sambay_layers(yoco + 1, cfg.n_layers, N, nullptr, [&](int64_t l, float* out, const float* an) {
-    nn::attn_layer_cross_fwd_paged(out, layer_.attn, an, m_.sambay_layer(l).attn, cfg.attn_shape(l),
+    nn::attn_layer_cross_fwd_paged(ctx_, out, layer_.attn, an, m_.sambay_layer(l).attn, cfg.attn_shape(l),
                                    N, kv_.pools()[0], s.table.data(),
                                    static_cast<int64_t>(s.table.size()), pos0 + T);
   });
@@ -156,12 +156,12 @@ void Session::sambay_rows(const Batch& b, const std::vector<int64_t>& rows,
         w[static_cast<size_t>(r)] = {r, 1, lens_[static_cast<size_t>(r)] - 1,
                                      &seqs[static_cast<size_t>(r)]->rec.rings[static_cast<size_t>(state_index(l))]};
       }
-      nn::attn_layer_window(out, layer_.attn, an, y.attn, shape, B, w, window_);
+      nn::attn_layer_window(ctx_, out, layer_.attn, an, y.attn, shape, B, w, window_);
     } else if (y.kind == model::LayerKind::FullAttention) {
-      nn::attn_layer_decode_paged(out, layer_.attn, an, y.attn, shape, nullptr, nullptr,
+      nn::attn_layer_decode_paged(ctx_, out, layer_.attn, an, y.attn, shape, nullptr, nullptr,
                                   kv_.pools()[0], paged);
     } else {
-      nn::attn_layer_cross_decode_paged(out, layer_.attn, an, y.attn, shape, kv_.pools()[0], paged);
+      nn::attn_layer_cross_decode_paged(ctx_, out, layer_.attn, an, y.attn, shape, kv_.pools()[0], paged);
     }
   });
   for (int64_t r = 0; r < B; ++r) seqs[static_cast<size_t>(r)]->len = lens_[static_cast<size_t>(r)];

@@ -12,7 +12,9 @@
 
 namespace diffattn::infer {
 
-Session::Session(const model::Model& m, KvStore& kv) : m_(m), kv_(kv) {
+Session::Session(const model::Model& m, KvStore& kv, const nn::ExecContext& ctx)
+    : m_(m), ctx_(ctx), kv_(kv) {
+  model::require_backend(m, ctx_, /*paged=*/true, kv.kv_dtype(), "Session");
   if (kv.n_layers() != KvStore::kv_layers(m.config())) {
     throw InvalidArgument("Session: a KV store of " + std::to_string(kv.n_layers()) +
                           " layers for a model with K/V in " +
@@ -140,8 +142,8 @@ void Session::decode_rows(const Batch& b, const std::vector<int64_t>& rows,
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     // The norm, projections and FFN over the B rows; RoPE and the K/V append per sequence,
     // one paged decode call over all of them.
-    m_.layer(l, layer_, x_.data(), x_.data(), B, [&](float* out, const float* an) {
-      nn::attn_layer_decode_paged(out, layer_.attn, an, m_.attn_weights(l), cfg.attn_shape(l),
+    m_.layer(ctx_, l, layer_, x_.data(), x_.data(), B, [&](float* out, const float* an) {
+      nn::attn_layer_decode_paged(ctx_, out, layer_.attn, an, m_.attn_weights(l), cfg.attn_shape(l),
                                   cos_.data(), sin_.data(), pools[static_cast<size_t>(l)], seqs);
     });
   }
@@ -179,8 +181,8 @@ void Session::decode_chunk(const Batch& b, const std::vector<int64_t>& rows,
   const int64_t table_len = static_cast<int64_t>(s.table.size());
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     // The chunk's K/V go into the blocks; its attention reads every position in them in place.
-    m_.layer(l, layer_, x_.data(), x_.data(), T, [&](float* out, const float* an) {
-      nn::attn_layer_fwd_paged(out, layer_.attn, an, m_.attn_weights(l), cfg.attn_shape(l), T,
+    m_.layer(ctx_, l, layer_, x_.data(), x_.data(), T, [&](float* out, const float* an) {
+      nn::attn_layer_fwd_paged(ctx_, out, layer_.attn, an, m_.attn_weights(l), cfg.attn_shape(l), T,
                                cos_.data(), sin_.data(), pools[static_cast<size_t>(l)],
                                s.table.data(), table_len, pos0);
     });
@@ -206,7 +208,7 @@ void Session::logits_of(const float* x, int64_t N, const std::vector<int64_t>& r
   // Consecutive rows to consecutive logits rows (a decode step's, a chunk's last row or every
   // row): the head writes in place.
   if (ks.back() - ks.front() == n - 1 && outs.back() - outs.front() == n - 1) {
-    m_.head(logits + outs.front() * V, x + ks.front() * C, n, normed_, rstd_);
+    m_.head(ctx_, logits + outs.front() * V, x + ks.front() * C, n, normed_, rstd_);
     return;
   }
   picked_.resize(static_cast<size_t>(n * C));
@@ -215,7 +217,7 @@ void Session::logits_of(const float* x, int64_t N, const std::vector<int64_t>& r
                 sizeof(float) * static_cast<size_t>(C));
   }
   head_out_.resize(static_cast<size_t>(n * V));
-  m_.head(head_out_.data(), picked_.data(), n, normed_, rstd_);
+  m_.head(ctx_, head_out_.data(), picked_.data(), n, normed_, rstd_);
   for (int64_t j = 0; j < n; ++j) {
     std::memcpy(logits + outs[static_cast<size_t>(j)] * V, &head_out_[static_cast<size_t>(j * V)],
                 sizeof(float) * static_cast<size_t>(V));

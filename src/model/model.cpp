@@ -112,6 +112,28 @@ int64_t Model::num_params() const {
   return n;
 }
 
+void require_backend(const Model& m, const nn::ExecContext& ctx, bool paged, DType kv_dtype,
+                     const char* what) {
+  bool seen[3] = {false, false, false};
+  for (const TensorInfo& t : m.tensors()) {
+    if (t.shape.size() != 2) continue;
+    const DType dt = m.weight(t.name).dtype;
+    if (seen[static_cast<int>(dt)]) continue;
+    seen[static_cast<int>(dt)] = true;
+    ctx.require(nn::Op::LinearFewRows, dt, what);
+    ctx.require(nn::Op::LinearManyRows, dt, what);
+  }
+  ctx.require(nn::Op::RmsNorm, DType::F32, what);
+  ctx.require(nn::Op::Rope, DType::F32, what);
+  ctx.require(nn::Op::SwiGlu, DType::F32, what);
+  if (!paged) {
+    ctx.require(nn::Op::Attention, DType::F32, what);
+    return;
+  }
+  ctx.require(nn::Op::PagedAttention, kv_dtype, what);
+  if (m.config().arch == Arch::SambaY) ctx.require(nn::Op::Attention, kv_dtype, what);
+}
+
 std::string Model::storage() const { return store_ ? store_->description : "float32"; }
 
 void Model::require_trainable(const char* what) const {
@@ -179,23 +201,24 @@ nn::AttnLayerWeights Model::attn_weights(int64_t l) const {
   return w;
 }
 
-void Model::layer(int64_t l, LayerActs& a, const float* x_in, float* x_out, int64_t N,
-                  const AttnFn& attn) const {
+void Model::layer(const nn::ExecContext& ctx, int64_t l, LayerActs& a, const float* x_in,
+                  float* x_out, int64_t N, const AttnFn& attn) const {
   const int64_t C = cfg_.d_model;
   const size_t nx = static_cast<size_t>(N * C);
   // x_mid = x_in + attn(rmsnorm(x_in, attn_norm))
   a.an.resize(nx);
   a.an_rstd.resize(static_cast<size_t>(N));
-  nn::rmsnorm_fwd(a.an.data(), a.an_rstd.data(), x_in, wf(lt_[static_cast<size_t>(l)].attn_norm),
-                  N, C, cfg_.norm_eps);
+  ctx.rmsnorm(a.an.data(), a.an_rstd.data(), x_in, wf(lt_[static_cast<size_t>(l)].attn_norm), N, C,
+              cfg_.norm_eps);
   a.attn_out.resize(nx);
   attn(a.attn_out.data(), a.an.data());
   a.x_mid.resize(nx);
   add3(a.x_mid.data(), x_in, a.attn_out.data(), N * C);
-  ffn_fwd(l, a, x_out, N);
+  ffn_fwd(ctx, l, a, x_out, N);
 }
 
-void Model::ffn_fwd(int64_t l, LayerActs& a, float* x_out, int64_t BT) const {
+void Model::ffn_fwd(const nn::ExecContext& ctx, int64_t l, LayerActs& a, float* x_out,
+                    int64_t BT) const {
   const int64_t C = cfg_.d_model, F = cfg_.ffn_dim;
   const size_t nx = static_cast<size_t>(BT * C);
   const LayerTensors& o = lt_[static_cast<size_t>(l)];
@@ -203,17 +226,16 @@ void Model::ffn_fwd(int64_t l, LayerActs& a, float* x_out, int64_t BT) const {
   a.fn.resize(nx);
   a.attn_out.resize(nx);
   a.fn_rstd.resize(static_cast<size_t>(BT));
-  nn::rmsnorm_fwd(a.fn.data(), a.fn_rstd.data(), a.x_mid.data(), wf(o.ffn_norm), BT, C,
-                  cfg_.norm_eps);
+  ctx.rmsnorm(a.fn.data(), a.fn_rstd.data(), a.x_mid.data(), wf(o.ffn_norm), BT, C, cfg_.norm_eps);
   a.gu.resize(static_cast<size_t>(BT * 2 * F));
   const TensorView gate = wt(o.gate), up = wt(o.up);
   if (gate.dtype == up.dtype &&
       static_cast<const char*>(up.data) ==
           static_cast<const char*>(gate.data) + static_cast<size_t>(F * C) * dtype_size(gate.dtype)) {
-    nn::linear_fwd(a.gu.data(), a.fn.data(), gate, BT, C, 2 * F);  // stacked: one product
+    ctx.linear(a.gu.data(), a.fn.data(), gate, BT, C, 2 * F);  // stacked: one product
   } else {
-    nn::linear_fwd(a.gu.data(), a.fn.data(), gate, BT, C, F, 2 * F);
-    nn::linear_fwd(a.gu.data() + F, a.fn.data(), up, BT, C, F, 2 * F);
+    ctx.linear(a.gu.data(), a.fn.data(), gate, BT, C, F, 2 * F);
+    ctx.linear(a.gu.data() + F, a.fn.data(), up, BT, C, F, 2 * F);
   }
   if (o.gate_bias >= 0) {
     nn::bias_add(a.gu.data(), wf(o.gate_bias), BT, F, 2 * F);
@@ -224,9 +246,9 @@ void Model::ffn_fwd(int64_t l, LayerActs& a, float* x_out, int64_t BT) const {
     nn::polynorm_fwd(a.h.data(), a.gu.data(), a.gu.data() + F, BT, F, 2 * F, wf(o.act_w),
                      wf(o.act_b), kPolyNormEps);
   } else {
-    nn::swiglu_fwd(a.h.data(), a.gu.data(), a.gu.data() + F, BT, F, 2 * F);
+    ctx.swiglu(a.h.data(), a.gu.data(), a.gu.data() + F, BT, F, 2 * F);
   }
-  nn::linear_fwd(a.attn_out.data(), a.h.data(), wt(o.down), BT, F, C);
+  ctx.linear(a.attn_out.data(), a.h.data(), wt(o.down), BT, F, C);
   if (o.down_bias >= 0) nn::bias_add(a.attn_out.data(), wf(o.down_bias), BT, C);
   add3(x_out, a.x_mid.data(), a.attn_out.data(), BT * C);
 }
@@ -255,17 +277,17 @@ void Model::embed(float* x, const int32_t* tokens, int64_t N) const {
   nn::embedding_fwd(x, tokens, wt(embed_), N, cfg_.d_model, cfg_.vocab_size);
 }
 
-void Model::head(float* logits, const float* x, int64_t N, std::vector<float>& normed,
-                 std::vector<float>& rstd) const {
+void Model::head(const nn::ExecContext& ctx, float* logits, const float* x, int64_t N,
+                 std::vector<float>& normed, std::vector<float>& rstd) const {
   const int64_t C = cfg_.d_model;
   normed.resize(static_cast<size_t>(N * C));
   rstd.resize(static_cast<size_t>(N));
   if (cfg_.arch == Arch::SambaY) {
     nn::layernorm_fwd(normed.data(), x, wf(norm_), wf(norm_bias_), N, C, cfg_.norm_eps);
   } else {
-    nn::rmsnorm_fwd(normed.data(), rstd.data(), x, wf(norm_), N, C, cfg_.norm_eps);
+    ctx.rmsnorm(normed.data(), rstd.data(), x, wf(norm_), N, C, cfg_.norm_eps);
   }
-  nn::linear_fwd(logits, normed.data(), wt(head_), N, C, cfg_.vocab_size);
+  ctx.linear(logits, normed.data(), wt(head_), N, C, cfg_.vocab_size);
 }
 
 }  // namespace diffattn::model

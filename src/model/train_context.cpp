@@ -14,7 +14,9 @@
 
 namespace diffattn::model {
 
-TrainContext::TrainContext(const Model& m) : m_(&m) {}
+TrainContext::TrainContext(const Model& m, const nn::ExecContext& ctx) : m_(&m), ctx_(ctx) {
+  require_backend(m, ctx_, /*paged=*/false, DType::F32, "TrainContext");
+}
 
 nn::AttnLayerGrads TrainContext::attn_grads(int64_t l) {
   const Model& m = *m_;
@@ -99,16 +101,16 @@ double TrainContext::forward(const int32_t* tokens, const int32_t* targets, int6
     next.resize(nx);
     const nn::AttnLayerWeights w = m.attn_weights(l);
     const nn::AttnLayerShape shape = cfg.attn_shape(l);
-    m.layer(l, a, a.x_in.data(), next.data(), BT, [&](float* out, const float* an) {
-      nn::attn_layer_fwd(out, a.attn, an, w, shape, B, T, cos_.data(), sin_.data(), true);
+    m.layer(ctx_, l, a, a.x_in.data(), next.data(), BT, [&](float* out, const float* an) {
+      nn::attn_layer_fwd(ctx_, out, a.attn, an, w, shape, B, T, cos_.data(), sin_.data(), true);
     });
   }
   nf_.resize(x_final_.size());
   nf_rstd_.resize(static_cast<size_t>(BT));
-  nn::rmsnorm_fwd(nf_.data(), nf_rstd_.data(), x_final_.data(), m.wf(m.norm_), BT, C,
+  ctx_.rmsnorm(nf_.data(), nf_rstd_.data(), x_final_.data(), m.wf(m.norm_), BT, C,
                   cfg.norm_eps);
   logits_.resize(static_cast<size_t>(BT * V));
-  nn::linear_fwd(logits_.data(), nf_.data(), m.wt(m.head_), BT, C, V);
+  ctx_.linear(logits_.data(), nf_.data(), m.wt(m.head_), BT, C, V);
   if (!targets) return 0.0;
   lse_.resize(static_cast<size_t>(BT));
   losses_.resize(static_cast<size_t>(BT));
@@ -128,6 +130,7 @@ void TrainContext::backward(float dloss_scale) {
   const Model& m = *m_;
   const ModelConfig& cfg = m.config();
   m.require_trainable("backward");
+  ctx_.require(nn::Op::AttentionBackward, DType::F32, "backward");
   if (cfg.attn_bias || cfg.mlp_bias) {
     throw InvalidArgument("backward: this model has projection biases (attention_bias / mlp_bias), which diffattn runs for inference only; training one is refused");
   }
@@ -173,7 +176,7 @@ void TrainContext::backward(float dloss_scale) {
                     a.fn_rstd.data(), BT, C);
     // x_mid = x_in + attn(an)
     dbuf_.assign(static_cast<size_t>(BT * C), 0.0f);
-    nn::attn_layer_bwd(dbuf_.data(), attn_grads(l), dx_.data(), a.attn, a.an.data(),
+    nn::attn_layer_bwd(ctx_, dbuf_.data(), attn_grads(l), dx_.data(), a.attn, a.an.data(),
                        m.attn_weights(l), cfg.attn_shape(l), B, T, cos_.data(), sin_.data(),
                        scratch_);
     nn::rmsnorm_bwd(dx_.data(), Gr + o.attn_norm, dbuf_.data(), a.x_in.data(), P + o.attn_norm,

@@ -182,7 +182,7 @@ void check_pool_and_tables(const KVPool& pool, const AttnLayerShape& s, const Pa
 // acts.att (rows, n_out) = one attention_paged call over the sequences: their query rows q
 // (ldq apart; q_starts null: one row per sequence, else as PagedAttnParams::q_starts), lambda
 // from acts.lam, keys and values read in the pool's blocks.
-void paged_attention(AttnLayerActs& acts, const AttnLayerShape& s, const KVPool& pool,
+void paged_attention(const ExecContext& ctx, AttnLayerActs& acts, const AttnLayerShape& s, const KVPool& pool,
                      const PagedSeqs& seqs, const float* q, int64_t ldq,
                      const int64_t* q_starts = nullptr) {
   kernels::PagedAttnParams p;
@@ -207,18 +207,18 @@ void paged_attention(AttnLayerActs& acts, const AttnLayerShape& s, const KVPool&
   p.q_row_stride = ldq;
   acts.att.resize(static_cast<size_t>(p.rows() * s.n_out()));
   p.out = acts.att.data();
-  kernels::attention_paged(p);
+  ctx.paged_attention(p);
 }
 
 // acts.proj (N, n_proj) = the stacked projection of inp (N rows) plus its biases, and acts.lam:
 // V1 the layer's lambda (Eq. 2) broadcast to the pairs, V2 sigmoid(lambda_proj x) per row and
 // pair. Returns acts.proj's data (RoPE not applied yet).
-float* project(AttnLayerActs& acts, const float* inp, const AttnLayerWeights& w,
+float* project(const ExecContext& ctx, AttnLayerActs& acts, const float* inp, const AttnLayerWeights& w,
                const AttnLayerShape& s, int64_t N) {
   const int64_t np = s.n_proj();
   acts.proj.resize(static_cast<size_t>(N * np));
   float* proj = acts.proj.data();
-  linear_fwd(proj, inp, w.proj, N, s.C, np);
+  ctx.linear(proj, inp, w.proj, N, s.C, np);
   if (w.proj_bias) bias_add(proj, w.proj_bias, N, s.n_q() + s.n_k() + s.n_v(), np);
   if (s.kind == AttnKind::DiffV1) {
     acts.lambda = v1_lambda(w, s, &acts.e1, &acts.e2);
@@ -233,11 +233,11 @@ float* project(AttnLayerActs& acts, const float* inp, const AttnLayerWeights& w,
 
 // acts.proj (N, n_q) = the query projection of inp plus its bias (a cross-attention layer's
 // weight has only the q rows), and acts.lam the layer's lambda (V1 only).
-float* project_q(AttnLayerActs& acts, const float* inp, const AttnLayerWeights& w,
+float* project_q(const ExecContext& ctx, AttnLayerActs& acts, const float* inp, const AttnLayerWeights& w,
                  const AttnLayerShape& s, int64_t N) {
   acts.proj.resize(static_cast<size_t>(N * s.n_q()));
   float* proj = acts.proj.data();
-  linear_fwd(proj, inp, w.proj, N, s.C, s.n_q());
+  ctx.linear(proj, inp, w.proj, N, s.C, s.n_q());
   if (w.proj_bias) bias_add(proj, w.proj_bias, N, s.n_q());
   acts.lambda = v1_lambda(w, s, &acts.e1, &acts.e2);
   acts.lam.assign(static_cast<size_t>(s.H), static_cast<float>(acts.lambda));
@@ -245,33 +245,33 @@ float* project_q(AttnLayerActs& acts, const float* inp, const AttnLayerWeights& 
 }
 
 // out (N, C) = out_proj of the operator's output acts.att (N rows), V1's per-head norm first.
-void output(float* out, AttnLayerActs& acts, const AttnLayerWeights& w, const AttnLayerShape& s,
+void output(const ExecContext& ctx, float* out, AttnLayerActs& acts, const AttnLayerWeights& w, const AttnLayerShape& s,
             int64_t N) {
   const float* src = acts.att.data();
   if (s.kind == AttnKind::DiffV1) {
     // Eq. 3: head_i = (1 - lambda_init) * RMSNorm(head_i), one subln weight for every pair
     acts.normed.resize(acts.att.size());
     acts.sub_rstd.resize(static_cast<size_t>(N * s.H));
-    rmsnorm_fwd(acts.normed.data(), acts.sub_rstd.data(), acts.att.data(), w.subln, N * s.H,
+    ctx.rmsnorm(acts.normed.data(), acts.sub_rstd.data(), acts.att.data(), w.subln, N * s.H,
                 s.Dv(), s.eps);
     const float mult = 1.0f - s.lambda_init;
     for (float& x : acts.normed) x *= mult;
     src = acts.normed.data();
   }
-  linear_fwd(out, src, w.out_proj, N, s.n_out(), s.C);
+  ctx.linear(out, src, w.out_proj, N, s.n_out(), s.C);
   if (w.out_bias) bias_add(out, w.out_bias, N, s.C);
 }
 
 }  // namespace
 
-void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
+void attn_layer_fwd(const ExecContext& ctx, float* out, AttnLayerActs& acts, const float* inp,
                     const AttnLayerWeights& w, const AttnLayerShape& s, int64_t B, int64_t T,
                     const float* cos_t, const float* sin_t, bool save_stats) {
   const int64_t BT = B * T, np = s.n_proj();
-  float* proj = project(acts, inp, w, s, BT);
+  float* proj = project(ctx, acts, inp, w, s, BT);
   if (cos_t) {  // null tables: a model without positional encoding (SambaY)
-    rope_apply(proj, cos_t, sin_t, B, T, s.q_heads(), s.D, np, T * np, false);
-    rope_apply(proj + s.n_q(), cos_t, sin_t, B, T, s.k_heads(), s.D, np, T * np, false);
+    ctx.rope(proj, cos_t, sin_t, B, T, s.q_heads(), s.D, np, T * np, false);
+    ctx.rope(proj + s.n_q(), cos_t, sin_t, B, T, s.k_heads(), s.D, np, T * np, false);
   }
   kernels::AttnParams p = make_params(s, B, T, proj, acts.lam.data(), nullptr);
   acts.att.resize(static_cast<size_t>(BT * s.n_out()));
@@ -284,61 +284,61 @@ void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
       p.o2 = acts.o2.data();
     }
   }
-  kernels::attention_fwd(p);
-  output(out, acts, w, s, BT);
+  ctx.attention(p);
+  output(ctx, out, acts, w, s, BT);
 }
 
-void attn_layer_decode_paged(float* out, AttnLayerActs& acts, const float* inp,
+void attn_layer_decode_paged(const ExecContext& ctx, float* out, AttnLayerActs& acts, const float* inp,
                              const AttnLayerWeights& w, const AttnLayerShape& s,
                              const float* cos_rows, const float* sin_rows, KVPool& pool,
                              const PagedSeqs& seqs) {
   const int64_t B = seqs.B, np = s.n_proj(), half = s.D / 2;
   check_pool_and_tables(pool, s, seqs);
-  float* proj = project(acts, inp, w, s, B);
+  float* proj = project(ctx, acts, inp, w, s, B);
   for (int64_t b = 0; b < B; ++b) {
     float* row = proj + b * np;
     if (cos_rows) {
-      rope_apply(row, cos_rows + b * half, sin_rows + b * half, 1, 1, s.q_heads(), s.D, np, np, false);
-      rope_apply(row + s.n_q(), cos_rows + b * half, sin_rows + b * half, 1, 1, s.k_heads(), s.D, np,
+      ctx.rope(row, cos_rows + b * half, sin_rows + b * half, 1, 1, s.q_heads(), s.D, np, np, false);
+      ctx.rope(row + s.n_q(), cos_rows + b * half, sin_rows + b * half, 1, 1, s.k_heads(), s.D, np,
                  np, false);
     }
     append_kv(pool, s, seqs.tables + b * seqs.table_stride, seqs.lens[b] - 1, row);
   }
   // One call over the B sequences: q rows of the projection (stride n_proj), the pool's blocks.
-  paged_attention(acts, s, pool, seqs, proj, np);
-  output(out, acts, w, s, B);
+  paged_attention(ctx, acts, s, pool, seqs, proj, np);
+  output(ctx, out, acts, w, s, B);
 }
 
-void attn_layer_fwd_paged(float* out, AttnLayerActs& acts, const float* inp,
+void attn_layer_fwd_paged(const ExecContext& ctx, float* out, AttnLayerActs& acts, const float* inp,
                           const AttnLayerWeights& w, const AttnLayerShape& s, int64_t T,
                           const float* cos_t, const float* sin_t, KVPool& pool,
                           const int32_t* table, int64_t table_len, int64_t pos0) {
   check_pool(pool, s);
   check_table(pool, table, table_len, pos0 + T, 0);
   const int64_t np = s.n_proj();
-  float* proj = project(acts, inp, w, s, T);
+  float* proj = project(ctx, acts, inp, w, s, T);
   if (cos_t) {  // null tables: a model without positional encoding (SambaY)
-    rope_apply(proj, cos_t, sin_t, 1, T, s.q_heads(), s.D, np, T * np, false);
-    rope_apply(proj + s.n_q(), cos_t, sin_t, 1, T, s.k_heads(), s.D, np, T * np, false);
+    ctx.rope(proj, cos_t, sin_t, 1, T, s.q_heads(), s.D, np, T * np, false);
+    ctx.rope(proj + s.n_q(), cos_t, sin_t, 1, T, s.k_heads(), s.D, np, T * np, false);
   }
   // The chunk's K/V rows into the sequence's blocks, then its T rows against all pos0 + T keys
   // read from the blocks in place.
   for (int64_t t = 0; t < T; ++t) append_kv(pool, s, table, pos0 + t, proj + t * np);
   const int64_t len = pos0 + T, starts[2] = {0, T};
-  paged_attention(acts, s, pool, PagedSeqs{1, table, table_len, &len}, proj, np, starts);
-  output(out, acts, w, s, T);
+  paged_attention(ctx, acts, s, pool, PagedSeqs{1, table, table_len, &len}, proj, np, starts);
+  output(ctx, out, acts, w, s, T);
 }
 
-void attn_layer_cross_decode_paged(float* out, AttnLayerActs& acts, const float* inp,
+void attn_layer_cross_decode_paged(const ExecContext& ctx, float* out, AttnLayerActs& acts, const float* inp,
                                    const AttnLayerWeights& w, const AttnLayerShape& s,
                                    const KVPool& pool, const PagedSeqs& seqs) {
   check_pool_and_tables(pool, s, seqs);
-  const float* q = project_q(acts, inp, w, s, seqs.B);
-  paged_attention(acts, s, pool, seqs, q, s.n_q());
-  output(out, acts, w, s, seqs.B);
+  const float* q = project_q(ctx, acts, inp, w, s, seqs.B);
+  paged_attention(ctx, acts, s, pool, seqs, q, s.n_q());
+  output(ctx, out, acts, w, s, seqs.B);
 }
 
-void attn_layer_cross_fwd_paged(float* out, AttnLayerActs& acts, const float* inp,
+void attn_layer_cross_fwd_paged(const ExecContext& ctx, float* out, AttnLayerActs& acts, const float* inp,
                                 const AttnLayerWeights& w, const AttnLayerShape& s, int64_t T,
                                 const KVPool& pool, const int32_t* table, int64_t table_len,
                                 int64_t len) {
@@ -348,17 +348,17 @@ void attn_layer_cross_fwd_paged(float* out, AttnLayerActs& acts, const float* in
   }
   check_pool(pool, s);
   check_table(pool, table, table_len, len, 0);
-  const float* q = project_q(acts, inp, w, s, T);
+  const float* q = project_q(ctx, acts, inp, w, s, T);
   const int64_t starts[2] = {0, T};
-  paged_attention(acts, s, pool, PagedSeqs{1, table, table_len, &len}, q, s.n_q(), starts);
-  output(out, acts, w, s, T);
+  paged_attention(ctx, acts, s, pool, PagedSeqs{1, table, table_len, &len}, q, s.n_q(), starts);
+  output(ctx, out, acts, w, s, T);
 }
 
-void attn_layer_window(float* out, AttnLayerActs& acts, const float* inp,
+void attn_layer_window(const ExecContext& ctx, float* out, AttnLayerActs& acts, const float* inp,
                        const AttnLayerWeights& w, const AttnLayerShape& s, int64_t N,
                        const std::vector<WindowSeq>& seqs, KVCache& scratch) {
   const int64_t np = s.n_proj();
-  float* proj = project(acts, inp, w, s, N);
+  float* proj = project(ctx, acts, inp, w, s, N);
   acts.att.resize(static_cast<size_t>(N * s.n_out()));
   for (const WindowSeq& q : seqs) {
     KVCache& ring = *q.ring;
@@ -373,7 +373,7 @@ void attn_layer_window(float* out, AttnLayerActs& acts, const float* inp,
       ring.len = std::min(q.pos0 + 1, W);
       kernels::AttnParams p = make_params(s, 1, 1, rows, acts.lam.data(), &ring);
       p.out = att;
-      kernels::attention_fwd(p);
+      ctx.attention(p);
       continue;
     }
     // A chunk: the window's cached positions [s0, pos0) in order, then the chunk's, contiguous.
@@ -404,7 +404,7 @@ void attn_layer_window(float* out, AttnLayerActs& acts, const float* inp,
     scratch.len = prior + nA;
     kernels::AttnParams pa = make_params(s, 1, nA, rows, acts.lam.data(), &scratch);
     pa.out = att;
-    kernels::attention_fwd(pa);
+    ctx.attention(pa);
     // The rest see exactly W keys ending at themselves: one call, a batch of one-row queries
     // whose keys start one position apart (inputs may overlap).
     const int64_t nB = q.n - nA;
@@ -418,7 +418,7 @@ void attn_layer_window(float* out, AttnLayerActs& acts, const float* inp,
       pb.v_batch_stride = s.n_v();
       pb.o_batch_stride = s.n_out();
       pb.out = att + nA * s.n_out();
-      kernels::attention_fwd(pb);
+      ctx.attention(pb);
     }
     // The chunk's last min(n, W) positions into the ring.
     for (int64_t t = std::max<int64_t>(0, q.n - W); t < q.n; ++t) {
@@ -426,7 +426,7 @@ void attn_layer_window(float* out, AttnLayerActs& acts, const float* inp,
     }
     ring.len = std::min(q.pos0 + q.n, W);
   }
-  output(out, acts, w, s, N);
+  output(ctx, out, acts, w, s, N);
 }
 
 kernels::AttnBwdParams attn_layer_params(const AttnLayerActs& acts, const AttnLayerShape& s, int64_t B,
@@ -444,7 +444,7 @@ kernels::AttnBwdParams attn_layer_params(const AttnLayerActs& acts, const AttnLa
   return p;
 }
 
-void attn_layer_bwd(float* dinp, const AttnLayerGrads& g, const float* dout,
+void attn_layer_bwd(const ExecContext& ctx, float* dinp, const AttnLayerGrads& g, const float* dout,
                     const AttnLayerActs& acts, const float* inp, const AttnLayerWeights& w,
                     const AttnLayerShape& s, int64_t B, int64_t T, const float* cos_t,
                     const float* sin_t, AttnLayerScratch& sc) {
@@ -490,7 +490,7 @@ void attn_layer_bwd(float* dinp, const AttnLayerGrads& g, const float* dout,
     sc.dlam.assign(acts.lam.size(), 0.0f);
     bp.dlam = sc.dlam.data();
   }
-  kernels::attention_bwd(bp);
+  ctx.attention_backward(bp);
 
   if (v1) {
     // The layer's lambda is broadcast to every pair: the operator took it as one lambda (1),
@@ -509,8 +509,8 @@ void attn_layer_bwd(float* dinp, const AttnLayerGrads& g, const float* dout,
                 np);
   }
   // The operator saw q and k after RoPE; rotate their gradients back.
-  rope_apply(dproj, cos_t, sin_t, B, T, s.q_heads(), s.D, np, T * np, true);
-  rope_apply(dproj + s.n_q(), cos_t, sin_t, B, T, s.k_heads(), s.D, np, T * np, true);
+  ctx.rope(dproj, cos_t, sin_t, B, T, s.q_heads(), s.D, np, T * np, true);
+  ctx.rope(dproj + s.n_q(), cos_t, sin_t, B, T, s.k_heads(), s.D, np, T * np, true);
   linear_bwd(dinp, g.proj, dproj, inp, w.proj.f32(), BT, s.C, np);
 }
 

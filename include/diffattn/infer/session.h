@@ -10,14 +10,17 @@
 #include "diffattn/infer/batch.h"
 #include "diffattn/infer/kv_store.h"
 #include "diffattn/model/model.h"
+#include "diffattn/nn/backend.h"
 
 namespace diffattn::infer {
 
 class Session {
  public:
   // The model and the store must outlive the session; one thread at a time uses it (a model
-  // may serve several sessions on several threads: it is only read).
-  Session(const model::Model& m, KvStore& kv);
+  // may serve several sessions on several threads: it is only read). Every layer's hot ops run
+  // through ctx (nn/backend.h: the cpu table by default, the reference one for checking); a
+  // backend lacking one the model needs is an InvalidArgument here.
+  Session(const model::Model& m, KvStore& kv, const nn::ExecContext& ctx = nn::cpu_context());
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
@@ -64,6 +67,7 @@ class Session {
                  const std::vector<int64_t>& out_row, float* logits);
 
   const model::Model& m_;
+  nn::ExecContext ctx_;
   KvStore& kv_;
   // Reused by every layer and every call: after the first calls, a step allocates nothing.
   model::Model::LayerActs layer_;

@@ -17,6 +17,7 @@
 #include "diffattn/kernels/attention.h"
 #include "diffattn/model/config.h"
 #include "diffattn/nn/attention_layer.h"
+#include "diffattn/nn/backend.h"
 #include "diffattn/nn/mamba.h"
 
 namespace diffattn::model {
@@ -106,12 +107,13 @@ class Model {
   // attn is the caller's attention (the training forward's, a paged prompt chunk, a decode
   // step). a's buffers are resized (no allocation once large enough) and keep what the
   // backward reads. x_out may be x_in (inference updates the stream in place).
-  void layer(int64_t l, LayerActs& a, const float* x_in, float* x_out, int64_t N,
-             const AttnFn& attn) const;
+  // The products and norms run through ctx (the runner's backend, nn/backend.h).
+  void layer(const nn::ExecContext& ctx, int64_t l, LayerActs& a, const float* x_in, float* x_out,
+             int64_t N, const AttnFn& attn) const;
   // logits (N, V) of rows x (N, C): the final norm, then the output head; normed and rstd are
   // the caller's scratch.
-  void head(float* logits, const float* x, int64_t N, std::vector<float>& normed,
-            std::vector<float>& rstd) const;
+  void head(const nn::ExecContext& ctx, float* logits, const float* x, int64_t N,
+            std::vector<float>& normed, std::vector<float>& rstd) const;
   nn::AttnLayerWeights attn_weights(int64_t l) const;
   // Arch::SambaY: layer l's weights and the Mamba sizes (throws for another architecture).
   const SambaYLayer& sambay_layer(int64_t l) const;
@@ -124,7 +126,7 @@ class Model {
  private:
   friend class TrainContext;  // the backward reads the tensor offsets (off, lt_)
   // The FFN half of layer over N rows: from a.x_mid to x_out.
-  void ffn_fwd(int64_t l, LayerActs& a, float* x_out, int64_t N) const;
+  void ffn_fwd(const nn::ExecContext& ctx, int64_t l, LayerActs& a, float* x_out, int64_t N) const;
   void require_trainable(const char* what) const;
   // Tensor i of the table: in its stored type, as float32 (throws if stored otherwise), and
   // its offset in params (trainable models) and in a context's gradients.
@@ -147,5 +149,13 @@ class Model {
   std::shared_ptr<const WeightStore> store_;
   std::vector<double> inv_freq_;  // RoPE frequencies (D/2), scaled per cfg_.rope_scaling
 };
+
+// Throws InvalidArgument (naming `what`, the backend and the op) unless ctx's backend runs every
+// op m's layer bodies need: its products for each weight type it stores, the norms, RoPE,
+// SwiGLU, and attention: paged over K/V of kv_dtype (an inference session; SambaY's windows also
+// the plain forward on kv_dtype), else the whole-batch forward (a TrainContext, whose backward
+// checks attention_backward when it runs). Runners call it once, when they are made.
+void require_backend(const Model& m, const nn::ExecContext& ctx, bool paged, DType kv_dtype,
+                     const char* what);
 
 }  // namespace diffattn::model

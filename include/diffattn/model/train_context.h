@@ -12,13 +12,17 @@
 #include "diffattn/kernels/attention.h"
 #include "diffattn/model/model.h"
 #include "diffattn/nn/attention_layer.h"
+#include "diffattn/nn/backend.h"
 
 namespace diffattn::model {
 
 class TrainContext {
  public:
-  // The model must outlive the context. Nothing is allocated before the first forward.
-  explicit TrainContext(const Model& m);
+  // The model must outlive the context. Nothing is allocated before the first forward. The
+  // forward's products, norms, RoPE, SwiGLU and attention, and the attention backward, run
+  // through ctx (nn/backend.h; checked here: InvalidArgument naming the op it lacks); the dense
+  // layers' backward runs on the host.
+  explicit TrainContext(const Model& m, const nn::ExecContext& ctx = nn::cpu_context());
   const Model& model() const { return *m_; }
 
   // Forward over tokens (B, T). With targets (B, T) returns the mean cross-entropy over the
@@ -55,6 +59,7 @@ class TrainContext {
   void rope_for(int64_t pos0, int64_t T);
 
   const Model* m_;
+  nn::ExecContext ctx_;
   int64_t B_ = 0, T_ = 0;
   std::vector<int32_t> tokens_, targets_;
   std::vector<Model::LayerActs> acts_;

@@ -1,6 +1,7 @@
 // The attention layers of the Differential Transformer (docs/FORMAT.md, "The computation"):
 // DIFF V1 (arXiv:2410.05258, Eqs. 1-3), DIFF V2 and standard softmax attention, each a
-// forward/backward pair over the kernel API (attention_fwd / attention_bwd).
+// forward/backward pair over the kernel API (attention_fwd / attention_bwd). Every function runs
+// its hot ops (products, norms, RoPE, attention) through the runner's ExecContext (backend.h).
 //
 // The q, k, v (and V2's lambda) projections are one stacked weight (n_proj, C), so one sgemm
 // produces a (B, T, n_proj) buffer that the kernels read through row strides, no copies:
@@ -15,6 +16,7 @@
 #include "diffattn/base/tensor.h"
 #include "diffattn/base/memory.h"
 #include "diffattn/kernels/attention.h"
+#include "diffattn/nn/backend.h"
 
 namespace diffattn::nn {
 
@@ -103,7 +105,7 @@ double v1_lambda(const AttnLayerWeights& w, const AttnLayerShape& s, double* e1 
 // rows against themselves (training, evaluation: inference runs through a KV store's blocks,
 // attn_layer_fwd_paged). cos_t/sin_t (T, D/2): the rows' RoPE angles.
 // save_stats: keep lse and o2 for a backward (training).
-void attn_layer_fwd(float* out, AttnLayerActs& acts, const float* inp,
+void attn_layer_fwd(const ExecContext& ctx, float* out, AttnLayerActs& acts, const float* inp,
                     const AttnLayerWeights& w, const AttnLayerShape& s, int64_t B, int64_t T,
                     const float* cos_t, const float* sin_t, bool save_stats);
 
@@ -143,7 +145,7 @@ struct PagedSeqs {
 // reading the blocks in place. Row b equals attn_layer_fwd(B = 1, T = 1) on sequence b with a
 // contiguous cache up to the order of the sums (the products; the split-KV decode's, where
 // the contiguous call of a short F32 cache takes the tiled forward).
-void attn_layer_decode_paged(float* out, AttnLayerActs& acts, const float* inp,
+void attn_layer_decode_paged(const ExecContext& ctx, float* out, AttnLayerActs& acts, const float* inp,
                              const AttnLayerWeights& w, const AttnLayerShape& s,
                              const float* cos_rows, const float* sin_rows, KVPool& pool,
                              const PagedSeqs& seqs);
@@ -152,7 +154,7 @@ void attn_layer_decode_paged(float* out, AttnLayerActs& acts, const float* inp,
 // -> out (T, C). The chunk's K/V rows are written into the sequence's blocks (table: table_len
 // ids), then its T query rows attend to all pos0 + T positions read from the blocks in place
 // (one attention_paged call: no gathered copy of the history).
-void attn_layer_fwd_paged(float* out, AttnLayerActs& acts, const float* inp,
+void attn_layer_fwd_paged(const ExecContext& ctx, float* out, AttnLayerActs& acts, const float* inp,
                           const AttnLayerWeights& w, const AttnLayerShape& s, int64_t T,
                           const float* cos_t, const float* sin_t, KVPool& pool,
                           const int32_t* table, int64_t table_len, int64_t pos0);
@@ -162,12 +164,12 @@ void attn_layer_fwd_paged(float* out, AttnLayerActs& acts, const float* inp,
 // attn_layer_cross_decode_paged: the decode step of B sequences against their blocks of another
 // layer's pool (seqs.lens: the keys each sees, its new token's included, written by that layer
 // already).
-void attn_layer_cross_decode_paged(float* out, AttnLayerActs& acts, const float* inp,
+void attn_layer_cross_decode_paged(const ExecContext& ctx, float* out, AttnLayerActs& acts, const float* inp,
                                    const AttnLayerWeights& w, const AttnLayerShape& s,
                                    const KVPool& pool, const PagedSeqs& seqs);
 // One sequence's T query rows (its last T of len positions, causal bottom-right) against its
 // blocks of another layer's pool (table: table_len ids), read in place.
-void attn_layer_cross_fwd_paged(float* out, AttnLayerActs& acts, const float* inp,
+void attn_layer_cross_fwd_paged(const ExecContext& ctx, float* out, AttnLayerActs& acts, const float* inp,
                                 const AttnLayerWeights& w, const AttnLayerShape& s, int64_t T,
                                 const KVPool& pool, const int32_t* table, int64_t table_len,
                                 int64_t len);
@@ -182,7 +184,7 @@ struct WindowSeq {
   int64_t row0 = 0, n = 0, pos0 = 0;
   KVCache* ring = nullptr;
 };
-void attn_layer_window(float* out, AttnLayerActs& acts, const float* inp,
+void attn_layer_window(const ExecContext& ctx, float* out, AttnLayerActs& acts, const float* inp,
                        const AttnLayerWeights& w, const AttnLayerShape& s, int64_t N,
                        const std::vector<WindowSeq>& seqs, KVCache& scratch);
 
@@ -197,7 +199,7 @@ struct AttnLayerScratch {
 };
 
 // dinp (B, T, C) += d/dinp, grads += d/dweights, from dout (B, T, C) and the saved acts.
-void attn_layer_bwd(float* dinp, const AttnLayerGrads& g, const float* dout,
+void attn_layer_bwd(const ExecContext& ctx, float* dinp, const AttnLayerGrads& g, const float* dout,
                     const AttnLayerActs& acts, const float* inp, const AttnLayerWeights& w,
                     const AttnLayerShape& s, int64_t B, int64_t T, const float* cos_t,
                     const float* sin_t, AttnLayerScratch& scratch);

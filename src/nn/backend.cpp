@@ -1,0 +1,273 @@
+// The op tables (include/diffattn/nn/backend.h): the reference's plain loops in double and the
+// cpu table's fast kernels, and the execution context's checked calls.
+#include "diffattn/nn/backend.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "diffattn/base/error.h"
+#include "diffattn/nn/layers.h"
+
+namespace diffattn::nn {
+
+namespace {
+
+bool any_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+
+// Both tables run every op; the backward and the norms, RoPE and SwiGLU on float32 only (the
+// 16-bit types are weights and K/V caches).
+bool host_supports(Op op, DType t) {
+  switch (op) {
+    case Op::Attention:
+    case Op::PagedAttention:
+    case Op::LinearFewRows:
+    case Op::LinearManyRows: return any_dtype(t);
+    case Op::AttentionBackward:
+    case Op::RmsNorm:
+    case Op::Rope:
+    case Op::SwiGlu: return t == DType::F32;
+  }
+  return false;
+}
+
+// ---- reference: plain loops accumulated in double ----
+
+void ref_attention(const ExecContext&, const kernels::AttnParams& p) {
+  kernels::attention_fwd(p, kernels::Backend::Reference);
+}
+void ref_attention_backward(const ExecContext&, const kernels::AttnBwdParams& p) {
+  kernels::attention_bwd(p, kernels::Backend::Reference);  // honours the saved lse
+}
+void ref_paged(const ExecContext&, const kernels::PagedAttnParams& p) {
+  kernels::attention_paged(p, kernels::Backend::Reference);
+}
+
+void ref_linear(const ExecContext&, float* out, const float* inp, const TensorView& w, int64_t N,
+                int64_t C, int64_t OC, int64_t ldo) {
+  if (w.data == nullptr) throw InvalidArgument("reference linear: the weight has no data");
+  if (!ldo) ldo = OC;
+  if (ldo < OC) throw InvalidArgument("reference linear: ldo " + std::to_string(ldo) + " < OC " + std::to_string(OC));
+  std::vector<float> row(static_cast<size_t>(C));
+  const auto* base = static_cast<const char*>(w.data);
+  const size_t es = dtype_size(w.dtype);
+  for (int64_t o = 0; o < OC; ++o) {
+    convert_to_f32(row.data(), base + static_cast<size_t>(o * C) * es, w.dtype, C);
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = 0;
+      const float* x = inp + n * C;
+      for (int64_t c = 0; c < C; ++c) acc += static_cast<double>(x[c]) * row[static_cast<size_t>(c)];
+      out[n * ldo + o] = static_cast<float>(acc);
+    }
+  }
+}
+
+void ref_rmsnorm(const ExecContext&, float* out, float* rstd, const float* inp, const float* w,
+                 int64_t N, int64_t C, float eps, int64_t ldi, int64_t ldo) {
+  if (!ldi) ldi = C;
+  if (!ldo) ldo = C;
+  for (int64_t i = 0; i < N; ++i) {
+    const float* x = inp + i * ldi;
+    double ss = 0;
+    for (int64_t c = 0; c < C; ++c) ss += static_cast<double>(x[c]) * x[c];
+    const double r = 1.0 / std::sqrt(ss / static_cast<double>(C) + eps);
+    for (int64_t c = 0; c < C; ++c) out[i * ldo + c] = static_cast<float>(x[c] * r * w[c]);
+    rstd[i] = static_cast<float>(r);
+  }
+}
+
+void ref_rope(const ExecContext&, float* x, const float* cos_t, const float* sin_t, int64_t B,
+              int64_t T, int64_t nh, int64_t D, int64_t ld, int64_t lb, bool inverse) {
+  const int64_t half = D / 2;
+  const double sgn = inverse ? -1.0 : 1.0;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < nh; ++h) {
+        float* u = x + b * lb + t * ld + h * D;
+        for (int64_t j = 0; j < half; ++j) {
+          const double c = cos_t[t * half + j], s = sgn * sin_t[t * half + j];
+          const double u0 = u[2 * j], u1 = u[2 * j + 1];
+          u[2 * j] = static_cast<float>(u0 * c - u1 * s);
+          u[2 * j + 1] = static_cast<float>(u0 * s + u1 * c);
+        }
+      }
+    }
+  }
+}
+
+void ref_swiglu(const ExecContext&, float* out, const float* gate, const float* up, int64_t N,
+                int64_t F, int64_t ldg) {
+  if (!ldg) ldg = F;
+  for (int64_t i = 0; i < N; ++i) {
+    for (int64_t f = 0; f < F; ++f) {
+      const double g = gate[i * ldg + f];
+      out[i * F + f] = static_cast<float>(g / (1.0 + std::exp(-g)) * up[i * ldg + f]);
+    }
+  }
+}
+
+// ---- cpu: the fast kernels ----
+
+void cpu_attention(const ExecContext&, const kernels::AttnParams& p) { kernels::attention_fwd(p); }
+void cpu_attention_backward(const ExecContext&, const kernels::AttnBwdParams& p) {
+  kernels::attention_bwd(p);  // the fused backward reads the saved lse (no forward recomputed)
+}
+void cpu_paged(const ExecContext&, const kernels::PagedAttnParams& p) { kernels::attention_paged(p); }
+// linear_fwd picks the multi-row matrix-vector kernel or sgemm by N itself: one entry serves both.
+void cpu_linear(const ExecContext&, float* out, const float* inp, const TensorView& w, int64_t N,
+                int64_t C, int64_t OC, int64_t ldo) {
+  linear_fwd(out, inp, w, N, C, OC, ldo);
+}
+void cpu_rmsnorm(const ExecContext&, float* out, float* rstd, const float* inp, const float* w,
+                 int64_t N, int64_t C, float eps, int64_t ldi, int64_t ldo) {
+  rmsnorm_fwd(out, rstd, inp, w, N, C, eps, ldi, ldo);
+}
+void cpu_rope(const ExecContext&, float* x, const float* cos_t, const float* sin_t, int64_t B,
+              int64_t T, int64_t nh, int64_t D, int64_t ld, int64_t lb, bool inverse) {
+  rope_apply(x, cos_t, sin_t, B, T, nh, D, ld, lb, inverse);
+}
+void cpu_swiglu(const ExecContext&, float* out, const float* gate, const float* up, int64_t N,
+                int64_t F, int64_t ldg) {
+  swiglu_fwd(out, gate, up, N, F, ldg);
+}
+
+OpTable make_reference() {
+  OpTable t;
+  t.name = "reference";
+  t.supports = host_supports;
+  t.attention = ref_attention;
+  t.attention_backward = ref_attention_backward;
+  t.paged_attention = ref_paged;
+  t.linear_few_rows = ref_linear;
+  t.linear_many_rows = ref_linear;
+  t.rmsnorm = ref_rmsnorm;
+  t.rope = ref_rope;
+  t.swiglu = ref_swiglu;
+  return t;
+}
+
+OpTable make_cpu() {
+  OpTable t;
+  t.name = "cpu";
+  t.supports = host_supports;
+  t.attention = cpu_attention;
+  t.attention_backward = cpu_attention_backward;
+  t.paged_attention = cpu_paged;
+  t.linear_few_rows = cpu_linear;
+  t.linear_many_rows = cpu_linear;
+  t.rmsnorm = cpu_rmsnorm;
+  t.rope = cpu_rope;
+  t.swiglu = cpu_swiglu;
+  return t;
+}
+
+// The table's entry for op, or an InvalidArgument naming the backend and the op.
+template <class Fn>
+Fn entry(const OpTable& t, Fn fn, Op op) {
+  if (fn == nullptr) {
+    throw InvalidArgument(std::string("backend ") + t.name + " does not provide " + op_name(op));
+  }
+  return fn;
+}
+
+}  // namespace
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::Attention: return "attention";
+    case Op::AttentionBackward: return "attention_backward";
+    case Op::PagedAttention: return "paged_attention";
+    case Op::LinearFewRows: return "linear_few_rows";
+    case Op::LinearManyRows: return "linear_many_rows";
+    case Op::RmsNorm: return "rmsnorm";
+    case Op::Rope: return "rope";
+    case Op::SwiGlu: return "swiglu";
+  }
+  return "unknown op";
+}
+
+int64_t few_rows_max(DType t) { return t == DType::F32 ? kGemvMaxN : kGemvMaxN16; }
+
+const OpTable& reference_ops() {
+  static const OpTable t = make_reference();
+  return t;
+}
+
+const OpTable& cpu_ops() {
+  static const OpTable t = make_cpu();
+  return t;
+}
+
+const ExecContext& cpu_context() {
+  static const ExecContext c{&cpu_ops()};
+  return c;
+}
+
+const ExecContext& reference_context() {
+  static const ExecContext c{&reference_ops()};
+  return c;
+}
+
+const ExecContext& context_for(kernels::Backend b) {
+  return b == kernels::Backend::Reference ? reference_context() : cpu_context();
+}
+
+bool ExecContext::supports(Op op, DType t) const {
+  if (ops == nullptr || ops->supports == nullptr) return false;
+  bool has = false;
+  switch (op) {
+    case Op::Attention: has = ops->attention != nullptr; break;
+    case Op::AttentionBackward: has = ops->attention_backward != nullptr; break;
+    case Op::PagedAttention: has = ops->paged_attention != nullptr; break;
+    case Op::LinearFewRows: has = ops->linear_few_rows != nullptr; break;
+    case Op::LinearManyRows: has = ops->linear_many_rows != nullptr; break;
+    case Op::RmsNorm: has = ops->rmsnorm != nullptr; break;
+    case Op::Rope: has = ops->rope != nullptr; break;
+    case Op::SwiGlu: has = ops->swiglu != nullptr; break;
+  }
+  return has && ops->supports(op, t);
+}
+
+void ExecContext::require(Op op, DType t, const char* what) const {
+  if (supports(op, t)) return;
+  throw InvalidArgument(std::string(what) + ": backend " + (ops ? ops->name : "(none)") +
+                        " does not support " + op_name(op) + " (" + dtype_name(t) + ")");
+}
+
+void ExecContext::attention(const kernels::AttnParams& p) const {
+  entry(*ops, ops->attention, Op::Attention)(*this, p);
+}
+
+void ExecContext::attention_backward(const kernels::AttnBwdParams& p) const {
+  entry(*ops, ops->attention_backward, Op::AttentionBackward)(*this, p);
+}
+
+void ExecContext::paged_attention(const kernels::PagedAttnParams& p) const {
+  entry(*ops, ops->paged_attention, Op::PagedAttention)(*this, p);
+}
+
+void ExecContext::linear(float* out, const float* inp, const TensorView& w, int64_t N, int64_t C,
+                         int64_t OC, int64_t ldo) const {
+  if (N <= few_rows_max(w.dtype)) {
+    entry(*ops, ops->linear_few_rows, Op::LinearFewRows)(*this, out, inp, w, N, C, OC, ldo);
+  } else {
+    entry(*ops, ops->linear_many_rows, Op::LinearManyRows)(*this, out, inp, w, N, C, OC, ldo);
+  }
+}
+
+void ExecContext::rmsnorm(float* out, float* rstd, const float* inp, const float* w, int64_t N,
+                          int64_t C, float eps, int64_t ldi, int64_t ldo) const {
+  entry(*ops, ops->rmsnorm, Op::RmsNorm)(*this, out, rstd, inp, w, N, C, eps, ldi, ldo);
+}
+
+void ExecContext::rope(float* x, const float* cos_t, const float* sin_t, int64_t B, int64_t T,
+                       int64_t nh, int64_t D, int64_t ld, int64_t lb, bool inverse) const {
+  entry(*ops, ops->rope, Op::Rope)(*this, x, cos_t, sin_t, B, T, nh, D, ld, lb, inverse);
+}
+
+void ExecContext::swiglu(float* out, const float* gate, const float* up, int64_t N, int64_t F,
+                         int64_t ldg) const {
+  entry(*ops, ops->swiglu, Op::SwiGlu)(*this, out, gate, up, N, F, ldg);
+}
+
+}  // namespace diffattn::nn
