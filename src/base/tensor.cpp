@@ -93,7 +93,10 @@ Dims contiguous_strides(const Dims& shape) {
   int64_t acc = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     s[i] = acc;
-    acc *= shape[i] > 1 ? shape[i] : 1;  // a zero-size dimension leaves the others' strides
+    // a zero-size dimension leaves the others' strides
+    if (__builtin_mul_overflow(acc, shape[i] > 1 ? shape[i] : 1, &acc)) {
+      throw InvalidArgument("tensor view: shape " + shape_str(shape.vec()) + " has more elements than int64 counts");
+    }
   }
   return s;
 }
@@ -104,7 +107,11 @@ Dims TensorView::effective_strides() const {
 
 int64_t TensorView::numel() const {
   int64_t n = 1;
-  for (int64_t x : shape) n *= x;
+  for (int64_t x : shape) {
+    if (__builtin_mul_overflow(n, x, &n)) {
+      throw InvalidArgument("tensor view: shape " + shape_str(shape.vec()) + " has more elements than int64 counts");
+    }
+  }
   return n;
 }
 
@@ -179,6 +186,7 @@ TensorView from_dlpack(const dlpack::DLTensor& t, const char* what) {
     if (x < 0) throw InvalidArgument(w + ": negative size in shape " + shape_str(shape));
   }
   v.shape = shape;
+  (void)contiguous_strides(v.shape);  // throws for a shape whose element count overflows
   if (t.strides != nullptr) v.strides = Shape(t.strides, t.strides + t.ndim);
   v.data = static_cast<const char*>(t.data) + t.byte_offset;
   return v;

@@ -307,7 +307,10 @@ TEST(TensorView, DLPackRefusesWhatTheLibraryCannotRead) {
   b = t;
   shape[0] = -3;
   refuses(b, "negative size");
-  shape[0] = 1;
+  shape[0] = int64_t{1} << 40;
+  shape[1] = int64_t{1} << 40;
+  refuses(b, "more elements than int64 counts");
+  shape[0] = shape[1] = 1;
   b = t;
   b.shape = nullptr;
   refuses(b, "without a shape");
