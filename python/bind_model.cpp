@@ -19,6 +19,7 @@
 #include "diffattn/infer/session.h"
 #include "diffattn/model/model.h"
 #include "diffattn/model/safetensors.h"
+#include "diffattn/nn/backend.h"
 #include "diffattn/model/train_context.h"
 #include "diffattn/train/train.h"
 
@@ -131,8 +132,9 @@ void bind_model(py::module_& m) {
                     "A Differential Transformer language model (docs/FORMAT.md).")
       .def(
           "forward",
-          [](const py::object& self_obj, const py::handle& tokens) {
+          [](const py::object& self_obj, const py::handle& tokens, const std::string& backend) {
             const model::Model& self = self_obj.cast<const model::Model&>();
+            const nn::ExecContext& ctx = nn::context_named(backend, "Model.forward: backend");
             const Batch b = batch_of("Model.forward", self, tokens, nullptr);
             const int64_t V = self.config().vocab_size;
             if (self.config().recurrent()) {
@@ -142,14 +144,14 @@ void bind_model(py::module_& m) {
               py::gil_scoped_release nogil;
               for (int64_t r = 0; r < b.B; ++r) {
                 infer::KvStore kv(self, infer::KvStore::Contiguous{b.T});
-                infer::Session session(self, kv);
+                infer::Session session(self, kv, ctx);
                 infer::Batch batch;
                 batch.add_chunk(b.tokens.data() + r * b.T, b.T, 0, 0, true);
                 session.decode(batch, o + r * b.T * V);
               }
               return out;
             }
-            model::TrainContext run(self);
+            model::TrainContext run(self, ctx);
             {
               py::gil_scoped_release nogil;
               run.forward(b.tokens.data(), nullptr, b.B, b.T);
@@ -159,13 +161,17 @@ void bind_model(py::module_& m) {
             std::memcpy(out.mutable_data(), run.logits().data(), sizeof(float) * run.logits().size());
             return out;
           },
-          py::arg("tokens"), "logits (B, T, vocab) of int64 tokens (B, T)")
+          py::arg("tokens"), py::kw_only(), py::arg("backend") = "cpu",
+          "logits (B, T, vocab) of int64 tokens (B, T); backend \"reference\" runs the layers' hot ops "
+          "on the reference table (loops in double, the attention oracle) instead of the fast kernels")
       .def(
           "loss",
-          [](const py::object& self_obj, const py::handle& tokens, const py::handle& targets) {
+          [](const py::object& self_obj, const py::handle& tokens, const py::handle& targets,
+             const std::string& backend) {
             const model::Model& self = self_obj.cast<const model::Model&>();
+            const nn::ExecContext& ctx = nn::context_named(backend, "Model.loss: backend");
             const Batch b = batch_of("Model.loss", self, tokens, &targets);
-            model::TrainContext run(self);
+            model::TrainContext run(self, ctx);
             double loss = 0;
             {
               py::gil_scoped_release nogil;
@@ -174,14 +180,16 @@ void bind_model(py::module_& m) {
             keep_lambdas(self_obj, run);
             return loss;
           },
-          py::arg("tokens"), py::arg("targets"),
-          "mean cross-entropy over all (B, T) positions")
+          py::arg("tokens"), py::arg("targets"), py::kw_only(), py::arg("backend") = "cpu",
+          "mean cross-entropy over all (B, T) positions (backend: as forward's)")
       .def(
           "gradients",
-          [](const py::object& self_obj, const py::handle& tokens, const py::handle& targets) {
+          [](const py::object& self_obj, const py::handle& tokens, const py::handle& targets,
+             const std::string& backend) {
             const model::Model& self = self_obj.cast<const model::Model&>();
+            const nn::ExecContext& ctx = nn::context_named(backend, "Model.gradients: backend");
             const Batch b = batch_of("Model.gradients", self, tokens, &targets);
-            model::TrainContext run(self);
+            model::TrainContext run(self, ctx);
             {
               py::gil_scoped_release nogil;
               run.zero_grads();
@@ -191,8 +199,10 @@ void bind_model(py::module_& m) {
             keep_lambdas(self_obj, run);
             return tensors_of(self, run.grads());
           },
-          py::arg("tokens"), py::arg("targets"),
-          "gradients of the mean loss: {tensor name: array} for every FORMAT.md tensor")
+          py::arg("tokens"), py::arg("targets"), py::kw_only(), py::arg("backend") = "cpu",
+          "gradients of the mean loss: {tensor name: array} for every FORMAT.md tensor (backend: as "
+          "forward's; the reference runs the attention backward from the saved lse, the dense layers' "
+          "backward is the host's either way)")
       .def(
           "parameters",
           [](const model::Model& self) {

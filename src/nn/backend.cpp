@@ -212,6 +212,12 @@ const ExecContext& context_for(kernels::Backend b) {
   return b == kernels::Backend::Reference ? reference_context() : cpu_context();
 }
 
+const ExecContext& context_named(const std::string& name, const std::string& where) {
+  if (name == "cpu") return cpu_context();
+  if (name == "reference") return reference_context();
+  throw InvalidArgument(where + " is \"" + name + "\", expected \"cpu\" or \"reference\"");
+}
+
 bool ExecContext::supports(Op op, DType t) const {
   if (ops == nullptr || ops->supports == nullptr) return false;
   bool has = false;

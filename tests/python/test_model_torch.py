@@ -188,3 +188,31 @@ def test_weights_export_through_dlpack_in_their_stored_type(tmp_path, dtype):
     gc.collect()
     np.testing.assert_array_equal(held.float().numpy(), back["embed_tokens.weight"])
     np.testing.assert_array_equal(torch.from_dlpack(views["norm.weight"]).float().numpy(), back["norm.weight"])
+
+
+@pytest.mark.parametrize("kind", ["diff_v1", "diff_v2", "standard"])
+def test_reference_backend_agrees_with_the_cpu_one(tmp_path, kind):
+    """backend="reference" runs the layers' hot ops on the reference table (loops in double, the
+    attention oracle): logits, loss and gradients agree with the fast kernels to float32 rounding,
+    and both against the independent PyTorch model in float64."""
+    cfg = config(kind)
+    weights = tm.random_weights(cfg, seed=11)
+    tm.save_model_dir(str(tmp_path), cfg, weights)
+    m = diffattn.load_model(str(tmp_path))
+    rng = np.random.default_rng(12)
+    toks = rng.integers(0, cfg["vocab_size"], size=(2, 19), dtype=np.int64)
+    tgts = rng.integers(0, cfg["vocab_size"], size=(2, 19), dtype=np.int64)
+    cpu, ref = m.forward(toks), m.forward(toks, backend="reference")
+    scale = max(1.0, float(np.abs(ref).max()))
+    assert np.abs(cpu - ref).max() <= 1e-5 * scale
+    assert abs(m.loss(toks, tgts) - m.loss(toks, tgts, backend="reference")) <= 1e-5
+    gc, gr = m.gradients(toks, tgts), m.gradients(toks, tgts, backend="reference")
+    for name in gc:
+        s = max(1e-3, float(np.abs(gr[name]).max()))
+        assert np.abs(gc[name] - gr[name]).max() <= 1e-4 * s, name
+    # Both against PyTorch in float64 (the independent formulation of the same model).
+    ref64 = torch_results(cfg, weights, toks, tgts, torch.float64)
+    ref32 = torch_results(cfg, weights, toks, tgts, torch.float32)
+    within(ref, ref64[0], ref32[0], "reference logits")
+    with pytest.raises(ValueError, match='Model.forward: backend is "cuda", expected "cpu" or "reference"'):
+        m.forward(toks, backend="cuda")

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "diffattn/base/dtype.h"
 #include "diffattn/base/tensor.h"
@@ -101,5 +102,8 @@ const ExecContext& cpu_context();
 const ExecContext& reference_context();
 // kernels::Backend onto a context: Reference -> reference_context(), Auto/Fused -> cpu_context().
 const ExecContext& context_for(kernels::Backend b);
+// "cpu" or "reference" (a table's name) onto its context; anything else is an InvalidArgument
+// naming `where` and the accepted names.
+const ExecContext& context_named(const std::string& name, const std::string& where);
 
 }  // namespace diffattn::nn
