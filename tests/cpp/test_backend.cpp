@@ -10,7 +10,6 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -27,13 +26,7 @@
 namespace diffattn {
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, sd);
-  std::vector<float> x(n);
-  for (float& v : x) v = d(rng);
-  return x;
-}
+using testing::randn;
 
 double max_abs(const std::vector<float>& x) {
   double m = 0;
