@@ -26,15 +26,26 @@ def config(kind, tie=False, lambda_init=None):
     return c
 
 
-def within(got, ref64, ref32, name, factor=8.0):
-    """|got - ref64| <= factor * |ref32 - ref64| + a floor of 1e-6 of the tensor's scale."""
+def grad_floor(name):
+    """The floor of a gradient's tolerance, as a fraction of its scale: 1e-6 (17 float32 ulps),
+    and 2.5e-6 for V1's lambda vectors, whose gradients are one scalar (-sum dout . o2 over every
+    row, with heavy cancellation) times a vector. Their float32 errors measured on the diff_v1
+    tie 0.5 case: PyTorch 14-15 ulps of the scale in layer 0 and 0.5-1.3 (a lucky order) in layer
+    1; the reference backend 11-12; the fused kernels 12-13 and 23 (an AVX-512 machine, whose
+    vector width changes the order). The lucky order cannot vouch for 23, the floor does."""
+    return 2.5e-6 if ".attn.lambda_" in name and "lambda_proj" not in name else 1e-6
+
+
+def within(got, ref64, ref32, name, factor=8.0, floor=1e-6):
+    """|got - ref64| <= factor * |ref32 - ref64| + a floor (of the tensor's scale, 1e-6 unless
+    told: grad_floor)."""
     got = np.asarray(got, dtype=np.float64)
     ref64 = np.asarray(ref64, dtype=np.float64)
     ref32 = np.asarray(ref32, dtype=np.float64)
     scale = max(np.abs(ref64).max(), 1e-30)
     err = np.abs(got - ref64).max()
     naive = np.abs(ref32 - ref64).max()
-    bound = factor * naive + 1e-6 * scale
+    bound = factor * naive + floor * scale
     assert err <= bound, f"{name}: max error {err:.3e} > bound {bound:.3e} (float32 torch error {naive:.3e}, scale {scale:.3e})"
 
 
@@ -45,6 +56,25 @@ def torch_results(cfg, weights, tokens, targets, dtype):
     loss = tm.loss(cfg, P, t, torch.tensor(targets))
     loss.backward()
     return logits.detach().numpy(), loss.item(), {k: v.grad.numpy() for k, v in P.items()}
+
+
+def torch_references(cfg, weights, tokens, targets):
+    """The float64 results and the float32 ones whose errors set the tolerance.
+
+    A gradient that is one sum with heavy cancellation (lambda's: -sum dout . o2 over every row)
+    has a float32 error that depends on the summation order: one order can be lucky to a small
+    fraction of an ulp (seen: V1's lambda_k1 at 0.03 ulp of its scale, where the fused kernels'
+    order, which differs with the machine's vector width, was 11 ulps off). The float32 gradient
+    error is taken as the worse of two orders (the batch as it is and reversed); the gradient
+    tensors are sums over the batch, so only the order changes."""
+    r64 = torch_results(cfg, weights, tokens, targets, torch.float64)
+    l32, loss32, g32 = torch_results(cfg, weights, tokens, targets, torch.float32)
+    _, _, g32r = torch_results(cfg, weights, tokens[::-1].copy(), targets[::-1].copy(),
+                               torch.float32)
+    g64 = r64[2]
+    g32 = {n: np.where(np.abs(g32[n] - g64[n]) >= np.abs(g32r[n] - g64[n]), g32[n], g32r[n])
+           for n in g32}
+    return r64, (l32, loss32, g32)
 
 
 CASES = [("diff_v1", False, None), ("diff_v1", True, 0.5), ("diff_v2", False, None),
@@ -61,16 +91,7 @@ def test_logits_loss_gradients_match_torch(tmp_path, kind, tie, li):
     tokens = rng.integers(0, cfg["vocab_size"], size=(2, 13), dtype=np.int64)
     targets = rng.integers(0, cfg["vocab_size"], size=(2, 13), dtype=np.int64)
 
-    l64, loss64, g64 = torch_results(cfg, weights, tokens, targets, torch.float64)
-    l32, loss32, g32 = torch_results(cfg, weights, tokens, targets, torch.float32)
-    # A gradient that is one sum with heavy cancellation (lambda's: -sum dout . o2 over every
-    # row) has a float32 error that depends on the summation order: one order can be lucky to
-    # an ulp. The float32 error is taken as the worse of two orders (the batch as it is and
-    # reversed); the gradient tensors are sums over the batch, so only the order changes.
-    _, _, g32r = torch_results(cfg, weights, tokens[::-1].copy(), targets[::-1].copy(),
-                               torch.float32)
-    g32 = {n: np.where(np.abs(g32[n] - g64[n]) >= np.abs(g32r[n] - g64[n]), g32[n], g32r[n])
-           for n in g32}
+    (l64, loss64, g64), (l32, loss32, g32) = torch_references(cfg, weights, tokens, targets)
 
     logits = m.forward(tokens)
     assert logits.shape == (2, 13, cfg["vocab_size"]) and logits.dtype == np.float32
@@ -80,7 +101,7 @@ def test_logits_loss_gradients_match_torch(tmp_path, kind, tie, li):
     assert set(grads) == set(g64), "gradient names differ from FORMAT.md's tensors"
     for name in sorted(g64):
         assert grads[name].shape == g64[name].shape, name
-        within(grads[name], g64[name], g32[name], "gradient of " + name)
+        within(grads[name], g64[name], g32[name], "gradient of " + name, floor=grad_floor(name))
 
 
 def test_lambda_schedule_and_v1_lambda(tmp_path):
