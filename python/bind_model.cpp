@@ -319,7 +319,7 @@ void bind_model(py::module_& m) {
                                     " at flat index " + std::to_string(i));
             }
           }
-          std::memcpy(m.params.data() + t.offset, v.f32(), sizeof(float) * static_cast<size_t>(t.numel));
+          std::memcpy(m.params().data() + t.offset, v.f32(), sizeof(float) * static_cast<size_t>(t.numel));
         }
         py::gil_scoped_release nogil;
         return model::save_model(m, path, dt);

@@ -35,9 +35,10 @@ std::string pct(double v) { return fixed(100.0 * v, 1) + "%"; }
 void rescale_init(model::Model& m, double init_std) {
   if (init_std == 0.02) return;
   const float f = static_cast<float>(init_std / 0.02);
+  const std::span<float> w = m.params();
   for (const model::TensorInfo& t : m.tensors()) {
     if (t.shape.size() != 2 || t.name == "embed_tokens.weight") continue;
-    for (int64_t i = 0; i < t.numel; ++i) m.params[static_cast<size_t>(t.offset + i)] *= f;
+    for (int64_t i = 0; i < t.numel; ++i) w[static_cast<size_t>(t.offset + i)] *= f;
   }
 }
 

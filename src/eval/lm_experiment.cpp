@@ -111,7 +111,7 @@ void paired_init(model::Model& m, uint64_t seed, double init_std) {
     const bool ones = t.name.ends_with("norm.weight") || t.name.ends_with("subln.weight");
     const bool lam = t.name.find(".lambda_q") != std::string::npos || t.name.find(".lambda_k") != std::string::npos;
     const double sd = lam ? 0.1 : init_std;
-    float* p = &m.params[static_cast<size_t>(t.offset)];
+    float* p = m.params().data() + t.offset;
     for (int64_t i = 0; i < t.numel; i += 2) {
       // Box-Muller on two uniforms in (0, 1]
       const double u1 = (static_cast<double>(splitmix(s) >> 11) + 1.0) * 0x1.0p-53;
@@ -137,9 +137,9 @@ int64_t check_pairing(const std::vector<const model::Model*>& models) {
   for (const auto& [key, v] : by) {
     if (v.size() < 2) continue;
     ++shared;
-    const float* a = &v[0].first->params[static_cast<size_t>(v[0].second->offset)];
+    const float* a = v[0].first->params().data() + v[0].second->offset;
     for (size_t i = 1; i < v.size(); ++i) {
-      const float* b = &v[i].first->params[static_cast<size_t>(v[i].second->offset)];
+      const float* b = v[i].first->params().data() + v[i].second->offset;
       if (std::memcmp(a, b, static_cast<size_t>(v[0].second->numel) * sizeof(float)) != 0) {
         throw InvalidArgument("pairing: tensor " + key + " differs between the models");
       }

@@ -103,7 +103,6 @@ ModelConfig hf_model_config(const std::string& text, const std::string& where) {
 }
 
 std::shared_ptr<const WeightStore> load_weight_store(const ModelDir& dir) {
-  if (dir.layout->native) return load_native_weights(dir);
   return dir.layout->family->load(dir);
 }
 

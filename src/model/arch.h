@@ -2,7 +2,11 @@
 // hold is one file, src/model/arch_<family>.cpp, giving its config.json translation (with what
 // the published code would compute differently refused), its head layout, how its weights are
 // read and how a model is written back in its layout; arch.cpp lists them and picks one by
-// config.json's model_type. A new family is a new file and one line in that list.
+// config.json's model_type (the project's own format, arch_diffattn.cpp, by "format"). A new
+// family is a new file and one line in that list. The layer bodies: the Llama-like families
+// (Llama, DiffLlama, Motif-2) are translated onto the project's model, whose one decoder layer
+// (Model::layer) runs them; Phi-4-mini-flash's SambaY layers are phi4flash.cpp's and
+// src/infer/sambay.cpp's.
 // The machinery they share lives in hf_reader.cpp (memory-mapped shards, the q/k/v
 // permutation, the Llama-like tensor names) and hf_writer.cpp (sharded, atomic directories).
 #pragma once
@@ -26,7 +30,7 @@ namespace diffattn::model {
 // `native`: the project's own layout (no permutation, the project's tensor names).
 struct ArchFamily;
 struct ArchLayout {
-  const ArchFamily* family = nullptr;  // the registry's entry (null: the project's format)
+  const ArchFamily* family = nullptr;  // the registry's entry (kDiffattnFamily: the project's)
   bool diff = false;
   bool native = false;
   bool motif = false;  // Motif-2 (diff too): G noise heads, each closing a group of S query heads
@@ -73,20 +77,23 @@ struct ArchFamily {
                       const ModelFiles& files);
 };
 
+extern const ArchFamily kDiffattnFamily;   // arch_diffattn.cpp: the project's format
 extern const ArchFamily kLlamaFamily;      // arch_llama.cpp
 extern const ArchFamily kDiffLlamaFamily;  // arch_diffllama.cpp
 extern const ArchFamily kMotifFamily;      // arch_motif.cpp
 extern const ArchFamily kPhi4FlashFamily;  // arch_phi4flash.cpp
 
-// The registry (arch.cpp): every family, in the order they are tried.
+// The registry (arch.cpp): every transformers family, in the order config.json's model_type is
+// tried against them (the project's format, kDiffattnFamily, is picked by "format").
 const std::vector<const ArchFamily*>& arch_families();
 
 // A transformers config.json onto the project's config, through the family its model_type
 // names; layout (when given) receives the checkpoint's head layout.
 ModelConfig parse_hf_config(const nlohmann::json& j, const std::string& where, ArchLayout* layout);
 
-// The weights of a resolved directory kept as loaded: the project's format with 16-bit tensors
-// (dir.layout->native), else through its family.
+// The one loader: the weights of a resolved directory as a store, the project's format
+// (dir.layout->native: OwnedWeights when every tensor is float32, so the model trains, else
+// kept as stored and mapped) or through its family. load_model(dir) is Model(config, this).
 std::shared_ptr<const WeightStore> load_weight_store(const ModelDir& dir);
 
 // ---- shared by the families (arch_llama.cpp: the Llama-like layout the others extend) ----
@@ -133,7 +140,7 @@ struct Permutation {
 
 // Readers (hf_reader.cpp): the Llama-like tensor names (Llama, DiffLlama, Motif-2: q/k/v rows
 // permuted once), Phi-4-mini-flash's published names as they are, the project's own format
-// with 16-bit tensors (dir.layout->native).
+// (dir.layout->native; its header checked against the config first).
 std::shared_ptr<const WeightStore> load_llama_like(const ModelDir& dir);
 std::shared_ptr<const WeightStore> load_sambay_weights(const ModelDir& dir);
 std::shared_ptr<const WeightStore> load_native_weights(const ModelDir& dir);

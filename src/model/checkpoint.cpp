@@ -114,7 +114,7 @@ std::string save_model(const Model& m, const std::string& dir, DType dtype, cons
   for (const TensorInfo& t : m.tensors()) {
     const float* data = nullptr;
     if (m.trainable()) {
-      data = m.params.data() + t.offset;
+      data = m.params().data() + t.offset;
     } else {
       converted.push_back(m.weight_f32(t.name));
       data = converted.back().data();
@@ -166,10 +166,16 @@ void check_weights_header(const ModelConfig& cfg, const SafeTensorsHeader& h, co
   check_names_and_shapes(cfg, tensor_table(cfg), h.tensors, where, prefix, allow_extra);
 }
 
-void load_weights(Model& m, const SafeTensorsFile& f, const std::string& where,
-                  const std::string& prefix, bool allow_extra) {
-  check_names_and_shapes(m.config(), m.tensors(), f.tensors, where, prefix, allow_extra);
-  for (const TensorInfo& t : m.tensors()) {
+void load_weights(OwnedWeights& w, const ModelConfig& cfg, const SafeTensorsFile& f,
+                  const std::string& where, const std::string& prefix, bool allow_extra) {
+  const std::vector<TensorInfo> table = tensor_table(cfg);
+  check_names_and_shapes(cfg, table, f.tensors, where, prefix, allow_extra);
+  if (w.tensors.size() != table.size()) {
+    throw InvalidArgument("load_weights: a store of " + std::to_string(w.tensors.size()) +
+                          " tensors for a config of " + std::to_string(table.size()));
+  }
+  for (size_t k = 0; k < table.size(); ++k) {
+    const TensorInfo& t = table[k];
     const std::vector<float>& src = f.tensors.at(prefix + t.name).data;
     // A NaN or Inf weight would only show later, as a NaN loss or a kernel's complaint naming
     // neither the file nor the tensor.
@@ -181,7 +187,7 @@ void load_weights(Model& m, const SafeTensorsFile& f, const std::string& where,
                       shape_str(t.shape) + ")");
       }
     }
-    std::copy(src.begin(), src.end(), m.params.begin() + t.offset);
+    std::copy(src.begin(), src.end(), w.data.begin() + (w.tensors[k].f32() - w.data.data()));
   }
 }
 

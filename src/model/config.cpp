@@ -250,7 +250,10 @@ std::string ModelConfig::to_json() const {
 }
 
 ModelConfig ModelConfig::from_json(const std::string& text, const std::string& where) {
-  const json j = parse_json_object(text, where);
+  return config_from_json(parse_json_object(text, where), where);
+}
+
+ModelConfig config_from_json(const json& j, const std::string& where) {
   static const std::set<std::string> known = {
       "format",  "attention", "vocab_size", "d_model",    "n_layers",       "n_heads",
       "n_kv_heads", "head_dim", "ffn_dim",  "max_seq_len", "rope_theta",    "norm_eps",

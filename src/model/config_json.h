@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "diffattn/model/config.h"
 #include "diffattn/nn/layers.h"
 
 namespace diffattn::model {
@@ -14,5 +15,9 @@ namespace diffattn::model {
 // are errors naming `where` and the type. Keys it does not use are ignored (rope_parameters
 // carries rope_theta beside them).
 nn::RopeScaling parse_rope_scaling(const nlohmann::json& r, const std::string& where);
+
+// The project's config.json (docs/FORMAT.md) from its parsed object: ModelConfig::from_json
+// after parsing, and the project family's translation (arch_diffattn.cpp).
+ModelConfig config_from_json(const nlohmann::json& j, const std::string& where);
 
 }  // namespace diffattn::model

@@ -479,6 +479,19 @@ std::map<std::string, std::string> parse_hf_weight_map(const std::string& text,
 
 std::shared_ptr<const WeightStore> load_llama_like(const ModelDir& dir) { return Loader(dir).load(); }
 std::shared_ptr<const WeightStore> load_sambay_weights(const ModelDir& dir) { return Loader(dir).load_sambay(); }
-std::shared_ptr<const WeightStore> load_native_weights(const ModelDir& dir) { return Loader(dir).load_native(); }
+std::shared_ptr<const WeightStore> load_native_weights(const ModelDir& dir) {
+  // The header first: a config whose sizes the weights do not match is an error before anything
+  // sized by the config is allocated.
+  const std::string path = dir.file("model.safetensors");
+  const SafeTensorsHeader h = read_safetensors_header(path);
+  check_weights_header(dir.config, h, path);
+  for (const auto& [name, t] : h.tensors) {
+    if (t.dtype != DType::F32) return Loader(dir).load_native();  // kept as stored, mapped
+  }
+  // All float32: the model's own buffer (trainable), each tensor checked finite as it is copied.
+  auto w = std::make_shared<OwnedWeights>(tensor_table(dir.config));
+  load_weights(*w, dir.config, read_safetensors(path, h), path);
+  return w;
+}
 
 }  // namespace diffattn::model

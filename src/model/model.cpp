@@ -32,16 +32,27 @@ void add3(float* out, const float* a, const float* b, int64_t n) {
 
 }  // namespace
 
-Model::Model(const ModelConfig& cfg) : cfg_(cfg) {
-  cfg_.validate();
-  table_ = tensor_table(cfg_);
+OwnedWeights::OwnedWeights(const std::vector<TensorInfo>& table) {
   int64_t total = 0;
-  for (const TensorInfo& t : table_) total += t.numel;
+  for (const TensorInfo& t : table) total += t.numel;
   // The weights (4 bytes each) before anything is allocated and touched; a training context's
   // gradients check again for theirs.
   check_fits_in_memory(4.0 * static_cast<double>(total),
                        "a model of " + std::to_string(total) + " parameters");
-  params.assign(static_cast<size_t>(total), 0.0f);
+  data.assign(static_cast<size_t>(total), 0.0f);
+  for (const TensorInfo& t : table) tensors.emplace_back(data.data() + t.offset, t.shape);
+  description = "float32";
+}
+
+OwnedWeights::OwnedWeights(const OwnedWeights& o) : WeightStore(o), data(o.data) {
+  for (TensorView& v : tensors) v.data = data.data() + (v.f32() - o.data.data());
+}
+
+Model::Model(const ModelConfig& cfg) : cfg_(cfg) {
+  cfg_.validate();
+  table_ = tensor_table(cfg_);
+  owned_ = std::make_shared<OwnedWeights>(table_);
+  store_ = owned_;
   index_tensors();
 }
 
@@ -54,10 +65,59 @@ Model::Model(const ModelConfig& cfg, std::shared_ptr<const WeightStore> store)
                           std::to_string(store_ ? store_->tensors.size() : 0) +
                           " tensors for a config of " + std::to_string(table_.size()));
   }
+  if (const auto* o = dynamic_cast<const OwnedWeights*>(store_.get())) {
+    // Laid out by this config's table, or the offsets the trainer and optimizer use are wrong.
+    int64_t total = 0;
+    for (const TensorInfo& t : table_) total += t.numel;
+    bool laid_out = static_cast<int64_t>(o->data.size()) == total;
+    for (size_t i = 0; laid_out && i < table_.size(); ++i) {
+      laid_out = o->tensors[i].data == o->data.data() + table_[i].offset;
+    }
+    if (!laid_out) {
+      throw InvalidArgument("Model: owned float32 weights of " + std::to_string(o->data.size()) +
+                            " values not laid out by the tensor table of this config (" +
+                            std::to_string(total) + " values)");
+    }
+    // Created non-const (make_shared<OwnedWeights>), so writing it is defined; shared with
+    // another holder it is copied, so this model never writes weights someone else reads.
+    owned_ = store_.use_count() == 1 ? std::const_pointer_cast<OwnedWeights>(
+                                           std::static_pointer_cast<const OwnedWeights>(store_))
+                                     : std::make_shared<OwnedWeights>(*o);
+    store_ = owned_;
+  }
   index_tensors();
 }
 
+Model::Model(const Model& o)
+    : cfg_(o.cfg_), table_(o.table_), index_(o.index_), lt_(o.lt_), sambay_(o.sambay_),
+      derived_(o.derived_), embed_(o.embed_), norm_(o.norm_), head_(o.head_),
+      norm_bias_(o.norm_bias_), store_(o.store_), inv_freq_(o.inv_freq_) {
+  if (o.owned_) {
+    owned_ = std::make_shared<OwnedWeights>(*o.owned_);
+    store_ = owned_;
+    index_tensors();  // the per-layer pieces point into this model's own weights
+  }
+}
+
+Model& Model::operator=(const Model& o) {
+  if (this != &o) *this = Model(o);
+  return *this;
+}
+
+std::span<float> Model::params() {
+  require_trainable("params");
+  return {owned_->data};
+}
+
+std::span<const float> Model::params() const {
+  require_trainable("params");
+  return {owned_->data};
+}
+
 void Model::index_tensors() {
+  index_.clear();
+  lt_.clear();
+  sambay_.clear();
   for (size_t i = 0; i < table_.size(); ++i) index_[table_[i].name] = i;
   auto at = [&](const std::string& n) -> int64_t {
     auto it = index_.find(n);
@@ -101,7 +161,7 @@ void Model::index_tensors() {
 }
 
 TensorView Model::wt(int64_t i) const {
-  TensorView v = store_ ? store_->tensors[static_cast<size_t>(i)] : typed(params.data() + off(i));
+  TensorView v = store_->tensors[static_cast<size_t>(i)];
   v.shape = table_[static_cast<size_t>(i)].shape;  // the table's: the store's views carry none
   return v;
 }
@@ -134,10 +194,10 @@ void require_backend(const Model& m, const nn::ExecContext& ctx, bool paged, DTy
   if (m.config().arch == Arch::SambaY) ctx.require(nn::Op::Attention, kv_dtype, what);
 }
 
-std::string Model::storage() const { return store_ ? store_->description : "float32"; }
+std::string Model::storage() const { return owned_ ? "float32" : store_->description; }
 
 void Model::require_trainable(const char* what) const {
-  if (!store_) return;
+  if (owned_) return;
   throw InvalidArgument(std::string(what) + ": this model's weights are kept as loaded (" +
                         store_->description +
                         "); training needs a float32 model (diffattn convert --to diffattn)");
@@ -166,7 +226,7 @@ void Model::init_weights(uint64_t seed) {
   require_trainable("init_weights");
   uint64_t s = seed ^ 0x6469666661747431ull;  // "diffatt1"
   for (const TensorInfo& t : table_) {
-    float* w = params.data() + t.offset;
+    float* w = owned_->data.data() + t.offset;
     const bool gain = t.name.find("norm.weight") != std::string::npos ||
                       t.name.find("subln.weight") != std::string::npos;
     const bool lam = t.name.find("attn.lambda_") != std::string::npos &&

@@ -51,9 +51,11 @@ ModelDir open_model_dir(const std::string& dir) {
     d.config = parse_hf_config(j, d.config_path, layout.get());
     d.family = layout->family->name;
   } else {
-    d.config = ModelConfig::from_json(text, d.config_path);
-    d.family = "diffattn";
-    layout->native = true;
+    // The project's format; text that is not a JSON object gets its reader's error.
+    if (!parsed) (void)ModelConfig::from_json(text, d.config_path);
+    layout->family = &kDiffattnFamily;
+    d.config = kDiffattnFamily.translate(ConfigKeys(j, d.config_path), *layout);
+    d.family = kDiffattnFamily.name;
   }
   d.layout = layout;
 
@@ -93,22 +95,7 @@ ModelDir open_model_dir(const std::string& dir) {
   return d;
 }
 
-Model load_model(const ModelDir& d) {
-  if (d.hf) return Model(d.config, load_weight_store(d));
-  // The header first: a config whose sizes the weights do not match is an error before the
-  // model (sized by the config alone) is allocated.
-  const std::string w_path = d.file("model.safetensors");
-  const SafeTensorsHeader h = read_safetensors_header(w_path);
-  check_weights_header(d.config, h, w_path);
-  // 16-bit weights stay 16-bit: an inference model over the mapped file, like a transformers
-  // directory's (training it needs `convert --to diffattn`, which writes float32).
-  for (const auto& [name, t] : h.tensors) {
-    if (t.dtype != DType::F32) return Model(d.config, load_weight_store(d));
-  }
-  Model m(d.config);
-  load_weights(m, read_safetensors(w_path, h), w_path);
-  return m;
-}
+Model load_model(const ModelDir& d) { return Model(d.config, load_weight_store(d)); }
 
 Model load_model(const std::string& dir) { return load_model(open_model_dir(dir)); }
 

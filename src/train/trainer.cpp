@@ -147,7 +147,7 @@ Trainer::Trainer(const std::string& dir, model::Model model, const TrainOptions&
   }
   check_train_options(opts_, model_->config());
   opts_.adamw.total_steps = opts_.steps;
-  adam_.reset(model_->params.size());
+  adam_.reset(model_->params().size());
 }
 
 Trainer::Trainer(const std::string& dir, const model::ModelConfig& cfg, const TrainOptions& opts)
@@ -220,9 +220,10 @@ Trainer Trainer::resume(const std::string& dir) {
   }
   const model::SafeTensorsHeader h = model::read_safetensors_header(path);
   const TrainState ts = check_train_state_header(h, path);
-  model::Model m(ts.config);
   const model::SafeTensorsFile f = model::read_safetensors(path, h);
-  model::load_weights(m, f, path, "", true);
+  auto w = std::make_shared<model::OwnedWeights>(model::tensor_table(ts.config));
+  model::load_weights(*w, ts.config, f, path, "", true);
+  model::Model m(ts.config, std::move(w));
   Trainer t(dir, std::move(m), ts.options);
   t.step_ = ts.step;
   t.adam_.t = ts.adamw_t;
@@ -289,7 +290,7 @@ const std::vector<std::string>& Trainer::checkpoint_files() {
 void Trainer::save() const {
   make_dirs(dir_);
   std::vector<model::SafeTensorRef> refs;
-  for (const model::TensorInfo& t : model_->tensors()) refs.push_back({t.name, t.shape, model_->params.data() + t.offset});
+  for (const model::TensorInfo& t : model_->tensors()) refs.push_back({t.name, t.shape, model_->params().data() + t.offset});
   for (const model::TensorInfo& t : model_->tensors()) {
     refs.push_back({"adamw.m." + t.name, t.shape, adam_.m.data() + t.offset});
     refs.push_back({"adamw.v." + t.name, t.shape, adam_.v.data() + t.offset});

@@ -283,7 +283,7 @@ TEST(LmExperiment, PairedInitSharesEveryCommonTensor) {
   diffattn::model::Model other(diffattn::eval::version_of_size(size, AttnKind::Standard));
   diffattn::eval::paired_init(other, 6);
   EXPECT_NE(other.weight_f32("embed_tokens.weight"), ms[2].weight_f32("embed_tokens.weight"));
-  ms[1].params[static_cast<size_t>(ms[1].tensor("layers.0.attn.k_proj.weight").offset)] += 1e-6f;
+  ms[1].params()[static_cast<size_t>(ms[1].tensor("layers.0.attn.k_proj.weight").offset)] += 1e-6f;
   EXPECT_THROW(
       {
         try {

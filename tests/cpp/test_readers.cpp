@@ -311,11 +311,11 @@ TEST(LoadModel, NonFiniteWeightsAreErrors) {
   model::Model m(tiny());
   m.init_weights(1);
   const model::TensorInfo& t = m.tensors()[3];
-  m.params[static_cast<size_t>(t.offset + 5)] = std::numeric_limits<float>::quiet_NaN();
+  m.params()[static_cast<size_t>(t.offset + 5)] = std::numeric_limits<float>::quiet_NaN();
   model::save_model(m, d.str());
   expect_error<IoError>([&] { model::load_model(d.str()); },
                         {d / "model.safetensors", "tensor \"" + t.name + "\" holds NaN at flat index 5"});
-  m.params[static_cast<size_t>(t.offset + 5)] = -std::numeric_limits<float>::infinity();
+  m.params()[static_cast<size_t>(t.offset + 5)] = -std::numeric_limits<float>::infinity();
   model::save_model(m, d.str());
   expect_error<IoError>([&] { model::load_model(d.str()); }, {"holds Inf at flat index 5"});
 }

@@ -48,7 +48,7 @@ model::Model tiny_model(nn::AttnKind kind, uint64_t seed) {
   m.init_weights(seed);
   // Larger output weights: decisive argmaxes, so greedy ids do not hinge on the last bit.
   const model::TensorInfo& head = m.tensor(c.tie_embeddings ? "embed_tokens.weight" : "lm_head.weight");
-  for (int64_t i = 0; i < head.numel; ++i) m.params[static_cast<size_t>(head.offset + i)] *= 25.0f;
+  for (int64_t i = 0; i < head.numel; ++i) m.params()[static_cast<size_t>(head.offset + i)] *= 25.0f;
   return m;
 }
 

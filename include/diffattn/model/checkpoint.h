@@ -61,9 +61,10 @@ void check_model_dir(const std::string& dir);
 void check_weights_header(const ModelConfig& cfg, const SafeTensorsHeader& h, const std::string& where,
                           const std::string& prefix = "", bool allow_extra = false);
 // Copies a model's tensors from a parsed file, checking names and shapes against the config, and
-// that every value is finite (a NaN or Inf is an error naming the tensor and its first index).
-void load_weights(Model& m, const SafeTensorsFile& f, const std::string& where,
-                  const std::string& prefix = "", bool allow_extra = false);
+// that every value is finite (a NaN or Inf is an error naming the tensor and its first index),
+// into owned weights laid out by cfg's table (Model(cfg, w) then trains them).
+void load_weights(OwnedWeights& w, const ModelConfig& cfg, const SafeTensorsFile& f,
+                  const std::string& where, const std::string& prefix = "", bool allow_extra = false);
 
 // Hugging Face checkpoints.
 // True when DIR/config.json has a "model_type" (and no "format"): a transformers directory.

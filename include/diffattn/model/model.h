@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -41,13 +42,28 @@ struct LayerTensors {
           down_bias = -1, act_w = -1, act_b = -1;
 };
 
-// Weights kept as loaded instead of in Model::params: one typed view per tensor_table entry
-// (BF16 and F16 matrices stay so; the small vectors are float32), and whatever keeps the memory
-// alive (memory-mapped files, converted copies). Read only; models built on one share it.
+// A model's weights, the one representation every model reads them through: one typed view
+// per tensor_table entry and whatever keeps the memory alive. Two kinds: kept as loaded (the
+// loaders of arch.h: memory-mapped files, BF16 and F16 matrices in their stored type, the small
+// vectors and permuted q/k/v blocks converted copies; read only, models built on one share it),
+// and OwnedWeights (a trainable model's float32 buffer).
 struct WeightStore {
   virtual ~WeightStore() = default;
   std::vector<TensorView> tensors;
   std::string description;  // what `diffattn info` shows, e.g. "Hugging Face diffllama, BF16"
+};
+
+// A trainable model's weights: one float32 buffer laid out by the tensor table (offsets,
+// docs/FORMAT.md), each view pointing into it. A model built over one that it alone holds takes
+// it as its own (init_weights and an optimizer step write it through Model::params); one shared
+// with another holder is copied first, and copying a model copies it, so models never write
+// each other's weights.
+struct OwnedWeights final : WeightStore {
+  // Zeros for the table (InvalidArgument when they would not fit in memory).
+  explicit OwnedWeights(const std::vector<TensorInfo>& table);
+  OwnedWeights(const OwnedWeights& o);  // a deep copy, its views into its own buffer
+  OwnedWeights& operator=(const OwnedWeights&) = delete;
+  std::vector<float> data;
 };
 
 // The weights and what reads them: immutable after load (init_weights and an optimizer step
@@ -56,14 +72,26 @@ struct WeightStore {
 // (include/diffattn/infer/) for inference.
 class Model {
  public:
-  // A trainable model: float32 weights in params.
+  // A trainable model: float32 weights (zeros) in its own OwnedWeights.
   explicit Model(const ModelConfig& cfg);
-  // An inference model over weights kept as loaded (no params; TrainContext::backward refuses).
+  // A model over a store: trainable when the store is an OwnedWeights (taken as the model's own
+  // when the model holds its only reference, else copied), an inference model over weights kept
+  // as loaded otherwise (no params; TrainContext::backward refuses).
   Model(const ModelConfig& cfg, std::shared_ptr<const WeightStore> store);
+  // Copies share a store kept as loaded and copy owned weights (the paired-init experiments
+  // train copies of one initialisation).
+  Model(const Model& o);
+  Model& operator=(const Model& o);
+  Model(Model&&) noexcept = default;
+  Model& operator=(Model&&) noexcept = default;
 
   const ModelConfig& config() const { return cfg_; }
-  // False for a model over a WeightStore.
-  bool trainable() const { return store_ == nullptr; }
+  // Whether the weights are the model's own float32 buffer (OwnedWeights).
+  bool trainable() const { return owned_ != nullptr; }
+  // A trainable model's weights: flat float32, laid out by tensors() (TensorInfo::offset);
+  // throws InvalidArgument for a model over weights kept as loaded.
+  std::span<float> params();
+  std::span<const float> params() const;
   // Where the weights live: "float32" or the store's description.
   std::string storage() const;
   // A tensor in its stored type (a view with the table's shape, read only; to_dlpack exports it
@@ -121,8 +149,6 @@ class Model {
   // RoPE's frequencies (D/2), scaled per config().rope_scaling (nn::rope_table's inv_freq).
   const std::vector<double>& rope_inv_freq() const { return inv_freq_; }
 
-  std::vector<float> params;  // a trainable model's weights: flat, laid out by tensors()
-
  private:
   friend class TrainContext;  // the backward reads the tensor offsets (off, lt_)
   // The FFN half of layer over N rows: from a.x_mid to x_out.
@@ -133,7 +159,7 @@ class Model {
   TensorView wt(int64_t i) const;
   const float* wf(int64_t i) const { return i < 0 ? nullptr : wt(i).f32(); }
   int64_t off(int64_t i) const { return table_[static_cast<size_t>(i)].offset; }
-  void index_tensors();
+  void index_tensors();  // from table_ and store_: the per-layer indices and derived arrays
   void index_sambay();  // phi4flash.cpp
 
   ModelConfig cfg_;
@@ -146,7 +172,8 @@ class Model {
   std::shared_ptr<const std::vector<std::vector<float>>> derived_;
   int64_t embed_ = 0, norm_ = 0, head_ = 0;  // tensor indices
   int64_t norm_bias_ = -1;                     // SambaY's final LayerNorm bias
-  std::shared_ptr<const WeightStore> store_;
+  std::shared_ptr<const WeightStore> store_;  // never null
+  std::shared_ptr<OwnedWeights> owned_;       // store_ itself when trainable, else null
   std::vector<double> inv_freq_;  // RoPE frequencies (D/2), scaled per cfg_.rope_scaling
 };
 
