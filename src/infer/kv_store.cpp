@@ -226,8 +226,7 @@ int64_t KvStore::recurrent_bytes(int32_t id) const {
   const Recurrent& r = seq(id).rec;
   int64_t b = static_cast<int64_t>(sizeof(float) * (r.conv.size() + r.ssm.size()));
   for (const nn::KVCache& c : r.rings) {
-    b += static_cast<int64_t>(sizeof(float) * (c.k.size() + c.v.size()) +
-                              sizeof(uint16_t) * (c.k16.size() + c.v16.size()));
+    b += static_cast<int64_t>(c.k.size() + c.v.size());
   }
   return b;
 }
@@ -285,19 +284,12 @@ void KvStore::copy_rows(int32_t src, int32_t dst, int64_t n) {
                           std::to_string(src) + " to block " + std::to_string(dst) + " (" +
                           std::to_string(a.total()) + " blocks of " + std::to_string(bs) + ")");
   }
-  auto copy = [&](auto* base, int64_t row) {
-    std::memcpy(base + static_cast<int64_t>(dst) * bs * row,
-                base + static_cast<int64_t>(src) * bs * row,
-                sizeof(*base) * static_cast<size_t>(n * row));
-  };
   for (nn::KVPool& p : pools_) {
-    if (p.kv_dtype == DType::F32) {
-      copy(p.k.get(), p.n_k);
-      copy(p.v.get(), p.n_v);
-    } else {
-      copy(p.k16.get(), p.n_k);
-      copy(p.v16.get(), p.n_v);
-    }
+    const size_t es = dtype_size(p.kv_dtype);
+    std::memcpy(p.k_at(static_cast<int64_t>(dst) * bs * p.n_k), p.k_at(static_cast<int64_t>(src) * bs * p.n_k),
+                es * static_cast<size_t>(n * p.n_k));
+    std::memcpy(p.v_at(static_cast<int64_t>(dst) * bs * p.n_v), p.v_at(static_cast<int64_t>(src) * bs * p.n_v),
+                es * static_cast<size_t>(n * p.n_v));
   }
 }
 

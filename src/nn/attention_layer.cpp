@@ -25,12 +25,12 @@ void KVCache::reset(const AttnLayerShape& s, int64_t batch, int64_t cap, DType d
   B = batch;
   capacity = cap;
   len = 0;
+  n_k = s.n_k();
+  n_v = s.n_v();
   kv_dtype = dtype;
-  const bool f32 = dtype == DType::F32;
-  k.assign(f32 ? static_cast<size_t>(B * cap * s.n_k()) : 0, 0.0f);
-  v.assign(f32 ? static_cast<size_t>(B * cap * s.n_v()) : 0, 0.0f);
-  k16.assign(f32 ? 0 : static_cast<size_t>(B * cap * s.n_k()), 0);
-  v16.assign(f32 ? 0 : static_cast<size_t>(B * cap * s.n_v()), 0);
+  const size_t es = dtype_size(dtype);
+  k.assign(static_cast<size_t>(B * cap * n_k) * es, 0);
+  v.assign(static_cast<size_t>(B * cap * n_v) * es, 0);
 }
 
 void KVPool::reset(const AttnLayerShape& s, int64_t blocks, int64_t bsize, DType dtype) {
@@ -47,13 +47,10 @@ void KVPool::reset(const AttnLayerShape& s, int64_t blocks, int64_t bsize, DType
   n_k = s.n_k();
   n_v = s.n_v();
   kv_dtype = dtype;
-  const size_t nk = static_cast<size_t>(blocks * bsize * n_k), nv = static_cast<size_t>(blocks * bsize * n_v);
+  const size_t es = dtype_size(dtype);
   // No value-initialisation: the pool's pages stay untouched until written.
-  const bool f32 = dtype == DType::F32;
-  k = f32 ? new_page_array<float>(nk) : nullptr;
-  v = f32 ? new_page_array<float, kValuePageOffset>(nv) : nullptr;
-  k16 = f32 ? nullptr : new_page_array<uint16_t>(nk);
-  v16 = f32 ? nullptr : new_page_array<uint16_t, kValuePageOffset>(nv);
+  k = new_page_array<uint8_t>(static_cast<size_t>(blocks * bsize * n_k) * es);
+  v = new_page_array<uint8_t, kValuePageOffset>(static_cast<size_t>(blocks * bsize * n_v) * es);
 }
 
 int64_t KVPool::bytes() const {
@@ -84,12 +81,9 @@ kernels::AttnParams make_params(const AttnLayerShape& s, int64_t B, int64_t Tq, 
   const float* q = proj;
   // k and v: columns of the projection, or the cache's rows from k0 on in its type.
   const DType kt = cache ? cache->kv_dtype : DType::F32;
-  const void* k = !cache               ? static_cast<const void*>(proj + s.n_q())
-                  : kt == DType::F32   ? static_cast<const void*>(cache->k.data() + k0 * s.n_k())
-                                       : static_cast<const void*>(cache->k16.data() + k0 * s.n_k());
-  const void* v = !cache               ? static_cast<const void*>(proj + s.n_q() + s.n_k())
-                  : kt == DType::F32   ? static_cast<const void*>(cache->v.data() + k0 * s.n_v())
-                                       : static_cast<const void*>(cache->v16.data() + k0 * s.n_v());
+  const void* k = cache ? cache->k_at(k0 * s.n_k()) : static_cast<const void*>(proj + s.n_q());
+  const void* v =
+      cache ? cache->v_at(k0 * s.n_v()) : static_cast<const void*>(proj + s.n_q() + s.n_k());
   kernels::AttnOptions opts;
   opts.causal = true;
   // q is a column block of the (B, T, n_proj) projection; k and v are too, or rows of the
@@ -112,25 +106,21 @@ kernels::AttnParams make_params(const AttnLayerShape& s, int64_t B, int64_t Tq, 
   return p;
 }
 
-// The k and v columns of a projection row into one cache position (k: n_k, v: n_v elements),
-// rounded once to the cache's type when it is 16-bit.
-void store_kv(DType dt, float* k, float* v, uint16_t* k16, uint16_t* v16, const AttnLayerShape& s,
-              const float* row) {
+// The k and v columns of a projection row into one cache position (k: n_k, v: n_v elements of
+// dt), rounded once to the cache's type when it is 16-bit.
+void store_kv(DType dt, void* k, void* v, const AttnLayerShape& s, const float* row) {
   if (dt == DType::F32) {
     std::memcpy(k, row + s.n_q(), sizeof(float) * static_cast<size_t>(s.n_k()));
     std::memcpy(v, row + s.n_q() + s.n_k(), sizeof(float) * static_cast<size_t>(s.n_v()));
   } else {
-    convert_from_f32(k16, row + s.n_q(), dt, s.n_k());
-    convert_from_f32(v16, row + s.n_q() + s.n_k(), dt, s.n_v());
+    convert_from_f32(static_cast<uint16_t*>(k), row + s.n_q(), dt, s.n_k());
+    convert_from_f32(static_cast<uint16_t*>(v), row + s.n_q() + s.n_k(), dt, s.n_v());
   }
 }
 
 // Position `at` (batch * capacity + t) of the cache gets the k and v columns of a projection row.
 void append_kv(KVCache& c, const AttnLayerShape& s, int64_t at, const float* row) {
-  const bool f32 = c.kv_dtype == DType::F32;
-  const size_t ik = static_cast<size_t>(at * s.n_k()), iv = static_cast<size_t>(at * s.n_v());
-  store_kv(c.kv_dtype, f32 ? &c.k[ik] : nullptr, f32 ? &c.v[iv] : nullptr,
-           f32 ? nullptr : &c.k16[ik], f32 ? nullptr : &c.v16[iv], s, row);
+  store_kv(c.kv_dtype, c.k_at(at * s.n_k()), c.v_at(at * s.n_v()), s, row);
 }
 
 // Position pos of a sequence with block table `table` gets the k and v columns of a row.
@@ -138,10 +128,7 @@ void append_kv(KVPool& pool, const AttnLayerShape& s, const int32_t* table, int6
                const float* row) {
   const int64_t at = static_cast<int64_t>(table[pos / pool.block_size]) * pool.block_size +
                      pos % pool.block_size;
-  const size_t ik = static_cast<size_t>(at * s.n_k()), iv = static_cast<size_t>(at * s.n_v());
-  const bool f32 = pool.kv_dtype == DType::F32;
-  store_kv(pool.kv_dtype, f32 ? &pool.k[ik] : nullptr, f32 ? &pool.v[iv] : nullptr,
-           f32 ? nullptr : &pool.k16[ik], f32 ? nullptr : &pool.v16[iv], s, row);
+  store_kv(pool.kv_dtype, pool.k_at(at * s.n_k()), pool.v_at(at * s.n_v()), s, row);
 }
 
 // A pool made for this layer's shape, and a sequence's positions [0, len) inside its table of
@@ -196,11 +183,7 @@ void paged_attention(const ExecContext& ctx, AttnLayerActs& acts, const AttnLaye
   p.q = q;
   p.lam = s.maps() == 2 ? acts.lam.data() : nullptr;
   p.kv_dtype = pool.kv_dtype;
-  if (pool.kv_dtype == DType::F32) {
-    p.k_pool = pool.k.get(), p.v_pool = pool.v.get();
-  } else {
-    p.k_pool = pool.k16.get(), p.v_pool = pool.v16.get();
-  }
+  p.k_pool = pool.k.get(), p.v_pool = pool.v.get();
   p.block_tables = seqs.tables;
   p.seq_lens = seqs.lens;
   p.set_contiguous_strides();
@@ -380,22 +363,14 @@ void attn_layer_window(const ExecContext& ctx, float* out, AttnLayerActs& acts, 
     const int64_t s0 = std::max<int64_t>(0, q.pos0 - W + 1), prior = q.pos0 - s0;
     const int64_t len = prior + q.n;
     if (scratch.B != 1 || scratch.capacity < len || scratch.kv_dtype != ring.kv_dtype ||
-        (ring.kv_dtype == DType::F32 ? scratch.k.size() : scratch.k16.size()) !=
-            static_cast<size_t>(scratch.capacity * s.n_k())) {
+        scratch.n_k != s.n_k() || scratch.n_v != s.n_v()) {
       scratch.reset(s, 1, std::max<int64_t>(len, 2 * W), ring.kv_dtype);
     }
     for (int64_t j = 0; j < prior; ++j) {
       const int64_t slot = (s0 + j) % W;
-      auto copy = [&](auto* dst, const auto* src, int64_t row) {
-        std::memcpy(dst + j * row, src + slot * row, sizeof(*dst) * static_cast<size_t>(row));
-      };
-      if (ring.kv_dtype == DType::F32) {
-        copy(scratch.k.data(), ring.k.data(), s.n_k());
-        copy(scratch.v.data(), ring.v.data(), s.n_v());
-      } else {
-        copy(scratch.k16.data(), ring.k16.data(), s.n_k());
-        copy(scratch.v16.data(), ring.v16.data(), s.n_v());
-      }
+      const size_t es = dtype_size(ring.kv_dtype);
+      std::memcpy(scratch.k_at(j * s.n_k()), ring.k_at(slot * s.n_k()), es * static_cast<size_t>(s.n_k()));
+      std::memcpy(scratch.v_at(j * s.n_v()), ring.v_at(slot * s.n_v()), es * static_cast<size_t>(s.n_v()));
     }
     for (int64_t t = 0; t < q.n; ++t) append_kv(scratch, s, prior + t, rows + t * np);
     // Rows whose window starts at or before the copy's first position see all of it up to

@@ -92,7 +92,7 @@ std::vector<float> ring_rows(const nn::KVCache& r, int64_t len, int64_t n_k, boo
   const int64_t W = r.capacity, first = std::max<int64_t>(0, len - W);
   std::vector<float> out;
   for (int64_t p = first; p < len; ++p) {
-    const float* src = keys ? r.k.data() + (p % W) * n_k : r.v.data() + (p % W) * n_k;
+    const auto* src = static_cast<const float*>(keys ? r.k_at((p % W) * n_k) : r.v_at((p % W) * n_k));
     out.insert(out.end(), src, src + n_k);
   }
   return out;

@@ -211,22 +211,24 @@ TEST(KvStorage, RowsOnCacheLinesValuesHalfAPageOffTheKeys) {
   const auto page_offset = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 4096; };
   for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
     SCOPED_TRACE(dtype_name(dt));
-    const bool f32 = dt == DType::F32;
     nn::KVCache cache;
     cache.reset(s, 2, 37, dt);  // sizes that are no multiple of a line or a page
-    const void* k = f32 ? static_cast<const void*>(cache.k.data()) : cache.k16.data();
-    const void* v = f32 ? static_cast<const void*>(cache.v.data()) : cache.v16.data();
+    const void* k = cache.k.data();
+    const void* v = cache.v.data();
+    EXPECT_EQ(cache.k.size(), 2u * 37 * s.n_k() * dtype_size(dt));
+    EXPECT_EQ(cache.v_at(3 * s.n_v()), cache.v.data() + 3 * s.n_v() * dtype_size(dt));
     EXPECT_EQ(page_offset(k), 0u);
     EXPECT_EQ(page_offset(v), 2048u);
     nn::KVPool pool;
     pool.reset(s, 3, 5, dt);
-    k = f32 ? static_cast<const void*>(pool.k.get()) : pool.k16.get();
-    v = f32 ? static_cast<const void*>(pool.v.get()) : pool.v16.get();
+    k = pool.k.get();
+    v = pool.v.get();
+    EXPECT_EQ(pool.bytes(), 3 * 5 * (s.n_k() + s.n_v()) * static_cast<int64_t>(dtype_size(dt)));
     EXPECT_EQ(page_offset(k), 0u);
     EXPECT_EQ(page_offset(v), 2048u);
     // Another reset reallocates in place of the old stores, placed the same way.
     cache.reset(s, 1, 1000, dt);
-    v = f32 ? static_cast<const void*>(cache.v.data()) : cache.v16.data();
+    v = cache.v.data();
     EXPECT_EQ(page_offset(v), 2048u);
   }
 }

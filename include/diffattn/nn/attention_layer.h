@@ -82,17 +82,21 @@ struct AttnLayerActs {
   double e1 = 0, e2 = 0;        // V1: exp(lambda_q1 . lambda_k1), exp(lambda_q2 . lambda_k2)
 };
 
-// A key/value cache with spare capacity for one layer: rows [0, len) are filled. Stored as
-// kv_dtype: F32 in k and v, BF16 or F16 in k16 and v16 (converted once, when a row is
-// appended; attention reads them with float32 arithmetic), the other pair left empty.
+// A key/value cache with spare capacity for one layer: rows [0, len) are filled. One array of
+// keys and one of values, elements of kv_dtype (F32, or BF16/F16: rounded once, when a row is
+// appended; attention reads them with float32 arithmetic).
 struct KVCache {
   int64_t B = 0, capacity = 0, len = 0;
+  int64_t n_k = 0, n_v = 0;  // elements per position: k_heads * D, G * Dv
   DType kv_dtype = DType::F32;
-  // On cache lines, values half a page off the keys (base/memory.h).
-  PageVector<float> k;                        // (B, capacity, k_heads, D), kv_dtype F32
-  PageVector<float, kValuePageOffset> v;      // (B, capacity, G, Dv), kv_dtype F32
-  PageVector<uint16_t> k16;                   // (B, capacity, k_heads, D), kv_dtype BF16 or F16
-  PageVector<uint16_t, kValuePageOffset> v16; // (B, capacity, G, Dv), kv_dtype BF16 or F16
+  // On cache lines, values half a page off the keys (base/memory.h); bytes.
+  PageVector<uint8_t> k;                    // (B, capacity, k_heads, D) of kv_dtype
+  PageVector<uint8_t, kValuePageOffset> v;  // (B, capacity, G, Dv) of kv_dtype
+  // Element i (a position times n_k or n_v, plus a column) of the keys or values.
+  void* k_at(int64_t i) { return k.data() + i * static_cast<int64_t>(dtype_size(kv_dtype)); }
+  void* v_at(int64_t i) { return v.data() + i * static_cast<int64_t>(dtype_size(kv_dtype)); }
+  const void* k_at(int64_t i) const { return k.data() + i * static_cast<int64_t>(dtype_size(kv_dtype)); }
+  const void* v_at(int64_t i) const { return v.data() + i * static_cast<int64_t>(dtype_size(kv_dtype)); }
   void reset(const AttnLayerShape& s, int64_t B, int64_t capacity,
              DType kv_dtype = DType::F32);
 };
@@ -111,18 +115,21 @@ void attn_layer_fwd(const ExecContext& ctx, float* out, AttnLayerActs& acts, con
 
 // The paged KV store of one layer (serving): n_blocks blocks of block_size positions shared by
 // many sequences, each holding a table of block ids (serve::BlockAllocator hands them out).
-// Position j of a sequence is row j % block_size of block table[j / block_size]. Stored as
-// kv_dtype (F32 in k and v, BF16/F16 in k16 and v16), allocated once and not zeroed: a page is
-// touched when a block on it is first written.
+// Position j of a sequence is row j % block_size of block table[j / block_size]. One array of
+// keys and one of values, elements of kv_dtype (F32, BF16 or F16), allocated once and not
+// zeroed: a page is touched when a block on it is first written.
 struct KVPool {
   int64_t n_blocks = 0, block_size = 0;
-  int64_t n_k = 0, n_v = 0;  // floats per position: k_heads * D, G * Dv
+  int64_t n_k = 0, n_v = 0;  // elements per position: k_heads * D, G * Dv
   DType kv_dtype = DType::F32;
-  // On cache lines, values half a page off the keys (base/memory.h).
-  PageArray<float> k;                        // (n_blocks, block_size, k_heads, D), kv_dtype F32
-  PageArray<float, kValuePageOffset> v;      // (n_blocks, block_size, G, Dv), kv_dtype F32
-  PageArray<uint16_t> k16;                   // the same, kv_dtype BF16 or F16
-  PageArray<uint16_t, kValuePageOffset> v16;
+  // On cache lines, values half a page off the keys (base/memory.h); bytes.
+  PageArray<uint8_t> k;                    // (n_blocks, block_size, k_heads, D) of kv_dtype
+  PageArray<uint8_t, kValuePageOffset> v;  // (n_blocks, block_size, G, Dv) of kv_dtype
+  // Element i (a slot, block * block_size + row, times n_k or n_v, plus a column).
+  void* k_at(int64_t i) { return k.get() + i * static_cast<int64_t>(dtype_size(kv_dtype)); }
+  void* v_at(int64_t i) { return v.get() + i * static_cast<int64_t>(dtype_size(kv_dtype)); }
+  const void* k_at(int64_t i) const { return k.get() + i * static_cast<int64_t>(dtype_size(kv_dtype)); }
+  const void* v_at(int64_t i) const { return v.get() + i * static_cast<int64_t>(dtype_size(kv_dtype)); }
   // Throws InvalidArgument (naming the sizes) for an empty or impossibly large pool.
   void reset(const AttnLayerShape& s, int64_t n_blocks, int64_t block_size,
              DType kv_dtype = DType::F32);
