@@ -166,6 +166,23 @@ void check_weights_header(const ModelConfig& cfg, const SafeTensorsHeader& h, co
   check_names_and_shapes(cfg, tensor_table(cfg), h.tensors, where, prefix, allow_extra);
 }
 
+namespace {
+
+// A NaN or Inf weight would only show later, as a NaN loss or a kernel's complaint naming
+// neither the file nor the tensor.
+void check_finite(const float* p, int64_t n, const std::string& where, const std::string& name,
+                  const Shape& shape) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(p[i])) {
+      throw IoError(where + ": tensor \"" + name + "\" holds " + (std::isnan(p[i]) ? "NaN" : "Inf") +
+                    " at flat index " + std::to_string(i) + " of its " + std::to_string(n) +
+                    " values (shape " + shape_str(shape) + ")");
+    }
+  }
+}
+
+}  // namespace
+
 void load_weights(OwnedWeights& w, const ModelConfig& cfg, const SafeTensorsFile& f,
                   const std::string& where, const std::string& prefix, bool allow_extra) {
   const std::vector<TensorInfo> table = tensor_table(cfg);
@@ -177,18 +194,32 @@ void load_weights(OwnedWeights& w, const ModelConfig& cfg, const SafeTensorsFile
   for (size_t k = 0; k < table.size(); ++k) {
     const TensorInfo& t = table[k];
     const std::vector<float>& src = f.tensors.at(prefix + t.name).data;
-    // A NaN or Inf weight would only show later, as a NaN loss or a kernel's complaint naming
-    // neither the file nor the tensor.
-    for (size_t i = 0; i < src.size(); ++i) {
-      if (!std::isfinite(src[i])) {
-        throw IoError(where + ": tensor \"" + prefix + t.name + "\" holds " +
-                      (std::isnan(src[i]) ? "NaN" : "Inf") + " at flat index " + std::to_string(i) +
-                      " of its " + std::to_string(src.size()) + " values (shape " +
-                      shape_str(t.shape) + ")");
-      }
-    }
+    check_finite(src.data(), static_cast<int64_t>(src.size()), where, prefix + t.name, t.shape);
     std::copy(src.begin(), src.end(), w.data.begin() + (w.tensors[k].f32() - w.data.data()));
   }
+}
+
+std::shared_ptr<OwnedWeights> read_f32_weights(const std::string& path, const SafeTensorsHeader& h,
+                                               const ModelConfig& cfg) {
+  const std::vector<TensorInfo> table = tensor_table(cfg);
+  check_names_and_shapes(cfg, table, h.tensors, path, "", false);
+  for (const TensorInfo& t : table) {
+    if (h.tensors.at(t.name).dtype != DType::F32) {
+      throw InvalidArgument("read_f32_weights: " + path + ": tensor \"" + t.name + "\" is " +
+                            dtype_name(h.tensors.at(t.name).dtype) + ", not F32");
+    }
+  }
+  auto w = std::make_shared<OwnedWeights>(table);
+  const MappedFile f(path);
+  if (f.size() != h.file_size) throw IoError(path + ": the file changed while it was read");
+  for (const TensorInfo& t : table) {
+    const SafeTensorEntry& e = h.tensors.at(t.name);
+    float* dst = w->data.data() + t.offset;
+    std::memcpy(dst, f.data() + h.data_offset + e.begin, sizeof(float) * static_cast<size_t>(t.numel));
+    f.drop(h.data_offset + e.begin, h.data_offset + e.end);  // the copy is what stays
+    check_finite(dst, t.numel, path, t.name, t.shape);
+  }
+  return w;
 }
 
 void check_model_dir(const std::string& dir) {

@@ -488,10 +488,8 @@ std::shared_ptr<const WeightStore> load_native_weights(const ModelDir& dir) {
   for (const auto& [name, t] : h.tensors) {
     if (t.dtype != DType::F32) return Loader(dir).load_native();  // kept as stored, mapped
   }
-  // All float32: the model's own buffer (trainable), each tensor checked finite as it is copied.
-  auto w = std::make_shared<OwnedWeights>(tensor_table(dir.config));
-  load_weights(*w, dir.config, read_safetensors(path, h), path);
-  return w;
+  // All float32: the model's own buffer (trainable), copied once from the mapped file.
+  return read_f32_weights(path, h, dir.config);
 }
 
 }  // namespace diffattn::model
