@@ -62,14 +62,19 @@ void need_positive(const char* op, const char* what, int64_t n) {
 }
 
 // A view's data as float32 on the host: what these operators read.
-const float* f32_of(const char* op, const char* name, const TensorView& x) {
-  if (x.dtype != DType::F32) {
-    fail(op, std::string(name) + " is " + dtype_name(x.dtype) + ", expected float32");
-  }
+// x in host memory (the CPU backends read it), else an error naming op and the tensor.
+void need_host(const char* op, const char* name, const TensorView& x) {
   if (x.device.type != DeviceType::CPU) {
     fail(op, std::string(name) + " is on " + device_name(x.device.type) +
                  ", expected host memory (the CPU backends read it)");
   }
+}
+
+const float* f32_of(const char* op, const char* name, const TensorView& x) {
+  if (x.dtype != DType::F32) {
+    fail(op, std::string(name) + " is " + dtype_name(x.dtype) + ", expected float32");
+  }
+  need_host(op, name, x);
   return static_cast<const float*>(x.data);
 }
 
@@ -79,13 +84,10 @@ void kv_of(const char* op, const TensorView& k, const TensorView& v, AttnParams&
     fail(op, std::string("k is ") + dtype_name(k.dtype) + " and v is " + dtype_name(v.dtype) +
                  ": K and V must have one type");
   }
-  if (k.dtype == DType::F32) {
-    p.k = f32_of(op, "k", k);
-    p.v = f32_of(op, "v", v);
-  } else {
-    p.k = k.u16();
-    p.v = v.u16();
-  }
+  need_host(op, "k", k);
+  need_host(op, "v", v);
+  p.k = k.data;  // F32, BF16 or F16: the DType has no other
+  p.v = v.data;
   p.kv_dtype = k.dtype;
 }
 

@@ -356,6 +356,39 @@ TEST(Backend, ARunnerRefusesABackendWithoutAnOpItNeeds) {
 
 // A whole model on the reference table: training forward logits and a session's logits (a
 // prompt, then decode steps) agree with the cpu table's.
+// The CPU tables read host memory: a view on another device is refused when the params are
+// built, naming the builder and the tensor, for float32 and 16-bit K/V alike.
+TEST(Backend, ParamsRefuseViewsOnAnotherDeviceNamingTheTensor) {
+  const std::vector<float> q = randn(2 * 3 * 4, 1), k = randn(2 * 3 * 4, 2), v = randn(2 * 3 * 4, 3);
+  const std::vector<uint16_t> k16(k.size()), v16(v.size());
+  const Dims shape{1, 2, 3, 4};
+  const Device cuda{DeviceType::CUDA, 0};
+  auto refused = [](auto&& f, const std::string& want) {
+    try {
+      f();
+      ADD_FAILURE() << "no error, expected " << want;
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("attention: ", 0), 0u) << e.what();
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  kernels::AttnOptions o;
+  refused([&] { kernels::attn_params(TensorView(q.data(), DType::F32, shape, {}, cuda),
+                                     {k.data(), shape}, {v.data(), shape}, o); },
+          "q is on cuda, expected host memory");
+  refused([&] { kernels::attn_params({q.data(), shape}, {k.data(), shape},
+                                     TensorView(v.data(), DType::F32, shape, {}, cuda), o); },
+          "v is on cuda, expected host memory");
+  refused([&] { kernels::attn_params({q.data(), shape}, TensorView(k16.data(), DType::BF16, shape, {}, cuda),
+                                     TensorView(v16.data(), DType::BF16, shape), o); },
+          "k is on cuda, expected host memory");
+  // On the host, 16-bit K/V are taken as they are.
+  const kernels::AttnParams p = kernels::attn_params({q.data(), shape}, TensorView(k16.data(), DType::F16, shape),
+                                                     TensorView(v16.data(), DType::F16, shape), o);
+  EXPECT_EQ(p.k, static_cast<const void*>(k16.data()));
+  EXPECT_EQ(p.kv_dtype, DType::F16);
+}
+
 TEST(Backend, WholeModelsOnTheReferenceTableAgreeWithTheCpuTable) {
   for (nn::AttnKind kind : {nn::AttnKind::DiffV1, nn::AttnKind::DiffV2, nn::AttnKind::Standard}) {
     SCOPED_TRACE(nn::attn_kind_name(kind));
