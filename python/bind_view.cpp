@@ -1,6 +1,7 @@
 // TensorView in Python: a read-only view of a tensor the library holds (a model's weight in its
 // stored type), exported through the DLPack protocol (__dlpack__, __dlpack_device__) so that
-// torch.from_dlpack, numpy.from_dlpack and other consumers read it without a copy.
+// torch.from_dlpack, numpy.from_dlpack and other consumers read it without a copy; and
+// TensorView.from_dlpack, the other direction (any producer's tensor as a view).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -92,6 +93,32 @@ py::object dlpack_capsule(const PyTensorView& self, const py::object& /*stream*/
   return py::reinterpret_steal<py::object>(c);
 }
 
+// A view of any DLPack producer's tensor (torch, numpy, jax, ...): the object's __dlpack__()
+// capsule taken as the protocol says (renamed "used_dltensor", its deleter ours to call), the
+// view made by diffattn::from_dlpack (which refuses what the library cannot read, naming it),
+// and the producer's tensor kept alive by the view's owner until the view goes.
+PyTensorView view_from_dlpack(const py::object& obj) {
+  const char* what = "TensorView.from_dlpack";
+  if (!py::hasattr(obj, "__dlpack__")) {
+    throw py::type_error(std::string(what) + ": " + py::str(py::type::of(obj)).cast<std::string>() +
+                         " has no __dlpack__ (expected a tensor: torch, numpy, jax, ...)");
+  }
+  py::object cap = obj.attr("__dlpack__")();
+  PyObject* c = cap.ptr();
+  if (!PyCapsule_IsValid(c, "dltensor")) {
+    throw py::value_error(std::string(what) + ": __dlpack__() gave no unused \"dltensor\" capsule");
+  }
+  auto* m = static_cast<dlpack::DLManagedTensor*>(PyCapsule_GetPointer(c, "dltensor"));
+  // Ours from here: the owner calls the producer's deleter when the view goes (and now, on error).
+  auto free_managed = [](void* p) {
+    auto* mt = static_cast<dlpack::DLManagedTensor*>(p);
+    if (mt->deleter != nullptr) mt->deleter(mt);
+  };
+  if (PyCapsule_SetName(c, "used_dltensor") != 0) throw py::error_already_set();
+  py::capsule owner(static_cast<void*>(m), free_managed);
+  return PyTensorView{from_dlpack(m->dl_tensor, what), owner};
+}
+
 }  // namespace
 
 py::object tensor_view_object(const TensorView& v, const py::object& owner) {
@@ -116,6 +143,10 @@ void bind_view(py::module_& m) {
       .def("__dlpack_device__", [](const PyTensorView& s) {
         return py::make_tuple(static_cast<int>(s.view.device.type), s.view.device.id);
       })
+      .def_static("from_dlpack", &view_from_dlpack, py::arg("tensor"),
+                  "A view of another library's tensor through its __dlpack__ (no copy; float32, "
+                  "bfloat16 or float16, on the CPU or CUDA, at most 6 dimensions: anything else is a "
+                  "ValueError naming it). The tensor is kept alive while the view is.")
       .def("__repr__", [](const PyTensorView& s) {
         return "TensorView(shape=" + shape_str(s.view.shape.vec()) + ", dtype=" + dtype_label(s.view.dtype) +
                ", device=" + device_name(s.view.device.type) + ")";

@@ -211,6 +211,39 @@ def test_weights_export_through_dlpack_in_their_stored_type(tmp_path, dtype):
     np.testing.assert_array_equal(torch.from_dlpack(views["norm.weight"]).float().numpy(), back["norm.weight"])
 
 
+def test_tensor_views_import_other_libraries_tensors_through_dlpack():
+    """TensorView.from_dlpack, DLPack's other direction, against two independent producers
+    (torch, numpy): the shape, element strides (a transposed and a sliced view too), dtype and
+    address of the producer's tensor, read back by torch.from_dlpack without a copy; the
+    producer's memory stays alive while the view does; what the library cannot read is refused
+    naming it."""
+    import gc
+    base = torch.arange(2 * 3 * 4, dtype=torch.float32).reshape(2, 3, 4)
+    for t, dt in [(base, "float32"), (base.transpose(0, 2), "float32"), (base[:, 1:, ::2], "float32"),
+                  (base.to(torch.bfloat16), "bfloat16"), (base.to(torch.float16), "float16")]:
+        v = diffattn.TensorView.from_dlpack(t)
+        assert v.shape == tuple(t.shape) and v.strides == t.stride() and v.dtype == dt and v.device == "cpu"
+        back = torch.from_dlpack(v)
+        assert back.data_ptr() == t.data_ptr() and back.stride() == t.stride()
+        assert torch.equal(back, t)
+    a = np.linspace(0, 1, 12, dtype=np.float32).reshape(3, 4)
+    v = diffattn.TensorView.from_dlpack(a)
+    assert v.shape == (3, 4) and v.strides == (4, 1)
+    np.testing.assert_array_equal(np.from_dlpack(v), a)
+    # The view keeps the producer's memory: its last Python reference can go first.
+    t = torch.full((1000,), 7.0)
+    v = diffattn.TensorView.from_dlpack(t)
+    del t
+    gc.collect()
+    assert torch.equal(torch.from_dlpack(v), torch.full((1000,), 7.0))
+    with pytest.raises(ValueError, match=r"TensorView.from_dlpack: DLPack element type \(code 0, 64 bits\)"):
+        diffattn.TensorView.from_dlpack(torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="TensorView.from_dlpack: 7 dimensions"):
+        diffattn.TensorView.from_dlpack(torch.zeros((1,) * 7))
+    with pytest.raises(TypeError, match="has no __dlpack__"):
+        diffattn.TensorView.from_dlpack([1.0, 2.0])
+
+
 @pytest.mark.parametrize("kind", ["diff_v1", "diff_v2", "standard"])
 def test_reference_backend_agrees_with_the_cpu_one(tmp_path, kind):
     """backend="reference" runs the layers' hot ops on the reference table (loops in double, the
