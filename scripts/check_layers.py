@@ -43,9 +43,6 @@ PRIVATE_OK = {
     ('bench', 'kernels/indexing.h'): 'the naive float32 oracle of the cases indexes as the kernels do',
     ('fuzz', 'serve/openai.h'): "fuzz_openai_request fuzzes the request reader behind the server",
     ('fuzz', 'http/request_head.h'): 'fuzz_http_head fuzzes the request-head framing check',
-    # The one exception inside the stack, to go when the low-precision matrix-vector products
-    # move into kernels (docs/DESIGN.md's direction: gemm/gemv are kernels).
-    ('nn', 'kernels/simd-inl.h'): "linear_lowp.cpp's BF16/F16 products use the kernels' SIMD blocks",
 }
 KNOWN = set(USES) | {'bench'}
 
