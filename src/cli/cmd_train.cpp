@@ -1,6 +1,7 @@
 // `diffattn train`: trains a Differential Transformer (V1, V2) or its standard twin on the KJV
 // corpus (or any text file) from a preset, flags or a JSON config; resumable with --resume.
-// `--bench N` times N training steps on the preset instead (no files written).
+// `--bench N` times N training steps on the preset instead (no files written;
+// bench/runner/train_bench.h).
 #include <sys/stat.h>
 
 #include <chrono>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "diffattn/base/json_util.h"
+#include "bench/runner/train_bench.h"
 #include "cli/args.h"
 #include "diffattn/base/files.h"
 #include "diffattn/kernels/runtime.h"
@@ -46,30 +48,6 @@ void print_summary(std::ostream& os, const model::Model& m, const train::TrainOp
      << o.adamw.min_lr << "), weight decay " << o.adamw.weight_decay << ", clip " << o.adamw.clip
      << ", seed " << o.seed << ", threads " << kernels::num_threads() << "\n"
      << "data: " << data_desc << "\n";
-}
-
-int bench(const model::ModelConfig& cfg, const train::TrainOptions& o, int64_t steps) {
-  // Random tokens: throughput does not depend on the text.
-  std::vector<int32_t> toks(static_cast<size_t>(1 << 20));
-  uint64_t s = o.seed;
-  for (int32_t& t : toks) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    t = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(cfg.vocab_size));
-  }
-  data::TokenWindows ds(std::move(toks), o.seed, "random");
-  train::Trainer tr("", cfg, o);
-  tr.write_log = false;
-  tr.step(ds);  // warm-up: allocations, page faults, BLAS threads
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < steps; ++i) tr.step(ds);
-  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const double tokens = static_cast<double>(steps * o.accum * o.batch * o.seq_len);
-  std::cout << "bench train: " << nn::attn_kind_name(cfg.attention) << " params "
-            << tr.model().num_params() << " batch " << o.batch << " seq_len " << o.seq_len
-            << " threads " << kernels::num_threads() << " backend "
-            << kernels::backend_name(kernels::resolve_backend(kernels::Backend::Auto)) << ": " << steps << " steps in "
-            << dt << " s, " << tokens / dt << " tokens/s\n";
-  return 0;
 }
 
 // On --resume the run's own options (saved in train_state.safetensors) are used. Flags that only
@@ -194,7 +172,7 @@ int run_train(const std::vector<std::string>& argv) {
   if (bench_steps > 0) {
     model::ModelConfig cfg = model_j.is_null() ? model::model_preset(preset, kind)
                                         : model::ModelConfig::from_json(model_j.dump(), "--config model");
-    return bench(cfg, train::TrainOptions(o), bench_steps);
+    return bench::run_train_bench(cfg, train::TrainOptions(o), bench_steps);
   }
   if (!a.given("--out")) throw UsageError("--out DIR is required (the model directory to write)");
   const std::string dir = a.str("--out");
