@@ -130,7 +130,10 @@ void TrainContext::backward(float dloss_scale) {
   const Model& m = *m_;
   const ModelConfig& cfg = m.config();
   m.require_trainable("backward");
-  ctx_.require(nn::Op::AttentionBackward, DType::F32, "backward");
+  for (nn::Op op : {nn::Op::AttentionBackward, nn::Op::LinearBackward, nn::Op::RmsNormBackward,
+                    nn::Op::SwiGluBackward, nn::Op::Rope}) {
+    ctx_.require(op, DType::F32, "backward");
+  }
   if (cfg.attn_bias || cfg.mlp_bias) {
     throw InvalidArgument("backward: this model has projection biases (attention_bias / mlp_bias), which diffattn runs for inference only; training one is refused");
   }
@@ -151,11 +154,11 @@ void TrainContext::backward(float dloss_scale) {
                         V);
   // logits = lm_head(nf)
   dbuf_.resize(static_cast<size_t>(BT * C));
-  nn::linear_bwd(dbuf_.data(), Gr + m.off(m.head_), dlogits_.data(), nf_.data(),
+  ctx_.linear_backward(dbuf_.data(), Gr + m.off(m.head_), dlogits_.data(), nf_.data(),
                  P + m.off(m.head_), BT, C, V, 0, true);
   // nf = rmsnorm(x, norm)
   dx_.assign(static_cast<size_t>(BT * C), 0.0f);
-  nn::rmsnorm_bwd(dx_.data(), Gr + m.off(m.norm_), dbuf_.data(), x_final_.data(),
+  ctx_.rmsnorm_backward(dx_.data(), Gr + m.off(m.norm_), dbuf_.data(), x_final_.data(),
                   P + m.off(m.norm_), nf_rstd_.data(), BT, C);
   for (int64_t l = cfg.n_layers - 1; l >= 0; --l) {
     Model::LayerActs& a = acts_[static_cast<size_t>(l)];
@@ -165,21 +168,21 @@ void TrainContext::backward(float dloss_scale) {
     } o{m.off(lt.down), m.off(lt.gate), m.off(lt.ffn_norm), m.off(lt.attn_norm)};
     // x_out = x_mid + down(h): dx flows through unchanged, plus the branch
     dbig_.resize(static_cast<size_t>(BT * F));
-    nn::linear_bwd(dbig_.data(), Gr + o.down, dx_.data(), a.h.data(), P + o.down, BT, F, C, 0,
+    ctx_.linear_backward(dbig_.data(), Gr + o.down, dx_.data(), a.h.data(), P + o.down, BT, F, C, 0,
                    true);
     dgu_.assign(static_cast<size_t>(BT * 2 * F), 0.0f);
-    nn::swiglu_bwd(dgu_.data(), dgu_.data() + F, dbig_.data(), a.gu.data(), a.gu.data() + F, BT,
+    ctx_.swiglu_backward(dgu_.data(), dgu_.data() + F, dbig_.data(), a.gu.data(), a.gu.data() + F, BT,
                    F, 2 * F);
-    nn::linear_bwd(dbuf_.data(), Gr + o.gate_up, dgu_.data(), a.fn.data(), P + o.gate_up, BT, C,
+    ctx_.linear_backward(dbuf_.data(), Gr + o.gate_up, dgu_.data(), a.fn.data(), P + o.gate_up, BT, C,
                    2 * F, 0, true);
-    nn::rmsnorm_bwd(dx_.data(), Gr + o.ffn_norm, dbuf_.data(), a.x_mid.data(), P + o.ffn_norm,
+    ctx_.rmsnorm_backward(dx_.data(), Gr + o.ffn_norm, dbuf_.data(), a.x_mid.data(), P + o.ffn_norm,
                     a.fn_rstd.data(), BT, C);
     // x_mid = x_in + attn(an)
     dbuf_.assign(static_cast<size_t>(BT * C), 0.0f);
     nn::attn_layer_bwd(ctx_, dbuf_.data(), attn_grads(l), dx_.data(), a.attn, a.an.data(),
                        m.attn_weights(l), cfg.attn_shape(l), B, T, cos_.data(), sin_.data(),
                        scratch_);
-    nn::rmsnorm_bwd(dx_.data(), Gr + o.attn_norm, dbuf_.data(), a.x_in.data(), P + o.attn_norm,
+    ctx_.rmsnorm_backward(dx_.data(), Gr + o.attn_norm, dbuf_.data(), a.x_in.data(), P + o.attn_norm,
                     a.an_rstd.data(), BT, C);
   }
   nn::embedding_bwd(Gr + m.off(m.embed_), dx_.data(), tokens_.data(), BT, C);

@@ -432,7 +432,7 @@ void attn_layer_bwd(const ExecContext& ctx, float* dinp, const AttnLayerGrads& g
   if (w.proj_bias || w.out_bias) {
     throw InvalidArgument("attention layer: projection biases are for inference only; the backward refuses them");
   }
-  linear_bwd(sc.dnormed.data(), g.out_proj, dout, src, w.out_proj.f32(), BT, no, s.C, 0, true);
+  ctx.linear_backward(sc.dnormed.data(), g.out_proj, dout, src, w.out_proj.f32(), BT, no, s.C, 0, true);
 
   const float* datt = sc.dnormed.data();
   if (v1) {
@@ -440,8 +440,8 @@ void attn_layer_bwd(const ExecContext& ctx, float* dinp, const AttnLayerGrads& g
     const float mult = 1.0f - s.lambda_init;
     for (float& x : sc.dnormed) x *= mult;
     sc.datt.assign(sc.dnormed.size(), 0.0f);
-    rmsnorm_bwd(sc.datt.data(), g.subln, sc.dnormed.data(), acts.att.data(), w.subln,
-                acts.sub_rstd.data(), BT * s.H, Dv);
+    ctx.rmsnorm_backward(sc.datt.data(), g.subln, sc.dnormed.data(), acts.att.data(), w.subln,
+                         acts.sub_rstd.data(), BT * s.H, Dv);
     datt = sc.datt.data();
   }
 
@@ -486,7 +486,7 @@ void attn_layer_bwd(const ExecContext& ctx, float* dinp, const AttnLayerGrads& g
   // The operator saw q and k after RoPE; rotate their gradients back.
   ctx.rope(dproj, cos_t, sin_t, B, T, s.q_heads(), s.D, np, T * np, true);
   ctx.rope(dproj + s.n_q(), cos_t, sin_t, B, T, s.k_heads(), s.D, np, T * np, true);
-  linear_bwd(dinp, g.proj, dproj, inp, w.proj.f32(), BT, s.C, np);
+  ctx.linear_backward(dinp, g.proj, dproj, inp, w.proj.f32(), BT, s.C, np);
 }
 
 }  // namespace diffattn::nn

@@ -26,7 +26,10 @@ bool host_supports(Op op, DType t) {
     case Op::AttentionBackward:
     case Op::RmsNorm:
     case Op::Rope:
-    case Op::SwiGlu: return t == DType::F32;
+    case Op::SwiGlu:
+    case Op::LinearBackward:
+    case Op::RmsNormBackward:
+    case Op::SwiGluBackward: return t == DType::F32;
   }
   return false;
 }
@@ -106,6 +109,63 @@ void ref_swiglu(const ExecContext&, float* out, const float* gate, const float* 
   }
 }
 
+void ref_linear_backward(const ExecContext&, float* dinp, float* dweight, const float* dout,
+                         const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC,
+                         int64_t ldd, bool dinp_overwrite) {
+  if (!ldd) ldd = OC;
+  if (dinp != nullptr) {
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t c = 0; c < C; ++c) {
+        double acc = dinp_overwrite ? 0.0 : dinp[n * C + c];
+        for (int64_t o = 0; o < OC; ++o) acc += static_cast<double>(dout[n * ldd + o]) * weight[o * C + c];
+        dinp[n * C + c] = static_cast<float>(acc);
+      }
+    }
+  }
+  for (int64_t o = 0; o < OC; ++o) {
+    for (int64_t c = 0; c < C; ++c) {
+      double acc = dweight[o * C + c];
+      for (int64_t n = 0; n < N; ++n) acc += static_cast<double>(dout[n * ldd + o]) * inp[n * C + c];
+      dweight[o * C + c] = static_cast<float>(acc);
+    }
+  }
+}
+
+// y = x r w (r the saved rstd): dx = r dy w - r^3 / C x sum(dy w x), dw = sum over rows dy x r.
+void ref_rmsnorm_backward(const ExecContext&, float* dinp, float* dweight, const float* dout,
+                          const float* inp, const float* weight, const float* rstd, int64_t N,
+                          int64_t C, int64_t ldd, int64_t ldi) {
+  if (!ldd) ldd = C;
+  if (!ldi) ldi = C;
+  std::vector<double> dw(static_cast<size_t>(C), 0.0);
+  for (int64_t i = 0; i < N; ++i) {
+    const float* x = inp + i * ldi;
+    const float* dy = dout + i * ldd;
+    const double r = rstd[i];
+    double dot = 0;
+    for (int64_t c = 0; c < C; ++c) dot += static_cast<double>(dy[c]) * weight[c] * x[c];
+    for (int64_t c = 0; c < C; ++c) {
+      dw[static_cast<size_t>(c)] += static_cast<double>(dy[c]) * x[c] * r;
+      dinp[i * C + c] = static_cast<float>(dinp[i * C + c] + r * dy[c] * weight[c] -
+                                           r * r * r * dot / static_cast<double>(C) * x[c]);
+    }
+  }
+  for (int64_t c = 0; c < C; ++c) dweight[c] = static_cast<float>(dweight[c] + dw[static_cast<size_t>(c)]);
+}
+
+void ref_swiglu_backward(const ExecContext&, float* dgate, float* dup, const float* dout,
+                         const float* gate, const float* up, int64_t N, int64_t F, int64_t ldg) {
+  if (!ldg) ldg = F;
+  for (int64_t i = 0; i < N; ++i) {
+    for (int64_t f = 0; f < F; ++f) {
+      const double g = gate[i * ldg + f], u = up[i * ldg + f], d = dout[i * F + f];
+      const double sg = 1.0 / (1.0 + std::exp(-g));
+      dup[i * ldg + f] = static_cast<float>(dup[i * ldg + f] + d * g * sg);
+      dgate[i * ldg + f] = static_cast<float>(dgate[i * ldg + f] + d * u * sg * (1.0 + g * (1.0 - sg)));
+    }
+  }
+}
+
 // ---- cpu: the fast kernels ----
 
 void cpu_attention(const ExecContext&, const kernels::AttnParams& p) { kernels::attention_fwd(p); }
@@ -131,6 +191,21 @@ void cpu_swiglu(const ExecContext&, float* out, const float* gate, const float* 
   swiglu_fwd(out, gate, up, N, F, ldg);
 }
 
+void cpu_linear_backward(const ExecContext&, float* dinp, float* dweight, const float* dout,
+                         const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC,
+                         int64_t ldd, bool dinp_overwrite) {
+  linear_bwd(dinp, dweight, dout, inp, weight, N, C, OC, ldd, dinp_overwrite);
+}
+void cpu_rmsnorm_backward(const ExecContext&, float* dinp, float* dweight, const float* dout,
+                          const float* inp, const float* weight, const float* rstd, int64_t N,
+                          int64_t C, int64_t ldd, int64_t ldi) {
+  rmsnorm_bwd(dinp, dweight, dout, inp, weight, rstd, N, C, ldd, ldi);
+}
+void cpu_swiglu_backward(const ExecContext&, float* dgate, float* dup, const float* dout,
+                         const float* gate, const float* up, int64_t N, int64_t F, int64_t ldg) {
+  swiglu_bwd(dgate, dup, dout, gate, up, N, F, ldg);
+}
+
 OpTable make_reference() {
   OpTable t;
   t.name = "reference";
@@ -143,6 +218,9 @@ OpTable make_reference() {
   t.rmsnorm = ref_rmsnorm;
   t.rope = ref_rope;
   t.swiglu = ref_swiglu;
+  t.linear_backward = ref_linear_backward;
+  t.rmsnorm_backward = ref_rmsnorm_backward;
+  t.swiglu_backward = ref_swiglu_backward;
   return t;
 }
 
@@ -158,6 +236,9 @@ OpTable make_cpu() {
   t.rmsnorm = cpu_rmsnorm;
   t.rope = cpu_rope;
   t.swiglu = cpu_swiglu;
+  t.linear_backward = cpu_linear_backward;
+  t.rmsnorm_backward = cpu_rmsnorm_backward;
+  t.swiglu_backward = cpu_swiglu_backward;
   return t;
 }
 
@@ -182,6 +263,9 @@ const char* op_name(Op op) {
     case Op::RmsNorm: return "rmsnorm";
     case Op::Rope: return "rope";
     case Op::SwiGlu: return "swiglu";
+    case Op::LinearBackward: return "linear_backward";
+    case Op::RmsNormBackward: return "rmsnorm_backward";
+    case Op::SwiGluBackward: return "swiglu_backward";
   }
   return "unknown op";
 }
@@ -230,6 +314,9 @@ bool ExecContext::supports(Op op, DType t) const {
     case Op::RmsNorm: has = ops->rmsnorm != nullptr; break;
     case Op::Rope: has = ops->rope != nullptr; break;
     case Op::SwiGlu: has = ops->swiglu != nullptr; break;
+    case Op::LinearBackward: has = ops->linear_backward != nullptr; break;
+    case Op::RmsNormBackward: has = ops->rmsnorm_backward != nullptr; break;
+    case Op::SwiGluBackward: has = ops->swiglu_backward != nullptr; break;
   }
   return has && ops->supports(op, t);
 }
@@ -274,6 +361,25 @@ void ExecContext::rope(float* x, const float* cos_t, const float* sin_t, int64_t
 void ExecContext::swiglu(float* out, const float* gate, const float* up, int64_t N, int64_t F,
                          int64_t ldg) const {
   entry(*ops, ops->swiglu, Op::SwiGlu)(*this, out, gate, up, N, F, ldg);
+}
+
+void ExecContext::linear_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                                  const float* weight, int64_t N, int64_t C, int64_t OC, int64_t ldd,
+                                  bool dinp_overwrite) const {
+  entry(*ops, ops->linear_backward, Op::LinearBackward)(*this, dinp, dweight, dout, inp, weight, N, C,
+                                                         OC, ldd, dinp_overwrite);
+}
+
+void ExecContext::rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                                   const float* weight, const float* rstd, int64_t N, int64_t C,
+                                   int64_t ldd, int64_t ldi) const {
+  entry(*ops, ops->rmsnorm_backward, Op::RmsNormBackward)(*this, dinp, dweight, dout, inp, weight,
+                                                           rstd, N, C, ldd, ldi);
+}
+
+void ExecContext::swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                                  const float* up, int64_t N, int64_t F, int64_t ldg) const {
+  entry(*ops, ops->swiglu_backward, Op::SwiGluBackward)(*this, dgate, dup, dout, gate, up, N, F, ldg);
 }
 
 }  // namespace diffattn::nn

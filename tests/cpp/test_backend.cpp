@@ -140,6 +140,88 @@ TEST(Backend, NormRopeAndSwiGluMatchTheReference) {
   }
 }
 
+// The training backward's ops (products, RMSNorm, SwiGLU) of both tables against each other
+// and a plain float32 computation, by the 2x rule, on strided and accumulating calls.
+TEST(Backend, DenseBackwardsMatchTheReference) {
+  {  // linear: dinp += dout W (and overwritten), dW += dout^T inp; dout rows strided
+    const int64_t N = 37, C = 29, OC = 23, ldd = OC + 4;
+    const std::vector<float> d = randn(static_cast<size_t>(N * ldd), 11), x = randn(static_cast<size_t>(N * C), 12),
+                             w = randn(static_cast<size_t>(OC * C), 13, 0.3f), di0 = randn(static_cast<size_t>(N * C), 14),
+                             dw0 = randn(static_cast<size_t>(OC * C), 15);
+    for (bool overwrite : {false, true}) {
+      SCOPED_TRACE(overwrite ? "overwrite" : "accumulate");
+      std::vector<float> gi = di0, gw = dw0, ri = di0, rw = dw0, pi = di0, pw = dw0;
+      nn::cpu_context().linear_backward(gi.data(), gw.data(), d.data(), x.data(), w.data(), N, C, OC, ldd, overwrite);
+      nn::reference_context().linear_backward(ri.data(), rw.data(), d.data(), x.data(), w.data(), N, C, OC, ldd,
+                                              overwrite);
+      for (int64_t n = 0; n < N; ++n) {
+        for (int64_t c = 0; c < C; ++c) {
+          float acc = overwrite ? 0.0f : di0[static_cast<size_t>(n * C + c)];
+          for (int64_t o = 0; o < OC; ++o) acc += d[static_cast<size_t>(n * ldd + o)] * w[static_cast<size_t>(o * C + c)];
+          pi[static_cast<size_t>(n * C + c)] = acc;
+        }
+      }
+      for (int64_t o = 0; o < OC; ++o) {
+        for (int64_t c = 0; c < C; ++c) {
+          float acc = dw0[static_cast<size_t>(o * C + c)];
+          for (int64_t n = 0; n < N; ++n) acc += d[static_cast<size_t>(n * ldd + o)] * x[static_cast<size_t>(n * C + c)];
+          pw[static_cast<size_t>(o * C + c)] = acc;
+        }
+      }
+      expect_rule("linear_backward dinp", gi, ri, pi);
+      expect_rule("linear_backward dweight", gw, rw, pw);
+    }
+    // dinp null: only the weight's gradient
+    std::vector<float> gw = dw0, rw = dw0;
+    nn::cpu_context().linear_backward(nullptr, gw.data(), d.data(), x.data(), w.data(), N, C, OC, ldd);
+    nn::reference_context().linear_backward(nullptr, rw.data(), d.data(), x.data(), w.data(), N, C, OC, ldd);
+    EXPECT_LE(max_err(gw, rw), 1e-4 * max_abs(rw));
+  }
+  {  // RMSNorm from the saved rstd, dout and inp rows strided, accumulating
+    const int64_t N = 9, C = 67, ldd = 70, ldi = 69;
+    const std::vector<float> x = randn(static_cast<size_t>(N * ldi), 16, 2.0f), w = randn(C, 17),
+                             d = randn(static_cast<size_t>(N * ldd), 18), di0 = randn(static_cast<size_t>(N * C), 19),
+                             dw0 = randn(C, 20);
+    std::vector<float> rstd(N), out(static_cast<size_t>(N * C));
+    nn::reference_context().rmsnorm(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f, ldi, 0);
+    std::vector<float> gi = di0, gw = dw0, ri = di0, rw = dw0, pi = di0, pw = dw0;
+    nn::cpu_context().rmsnorm_backward(gi.data(), gw.data(), d.data(), x.data(), w.data(), rstd.data(), N, C, ldd, ldi);
+    nn::reference_context().rmsnorm_backward(ri.data(), rw.data(), d.data(), x.data(), w.data(), rstd.data(), N, C,
+                                             ldd, ldi);
+    for (int64_t i = 0; i < N; ++i) {
+      const float r = rstd[static_cast<size_t>(i)];
+      float dot = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        dot += d[static_cast<size_t>(i * ldd + c)] * w[static_cast<size_t>(c)] * x[static_cast<size_t>(i * ldi + c)];
+      }
+      for (int64_t c = 0; c < C; ++c) {
+        const float dy = d[static_cast<size_t>(i * ldd + c)], xc = x[static_cast<size_t>(i * ldi + c)];
+        pi[static_cast<size_t>(i * C + c)] += r * dy * w[static_cast<size_t>(c)] - r * r * r * dot / static_cast<float>(C) * xc;
+        pw[static_cast<size_t>(c)] += dy * xc * r;
+      }
+    }
+    expect_rule("rmsnorm_backward dinp", gi, ri, pi);
+    expect_rule("rmsnorm_backward dweight", gw, rw, pw);
+  }
+  {  // SwiGLU with gate and up (and their gradients) as column blocks of one buffer
+    const int64_t N = 7, F = 33, ldg = 2 * F;
+    const std::vector<float> gu = randn(static_cast<size_t>(N * ldg), 21, 2.0f), d = randn(static_cast<size_t>(N * F), 22),
+                             dgu0 = randn(static_cast<size_t>(N * ldg), 23);
+    std::vector<float> got = dgu0, ref = dgu0, plain = dgu0;
+    nn::cpu_context().swiglu_backward(got.data(), got.data() + F, d.data(), gu.data(), gu.data() + F, N, F, ldg);
+    nn::reference_context().swiglu_backward(ref.data(), ref.data() + F, d.data(), gu.data(), gu.data() + F, N, F, ldg);
+    for (int64_t i = 0; i < N; ++i) {
+      for (int64_t f = 0; f < F; ++f) {
+        const float g = gu[static_cast<size_t>(i * ldg + f)], u = gu[static_cast<size_t>(i * ldg + F + f)];
+        const float dy = d[static_cast<size_t>(i * F + f)], sg = 1.0f / (1.0f + std::exp(-g));
+        plain[static_cast<size_t>(i * ldg + f)] += dy * u * sg * (1.0f + g * (1.0f - sg));
+        plain[static_cast<size_t>(i * ldg + F + f)] += dy * g * sg;
+      }
+    }
+    expect_rule("swiglu_backward", got, ref, plain);
+  }
+}
+
 // The tables' attention entries are the kernels they name: bit for bit.
 TEST(Backend, AttentionEntriesAreTheirKernelsAndTheReferenceBackwardReadsTheSavedLse) {
   testing::Problem pr;
@@ -227,6 +309,21 @@ nn::OpTable counting_table() {
     ++g_calls[static_cast<int>(nn::Op::SwiGlu)];
     nn::cpu_ops().swiglu(c, o, g, u, N, F, ldg);
   };
+  t.linear_backward = [](const nn::ExecContext& c, float* di, float* dw, const float* d, const float* i,
+                         const float* w, int64_t N, int64_t C, int64_t OC, int64_t ldd, bool ow) {
+    ++g_calls[static_cast<int>(nn::Op::LinearBackward)];
+    nn::cpu_ops().linear_backward(c, di, dw, d, i, w, N, C, OC, ldd, ow);
+  };
+  t.rmsnorm_backward = [](const nn::ExecContext& c, float* di, float* dw, const float* d, const float* i,
+                          const float* w, const float* r, int64_t N, int64_t C, int64_t ldd, int64_t ldi) {
+    ++g_calls[static_cast<int>(nn::Op::RmsNormBackward)];
+    nn::cpu_ops().rmsnorm_backward(c, di, dw, d, i, w, r, N, C, ldd, ldi);
+  };
+  t.swiglu_backward = [](const nn::ExecContext& c, float* dg, float* du, const float* d, const float* g,
+                         const float* u, int64_t N, int64_t F, int64_t ldg) {
+    ++g_calls[static_cast<int>(nn::Op::SwiGluBackward)];
+    nn::cpu_ops().swiglu_backward(c, dg, du, d, g, u, N, F, ldg);
+  };
   return t;
 }
 
@@ -294,6 +391,10 @@ TEST(Backend, EveryHotOpOfALayerGoesThroughTheContext) {
     run.backward();
     EXPECT_EQ(calls(nn::Op::AttentionBackward), L);
     EXPECT_EQ(calls(nn::Op::Rope), 2 * L + 2 * L);  // the backward rotates dq, dk back
+    // Every product, norm and SwiGLU of the forward has its backward through the context.
+    EXPECT_EQ(calls(nn::Op::LinearBackward), linears);
+    EXPECT_EQ(calls(nn::Op::RmsNormBackward), norms);
+    EXPECT_EQ(calls(nn::Op::SwiGluBackward), L);
   }
 }
 
@@ -350,12 +451,28 @@ TEST(Backend, ARunnerRefusesABackendWithoutAnOpItNeeds) {
   run.forward(tok.data(), tok.data(), 1, 4);
   run.zero_grads();
   EXPECT_THROW(run.backward(), InvalidArgument);
+  for (int which = 0; which < 3; ++which) {
+    t = nn::cpu_ops();
+    t.name = "no-dense-backward";
+    const char* op = which == 0 ? "linear_backward" : which == 1 ? "rmsnorm_backward" : "swiglu_backward";
+    if (which == 0) t.linear_backward = nullptr;
+    if (which == 1) t.rmsnorm_backward = nullptr;
+    if (which == 2) t.swiglu_backward = nullptr;
+    model::TrainContext r(m, nn::ExecContext{&t});
+    r.forward(tok.data(), tok.data(), 1, 4);
+    r.zero_grads();
+    try {
+      r.backward();
+      ADD_FAILURE() << "a backward without " << op;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("backward: backend no-dense-backward does not support ") + op),
+                std::string::npos) << e.what();
+    }
+  }
   // Calling an op the table lacks directly is an error too, never a null call.
   EXPECT_THROW(nn::ExecContext{&t}.attention_backward(kernels::AttnBwdParams{}), InvalidArgument);
 }
 
-// A whole model on the reference table: training forward logits and a session's logits (a
-// prompt, then decode steps) agree with the cpu table's.
 // The CPU tables read host memory: a view on another device is refused when the params are
 // built, naming the builder and the tensor, for float32 and 16-bit K/V alike.
 TEST(Backend, ParamsRefuseViewsOnAnotherDeviceNamingTheTensor) {
@@ -389,6 +506,8 @@ TEST(Backend, ParamsRefuseViewsOnAnotherDeviceNamingTheTensor) {
   EXPECT_EQ(p.kv_dtype, DType::F16);
 }
 
+// A whole model on the reference table: training forward logits and a session's logits (a
+// prompt, then decode steps) agree with the cpu table's.
 TEST(Backend, WholeModelsOnTheReferenceTableAgreeWithTheCpuTable) {
   for (nn::AttnKind kind : {nn::AttnKind::DiffV1, nn::AttnKind::DiffV2, nn::AttnKind::Standard}) {
     SCOPED_TRACE(nn::attn_kind_name(kind));

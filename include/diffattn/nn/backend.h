@@ -33,10 +33,13 @@ enum class Op : int {
   LinearFewRows,      // out (N, OC) = inp (N, C) W^T for N up to few_rows_max(dtype)
   LinearManyRows,     // the same above it (prefill, training)
   RmsNorm,
-  Rope,
+  Rope,                // also its backward (the inverse rotation)
   SwiGlu,
+  LinearBackward,      // training: dinp (+)= dout W, dW += dout^T inp (float32 weights)
+  RmsNormBackward,     // training: dinp += ..., dweight += ... from the saved rstd
+  SwiGluBackward,      // training: dgate, dup += ...
 };
-inline constexpr int kNumOps = 8;
+inline constexpr int kNumOps = 11;
 const char* op_name(Op op);  // "attention", "linear_few_rows", ...
 
 // The most rows the few-row product takes for weights of type t: nn::kGemvMaxN (float32) or
@@ -67,6 +70,15 @@ struct OpTable {
                int64_t T, int64_t nh, int64_t D, int64_t ld, int64_t lb, bool inverse) = nullptr;
   void (*swiglu)(const ExecContext& ctx, float* out, const float* gate, const float* up, int64_t N,
                  int64_t F, int64_t ldg) = nullptr;
+  void (*linear_backward)(const ExecContext& ctx, float* dinp, float* dweight, const float* dout,
+                          const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC,
+                          int64_t ldd, bool dinp_overwrite) = nullptr;
+  void (*rmsnorm_backward)(const ExecContext& ctx, float* dinp, float* dweight, const float* dout,
+                           const float* inp, const float* weight, const float* rstd, int64_t N,
+                           int64_t C, int64_t ldd, int64_t ldi) = nullptr;
+  void (*swiglu_backward)(const ExecContext& ctx, float* dgate, float* dup, const float* dout,
+                          const float* gate, const float* up, int64_t N, int64_t F,
+                          int64_t ldg) = nullptr;
 };
 
 const OpTable& reference_ops();
@@ -95,6 +107,16 @@ struct ExecContext {
             int64_t D, int64_t ld, int64_t lb, bool inverse) const;
   void swiglu(float* out, const float* gate, const float* up, int64_t N, int64_t F,
               int64_t ldg = 0) const;
+  // The training backward's products, norms and SwiGLU (nn::linear_bwd, rmsnorm_bwd,
+  // swiglu_bwd's contracts; RoPE's backward is rope(..., inverse = true)).
+  void linear_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                       const float* weight, int64_t N, int64_t C, int64_t OC, int64_t ldd = 0,
+                       bool dinp_overwrite = false) const;
+  void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                        const float* weight, const float* rstd, int64_t N, int64_t C,
+                        int64_t ldd = 0, int64_t ldi = 0) const;
+  void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                       const float* up, int64_t N, int64_t F, int64_t ldg = 0) const;
 };
 
 // The contexts of the two tables on the host.
