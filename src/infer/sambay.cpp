@@ -41,7 +41,7 @@ void Session::sambay_layers(int64_t l0, int64_t l1, int64_t N, const std::vector
   std::vector<nn::MambaSeq>& at_layer = mseqs_at_;
   for (int64_t l = l0; l < l1; ++l) {
     const model::SambaYLayer& y = m_.sambay_layer(l);
-    nn::layernorm_fwd(ln_.data(), x_.data(), y.ln_in_w, y.ln_in_b, N, C, cfg.norm_eps);
+    ctx_.layernorm(ln_.data(), x_.data(), y.ln_in_w, y.ln_in_b, N, C, cfg.norm_eps);
     if (y.kind == model::LayerKind::Mamba) {
       // each sequence's state of this layer
       at_layer = *mseqs;
@@ -62,7 +62,7 @@ void Session::sambay_layers(int64_t l0, int64_t l1, int64_t N, const std::vector
       mixer(l, mix_.data(), ln_.data());
     }
     add_into(x_.data(), mix_.data(), N * C);
-    nn::layernorm_fwd(ln_.data(), x_.data(), y.ln_post_w, y.ln_post_b, N, C, cfg.norm_eps);
+    ctx_.layernorm(ln_.data(), x_.data(), y.ln_post_w, y.ln_post_b, N, C, cfg.norm_eps);
     ctx_.linear(fc_.data(), ln_.data(), y.fc1, N, C, 2 * F);
     ctx_.swiglu(hid_.data(), fc_.data(), fc_.data() + F, N, F, 2 * F);
     ctx_.linear(mix_.data(), hid_.data(), y.fc2, N, F, C);

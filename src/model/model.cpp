@@ -186,6 +186,8 @@ void require_backend(const Model& m, const nn::ExecContext& ctx, bool paged, DTy
   ctx.require(nn::Op::RmsNorm, DType::F32, what);
   ctx.require(nn::Op::Rope, DType::F32, what);
   ctx.require(nn::Op::SwiGlu, DType::F32, what);
+  if (m.config().mlp == MlpKind::PolyNorm) ctx.require(nn::Op::PolyNorm, DType::F32, what);
+  if (m.config().arch == Arch::SambaY) ctx.require(nn::Op::LayerNorm, DType::F32, what);
   if (!paged) {
     ctx.require(nn::Op::Attention, DType::F32, what);
     return;
@@ -303,8 +305,8 @@ void Model::ffn_fwd(const nn::ExecContext& ctx, int64_t l, LayerActs& a, float* 
   }
   a.h.resize(static_cast<size_t>(BT * F));
   if (cfg_.mlp == MlpKind::PolyNorm) {
-    nn::polynorm_fwd(a.h.data(), a.gu.data(), a.gu.data() + F, BT, F, 2 * F, wf(o.act_w),
-                     wf(o.act_b), kPolyNormEps);
+    ctx.polynorm(a.h.data(), a.gu.data(), a.gu.data() + F, BT, F, 2 * F, wf(o.act_w),
+                 wf(o.act_b), kPolyNormEps);
   } else {
     ctx.swiglu(a.h.data(), a.gu.data(), a.gu.data() + F, BT, F, 2 * F);
   }
@@ -343,7 +345,7 @@ void Model::head(const nn::ExecContext& ctx, float* logits, const float* x, int6
   normed.resize(static_cast<size_t>(N * C));
   rstd.resize(static_cast<size_t>(N));
   if (cfg_.arch == Arch::SambaY) {
-    nn::layernorm_fwd(normed.data(), x, wf(norm_), wf(norm_bias_), N, C, cfg_.norm_eps);
+    ctx.layernorm(normed.data(), x, wf(norm_), wf(norm_bias_), N, C, cfg_.norm_eps);
   } else {
     ctx.rmsnorm(normed.data(), rstd.data(), x, wf(norm_), N, C, cfg_.norm_eps);
   }

@@ -8,6 +8,7 @@
 
 #include "diffattn/base/error.h"
 #include "diffattn/nn/layers.h"
+#include "diffattn/nn/mamba.h"
 
 namespace diffattn::nn {
 
@@ -29,7 +30,9 @@ bool host_supports(Op op, DType t) {
     case Op::SwiGlu:
     case Op::LinearBackward:
     case Op::RmsNormBackward:
-    case Op::SwiGluBackward: return t == DType::F32;
+    case Op::SwiGluBackward:
+    case Op::LayerNorm:
+    case Op::PolyNorm: return t == DType::F32;
   }
   return false;
 }
@@ -166,6 +169,40 @@ void ref_swiglu_backward(const ExecContext&, float* dgate, float* dup, const flo
   }
 }
 
+void ref_layernorm(const ExecContext&, float* out, const float* inp, const float* w, const float* b,
+                   int64_t N, int64_t C, float eps) {
+  for (int64_t i = 0; i < N; ++i) {
+    const float* x = inp + i * C;
+    double s = 0, v = 0;
+    for (int64_t c = 0; c < C; ++c) s += x[c];
+    const double mean = s / static_cast<double>(C);
+    for (int64_t c = 0; c < C; ++c) v += (x[c] - mean) * (x[c] - mean);
+    const double r = 1.0 / std::sqrt(v / static_cast<double>(C) + eps);
+    for (int64_t c = 0; c < C; ++c) out[i * C + c] = static_cast<float>((x[c] - mean) * r * w[c] + b[c]);
+  }
+}
+
+// (w0 n(z^3) + w1 n(z^2) + w2 n(z) + b) * up, n(u) = u / sqrt(mean(u^2) + eps) per row.
+void ref_polynorm(const ExecContext&, float* out, const float* gate, const float* up, int64_t N,
+                  int64_t F, int64_t ldg, const float* w, const float* b, float eps) {
+  if (!ldg) ldg = F;
+  for (int64_t i = 0; i < N; ++i) {
+    const float* g = gate + i * ldg;
+    double s[3] = {0, 0, 0};  // mean of (z^k)^2 for k = 1, 2, 3
+    for (int64_t f = 0; f < F; ++f) {
+      const double z = g[f];
+      for (int k = 0; k < 3; ++k) s[k] += std::pow(z, 2 * (k + 1));
+    }
+    double inv[3];
+    for (int k = 0; k < 3; ++k) inv[k] = 1.0 / std::sqrt(s[k] / static_cast<double>(F) + eps);
+    for (int64_t f = 0; f < F; ++f) {
+      const double z = g[f];
+      const double a = w[0] * z * z * z * inv[2] + w[1] * z * z * inv[1] + w[2] * z * inv[0] + b[0];
+      out[i * F + f] = static_cast<float>(a * up[i * ldg + f]);
+    }
+  }
+}
+
 // ---- cpu: the fast kernels ----
 
 void cpu_attention(const ExecContext&, const kernels::AttnParams& p) { kernels::attention_fwd(p); }
@@ -206,6 +243,15 @@ void cpu_swiglu_backward(const ExecContext&, float* dgate, float* dup, const flo
   swiglu_bwd(dgate, dup, dout, gate, up, N, F, ldg);
 }
 
+void cpu_layernorm(const ExecContext&, float* out, const float* inp, const float* w, const float* b,
+                   int64_t N, int64_t C, float eps) {
+  layernorm_fwd(out, inp, w, b, N, C, eps);
+}
+void cpu_polynorm(const ExecContext&, float* out, const float* gate, const float* up, int64_t N,
+                  int64_t F, int64_t ldg, const float* w, const float* b, float eps) {
+  polynorm_fwd(out, gate, up, N, F, ldg, w, b, eps);
+}
+
 OpTable make_reference() {
   OpTable t;
   t.name = "reference";
@@ -221,6 +267,8 @@ OpTable make_reference() {
   t.linear_backward = ref_linear_backward;
   t.rmsnorm_backward = ref_rmsnorm_backward;
   t.swiglu_backward = ref_swiglu_backward;
+  t.layernorm = ref_layernorm;
+  t.polynorm = ref_polynorm;
   return t;
 }
 
@@ -239,6 +287,8 @@ OpTable make_cpu() {
   t.linear_backward = cpu_linear_backward;
   t.rmsnorm_backward = cpu_rmsnorm_backward;
   t.swiglu_backward = cpu_swiglu_backward;
+  t.layernorm = cpu_layernorm;
+  t.polynorm = cpu_polynorm;
   return t;
 }
 
@@ -266,6 +316,8 @@ const char* op_name(Op op) {
     case Op::LinearBackward: return "linear_backward";
     case Op::RmsNormBackward: return "rmsnorm_backward";
     case Op::SwiGluBackward: return "swiglu_backward";
+    case Op::LayerNorm: return "layernorm";
+    case Op::PolyNorm: return "polynorm";
   }
   return "unknown op";
 }
@@ -317,6 +369,8 @@ bool ExecContext::supports(Op op, DType t) const {
     case Op::LinearBackward: has = ops->linear_backward != nullptr; break;
     case Op::RmsNormBackward: has = ops->rmsnorm_backward != nullptr; break;
     case Op::SwiGluBackward: has = ops->swiglu_backward != nullptr; break;
+    case Op::LayerNorm: has = ops->layernorm != nullptr; break;
+    case Op::PolyNorm: has = ops->polynorm != nullptr; break;
   }
   return has && ops->supports(op, t);
 }
@@ -380,6 +434,16 @@ void ExecContext::rmsnorm_backward(float* dinp, float* dweight, const float* dou
 void ExecContext::swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                                   const float* up, int64_t N, int64_t F, int64_t ldg) const {
   entry(*ops, ops->swiglu_backward, Op::SwiGluBackward)(*this, dgate, dup, dout, gate, up, N, F, ldg);
+}
+
+void ExecContext::layernorm(float* out, const float* inp, const float* w, const float* b, int64_t N,
+                            int64_t C, float eps) const {
+  entry(*ops, ops->layernorm, Op::LayerNorm)(*this, out, inp, w, b, N, C, eps);
+}
+
+void ExecContext::polynorm(float* out, const float* gate, const float* up, int64_t N, int64_t F,
+                           int64_t ldg, const float* w, const float* b, float eps) const {
+  entry(*ops, ops->polynorm, Op::PolyNorm)(*this, out, gate, up, N, F, ldg, w, b, eps);
 }
 
 }  // namespace diffattn::nn

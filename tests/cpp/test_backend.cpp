@@ -140,6 +140,57 @@ TEST(Backend, NormRopeAndSwiGluMatchTheReference) {
   }
 }
 
+// The other families' norms: SambaY's LayerNorm and Motif-2's PolyNorm gate, both tables
+// against a plain float32 computation by the 2x rule.
+TEST(Backend, LayerNormAndPolyNormMatchTheReference) {
+  {
+    const int64_t N = 6, C = 67;
+    const std::vector<float> x = randn(static_cast<size_t>(N * C), 31, 3.0f), w = randn(C, 32), b = randn(C, 33);
+    std::vector<float> got(static_cast<size_t>(N * C)), ref = got, plain = got;
+    nn::cpu_context().layernorm(got.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+    nn::reference_context().layernorm(ref.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+    for (int64_t i = 0; i < N; ++i) {
+      float s = 0, v = 0;
+      for (int64_t c = 0; c < C; ++c) s += x[static_cast<size_t>(i * C + c)];
+      const float mean = s / static_cast<float>(C);
+      for (int64_t c = 0; c < C; ++c) {
+        const float d = x[static_cast<size_t>(i * C + c)] - mean;
+        v += d * d;
+      }
+      const float r = 1.0f / std::sqrt(v / static_cast<float>(C) + 1e-5f);
+      for (int64_t c = 0; c < C; ++c) {
+        plain[static_cast<size_t>(i * C + c)] =
+            (x[static_cast<size_t>(i * C + c)] - mean) * r * w[static_cast<size_t>(c)] + b[static_cast<size_t>(c)];
+      }
+    }
+    expect_rule("layernorm", got, ref, plain);
+  }
+  {
+    const int64_t N = 5, F = 41, ldg = 2 * F;
+    const std::vector<float> gu = randn(static_cast<size_t>(N * ldg), 34, 1.5f), w = randn(3, 35), b = randn(1, 36);
+    std::vector<float> got(static_cast<size_t>(N * F)), ref = got, plain = got;
+    const float eps = 1e-6f;
+    nn::cpu_context().polynorm(got.data(), gu.data(), gu.data() + F, N, F, ldg, w.data(), b.data(), eps);
+    nn::reference_context().polynorm(ref.data(), gu.data(), gu.data() + F, N, F, ldg, w.data(), b.data(), eps);
+    for (int64_t i = 0; i < N; ++i) {
+      float s1 = 0, s2 = 0, s3 = 0;
+      for (int64_t f = 0; f < F; ++f) {
+        const float z = gu[static_cast<size_t>(i * ldg + f)];
+        s1 += z * z, s2 += z * z * z * z, s3 += z * z * z * z * z * z;
+      }
+      const float n = static_cast<float>(F);
+      const float r1 = 1.0f / std::sqrt(s1 / n + eps), r2 = 1.0f / std::sqrt(s2 / n + eps),
+                  r3 = 1.0f / std::sqrt(s3 / n + eps);
+      for (int64_t f = 0; f < F; ++f) {
+        const float z = gu[static_cast<size_t>(i * ldg + f)];
+        plain[static_cast<size_t>(i * F + f)] =
+            (w[0] * z * z * z * r3 + w[1] * z * z * r2 + w[2] * z * r1 + b[0]) * gu[static_cast<size_t>(i * ldg + F + f)];
+      }
+    }
+    expect_rule("polynorm", got, ref, plain);
+  }
+}
+
 // The training backward's ops (products, RMSNorm, SwiGLU) of both tables against each other
 // and a plain float32 computation, by the 2x rule, on strided and accumulating calls.
 TEST(Backend, DenseBackwardsMatchTheReference) {

@@ -38,8 +38,10 @@ enum class Op : int {
   LinearBackward,      // training: dinp (+)= dout W, dW += dout^T inp (float32 weights)
   RmsNormBackward,     // training: dinp += ..., dweight += ... from the saved rstd
   SwiGluBackward,      // training: dgate, dup += ...
+  LayerNorm,           // SambaY's norms (nn::layernorm_fwd)
+  PolyNorm,            // Motif-2's MLP gate (nn::polynorm_fwd)
 };
-inline constexpr int kNumOps = 11;
+inline constexpr int kNumOps = 13;
 const char* op_name(Op op);  // "attention", "linear_few_rows", ...
 
 // The most rows the few-row product takes for weights of type t: nn::kGemvMaxN (float32) or
@@ -79,6 +81,10 @@ struct OpTable {
   void (*swiglu_backward)(const ExecContext& ctx, float* dgate, float* dup, const float* dout,
                           const float* gate, const float* up, int64_t N, int64_t F,
                           int64_t ldg) = nullptr;
+  void (*layernorm)(const ExecContext& ctx, float* out, const float* inp, const float* w,
+                    const float* b, int64_t N, int64_t C, float eps) = nullptr;
+  void (*polynorm)(const ExecContext& ctx, float* out, const float* gate, const float* up, int64_t N,
+                   int64_t F, int64_t ldg, const float* w, const float* b, float eps) = nullptr;
 };
 
 const OpTable& reference_ops();
@@ -117,6 +123,11 @@ struct ExecContext {
                         int64_t ldd = 0, int64_t ldi = 0) const;
   void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                        const float* up, int64_t N, int64_t F, int64_t ldg = 0) const;
+  // The other families' norms (nn::layernorm_fwd, nn::polynorm_fwd's contracts).
+  void layernorm(float* out, const float* inp, const float* w, const float* b, int64_t N, int64_t C,
+                 float eps) const;
+  void polynorm(float* out, const float* gate, const float* up, int64_t N, int64_t F, int64_t ldg,
+                const float* w, const float* b, float eps) const;
 };
 
 // The contexts of the two tables on the host.
