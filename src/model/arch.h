@@ -144,6 +144,12 @@ struct Permutation {
 std::shared_ptr<const WeightStore> load_llama_like(const ModelDir& dir);
 std::shared_ptr<const WeightStore> load_sambay_weights(const ModelDir& dir);
 std::shared_ptr<const WeightStore> load_native_weights(const ModelDir& dir);
+// (checkpoint.cpp) The project's model.safetensors at path whose header h load_native_weights
+// checked against cfg (check_weights_header) and found all F32: the owned weights of a trainable
+// model, each tensor copied once from the memory-mapped file (its pages dropped after the copy)
+// and checked finite, with load_weights' errors.
+std::shared_ptr<OwnedWeights> read_f32_weights(const std::string& path, const SafeTensorsHeader& h,
+                                               const ModelConfig& cfg);
 
 // Writers (hf_writer.cpp): tensors as float32 under their transformers names, in order.
 using HfTensors = std::vector<std::pair<std::string, std::pair<Shape, std::vector<float>>>>;

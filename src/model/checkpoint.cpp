@@ -16,6 +16,7 @@
 #include "diffattn/model/config.h"
 #include "diffattn/model/model.h"
 #include "diffattn/model/safetensors.h"
+#include "model/arch.h"
 #include "model/dir_commit.h"
 
 namespace diffattn::model {
@@ -183,38 +184,30 @@ void check_finite(const float* p, int64_t n, const std::string& where, const std
 
 }  // namespace
 
-void load_weights(OwnedWeights& w, const ModelConfig& cfg, const SafeTensorsFile& f,
-                  const std::string& where, const std::string& prefix, bool allow_extra) {
+std::shared_ptr<OwnedWeights> load_weights(const ModelConfig& cfg, const SafeTensorsFile& f,
+                                           const std::string& where, const std::string& prefix,
+                                           bool allow_extra) {
   const std::vector<TensorInfo> table = tensor_table(cfg);
   check_names_and_shapes(cfg, table, f.tensors, where, prefix, allow_extra);
-  if (w.tensors.size() != table.size()) {
-    throw InvalidArgument("load_weights: a store of " + std::to_string(w.tensors.size()) +
-                          " tensors for a config of " + std::to_string(table.size()));
-  }
-  for (size_t k = 0; k < table.size(); ++k) {
-    const TensorInfo& t = table[k];
+  // Every value is written below: the table's tensors tile the buffer.
+  auto w = std::make_shared<OwnedWeights>(table, OwnedWeights::Fill::None);
+  for (const TensorInfo& t : table) {
     const std::vector<float>& src = f.tensors.at(prefix + t.name).data;
-    check_finite(src.data(), static_cast<int64_t>(src.size()), where, prefix + t.name, t.shape);
-    std::copy(src.begin(), src.end(), w.data.begin() + (w.tensors[k].f32() - w.data.data()));
+    check_finite(src.data(), t.numel, where, prefix + t.name, t.shape);
+    std::copy(src.begin(), src.end(), w->values().begin() + t.offset);
   }
+  return w;
 }
 
 std::shared_ptr<OwnedWeights> read_f32_weights(const std::string& path, const SafeTensorsHeader& h,
                                                const ModelConfig& cfg) {
   const std::vector<TensorInfo> table = tensor_table(cfg);
-  check_names_and_shapes(cfg, table, h.tensors, path, "", false);
-  for (const TensorInfo& t : table) {
-    if (h.tensors.at(t.name).dtype != DType::F32) {
-      throw InvalidArgument("read_f32_weights: " + path + ": tensor \"" + t.name + "\" is " +
-                            dtype_name(h.tensors.at(t.name).dtype) + ", not F32");
-    }
-  }
-  auto w = std::make_shared<OwnedWeights>(table);
+  auto w = std::make_shared<OwnedWeights>(table, OwnedWeights::Fill::None);
   const MappedFile f(path);
   if (f.size() != h.file_size) throw IoError(path + ": the file changed while it was read");
   for (const TensorInfo& t : table) {
     const SafeTensorEntry& e = h.tensors.at(t.name);
-    float* dst = w->data.data() + t.offset;
+    float* dst = w->values().data() + t.offset;
     std::memcpy(dst, f.data() + h.data_offset + e.begin, sizeof(float) * static_cast<size_t>(t.numel));
     f.drop(h.data_offset + e.begin, h.data_offset + e.end);  // the copy is what stays
     check_finite(dst, t.numel, path, t.name, t.shape);

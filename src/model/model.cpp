@@ -32,20 +32,23 @@ void add3(float* out, const float* a, const float* b, int64_t n) {
 
 }  // namespace
 
-OwnedWeights::OwnedWeights(const std::vector<TensorInfo>& table) {
+OwnedWeights::OwnedWeights(const std::vector<TensorInfo>& table, Fill fill) {
   int64_t total = 0;
   for (const TensorInfo& t : table) total += t.numel;
   // The weights (4 bytes each) before anything is allocated and touched; a training context's
   // gradients check again for theirs.
   check_fits_in_memory(4.0 * static_cast<double>(total),
                        "a model of " + std::to_string(total) + " parameters");
-  data.assign(static_cast<size_t>(total), 0.0f);
-  for (const TensorInfo& t : table) tensors.emplace_back(data.data() + t.offset, t.shape);
+  n_ = static_cast<size_t>(total);
+  buf_.reset(fill == Fill::Zeros ? new float[n_]() : new float[n_]);
+  for (const TensorInfo& t : table) tensors.emplace_back(buf_.get() + t.offset, t.shape);
   description = "float32";
 }
 
-OwnedWeights::OwnedWeights(const OwnedWeights& o) : WeightStore(o), data(o.data) {
-  for (TensorView& v : tensors) v.data = data.data() + (v.f32() - o.data.data());
+OwnedWeights::OwnedWeights(const OwnedWeights& o)
+    : WeightStore(o), buf_(new float[o.n_]), n_(o.n_) {
+  std::copy_n(o.buf_.get(), n_, buf_.get());
+  for (TensorView& v : tensors) v.data = buf_.get() + (v.f32() - o.buf_.get());
 }
 
 Model::Model(const ModelConfig& cfg) : cfg_(cfg) {
@@ -69,12 +72,12 @@ Model::Model(const ModelConfig& cfg, std::shared_ptr<const WeightStore> store)
     // Laid out by this config's table, or the offsets the trainer and optimizer use are wrong.
     int64_t total = 0;
     for (const TensorInfo& t : table_) total += t.numel;
-    bool laid_out = static_cast<int64_t>(o->data.size()) == total;
+    bool laid_out = static_cast<int64_t>(o->values().size()) == total;
     for (size_t i = 0; laid_out && i < table_.size(); ++i) {
-      laid_out = o->tensors[i].data == o->data.data() + table_[i].offset;
+      laid_out = o->tensors[i].data == o->values().data() + table_[i].offset;
     }
     if (!laid_out) {
-      throw InvalidArgument("Model: owned float32 weights of " + std::to_string(o->data.size()) +
+      throw InvalidArgument("Model: owned float32 weights of " + std::to_string(o->values().size()) +
                             " values not laid out by the tensor table of this config (" +
                             std::to_string(total) + " values)");
     }
@@ -106,12 +109,12 @@ Model& Model::operator=(const Model& o) {
 
 std::span<float> Model::params() {
   require_trainable("params");
-  return {owned_->data};
+  return owned_->values();
 }
 
 std::span<const float> Model::params() const {
   require_trainable("params");
-  return {owned_->data};
+  return owned_->values();
 }
 
 void Model::index_tensors() {
@@ -228,7 +231,7 @@ void Model::init_weights(uint64_t seed) {
   require_trainable("init_weights");
   uint64_t s = seed ^ 0x6469666661747431ull;  // "diffatt1"
   for (const TensorInfo& t : table_) {
-    float* w = owned_->data.data() + t.offset;
+    float* w = owned_->values().data() + t.offset;
     const bool gain = t.name.find("norm.weight") != std::string::npos ||
                       t.name.find("subln.weight") != std::string::npos;
     const bool lam = t.name.find("attn.lambda_") != std::string::npos &&

@@ -221,9 +221,7 @@ Trainer Trainer::resume(const std::string& dir) {
   const model::SafeTensorsHeader h = model::read_safetensors_header(path);
   const TrainState ts = check_train_state_header(h, path);
   const model::SafeTensorsFile f = model::read_safetensors(path, h);
-  auto w = std::make_shared<model::OwnedWeights>(model::tensor_table(ts.config));
-  model::load_weights(*w, ts.config, f, path, "", true);
-  model::Model m(ts.config, std::move(w));
+  model::Model m(ts.config, model::load_weights(ts.config, f, path, "", true));
   Trainer t(dir, std::move(m), ts.options);
   t.step_ = ts.step;
   t.adam_.t = ts.adamw_t;

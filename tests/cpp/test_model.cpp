@@ -405,15 +405,15 @@ TEST(Model, OwnedWeightsAreOneStoreAndCopiesNeverShareThem) {
   EXPECT_NE(b.params().data(), a.params().data());
   // A store the model alone holds becomes its own (no copy); one held elsewhere is copied.
   auto w = std::make_shared<model::OwnedWeights>(model::tensor_table(c));
-  const float* buf = w->data.data();
+  const float* buf = w->values().data();
   model::Model alone(c, std::move(w));
   EXPECT_TRUE(alone.trainable());
   EXPECT_EQ(alone.params().data(), buf);
   auto shared = std::make_shared<model::OwnedWeights>(model::tensor_table(c));
   model::Model copied(c, shared);
-  EXPECT_NE(copied.params().data(), shared->data.data());
+  EXPECT_NE(copied.params().data(), shared->values().data());
   copied.params()[0] = 5.0f;
-  EXPECT_EQ(shared->data[0], 0.0f);
+  EXPECT_EQ(shared->values()[0], 0.0f);
   // Owned weights laid out for another config are refused, naming the sizes.
   model::ModelConfig other = c;
   other.ffn_dim += 8;

@@ -60,17 +60,12 @@ void check_model_dir(const std::string& dir);
 // misshapen: the same errors as load_weights), before any model is allocated.
 void check_weights_header(const ModelConfig& cfg, const SafeTensorsHeader& h, const std::string& where,
                           const std::string& prefix = "", bool allow_extra = false);
-// Copies a model's tensors from a parsed file, checking names and shapes against the config, and
-// that every value is finite (a NaN or Inf is an error naming the tensor and its first index),
-// into owned weights laid out by cfg's table (Model(cfg, w) then trains them).
-void load_weights(OwnedWeights& w, const ModelConfig& cfg, const SafeTensorsFile& f,
-                  const std::string& where, const std::string& prefix = "", bool allow_extra = false);
-// The project's model.safetensors at path, every tensor F32 (header h, already read), as the
-// owned weights of a trainable model: the names and shapes checked against cfg before anything
-// is allocated, then each tensor copied once from the memory-mapped file (its pages dropped
-// after the copy) and checked finite, with load_weights' errors.
-std::shared_ptr<OwnedWeights> read_f32_weights(const std::string& path, const SafeTensorsHeader& h,
-                                               const ModelConfig& cfg);
+// A model's tensors from a parsed file, checking names and shapes against the config before
+// anything is allocated, and that every value is finite (a NaN or Inf is an error naming the
+// tensor and its first index): owned weights laid out by cfg's table (Model(cfg, w) trains them).
+std::shared_ptr<OwnedWeights> load_weights(const ModelConfig& cfg, const SafeTensorsFile& f,
+                                           const std::string& where, const std::string& prefix = "",
+                                           bool allow_extra = false);
 
 // Hugging Face checkpoints.
 // True when DIR/config.json has a "model_type" (and no "format"): a transformers directory.

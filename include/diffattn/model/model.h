@@ -59,11 +59,20 @@ struct WeightStore {
 // with another holder is copied first, and copying a model copies it, so models never write
 // each other's weights.
 struct OwnedWeights final : WeightStore {
-  // Zeros for the table (InvalidArgument when they would not fit in memory).
-  explicit OwnedWeights(const std::vector<TensorInfo>& table);
+  // Zeros: a new model's; None: a loader's, which writes every value (no page is touched
+  // twice).
+  enum class Fill { Zeros, None };
+  // A buffer for the table (InvalidArgument when it would not fit in memory).
+  explicit OwnedWeights(const std::vector<TensorInfo>& table, Fill fill = Fill::Zeros);
   OwnedWeights(const OwnedWeights& o);  // a deep copy, its views into its own buffer
   OwnedWeights& operator=(const OwnedWeights&) = delete;
-  std::vector<float> data;
+  // Every value, laid out by the table (TensorInfo::offset).
+  std::span<float> values() { return {buf_.get(), n_}; }
+  std::span<const float> values() const { return {buf_.get(), n_}; }
+
+ private:
+  std::unique_ptr<float[]> buf_;
+  size_t n_ = 0;
 };
 
 // The weights and what reads them: immutable after load (init_weights and an optimizer step
