@@ -61,7 +61,6 @@ void need_positive(const char* op, const char* what, int64_t n) {
   if (n < 1) fail(op, std::string(what) + " must be at least 1, got " + std::to_string(n));
 }
 
-// A view's data as float32 on the host: what these operators read.
 // x in host memory (the CPU backends read it), else an error naming op and the tensor.
 void need_host(const char* op, const char* name, const TensorView& x) {
   if (x.device.type != DeviceType::CPU) {
@@ -70,6 +69,7 @@ void need_host(const char* op, const char* name, const TensorView& x) {
   }
 }
 
+// A view's data as float32 on the host: what these operators read.
 const float* f32_of(const char* op, const char* name, const TensorView& x) {
   if (x.dtype != DType::F32) {
     fail(op, std::string(name) + " is " + dtype_name(x.dtype) + ", expected float32");

@@ -38,11 +38,12 @@ void AdamW::reset(size_t n) {
 
 double AdamW::step(Model& model, const std::vector<float>& grads, const AdamWOptions& o,
                    double lr) {
-  if (grads.size() != model.params().size()) {
+  const std::span<float> P = model.params();
+  if (grads.size() != P.size()) {
     throw InvalidArgument("AdamW::step: " + std::to_string(grads.size()) + " gradients for " +
-                          std::to_string(model.params().size()) + " weights");
+                          std::to_string(P.size()) + " weights");
   }
-  if (m.size() != model.params().size()) reset(model.params().size());
+  if (m.size() != P.size()) reset(P.size());
   const double norm = grad_norm(grads);
   const float clip = (o.clip > 0 && norm > o.clip) ? static_cast<float>(o.clip / norm) : 1.0f;
   ++t;
@@ -53,7 +54,7 @@ double AdamW::step(Model& model, const std::vector<float>& grads, const AdamWOpt
   const float rbc2 = static_cast<float>(1.0 / std::sqrt(bc2));
   for (const TensorInfo& ti : model.tensors()) {
     const float decay = ti.decay ? static_cast<float>(1.0 - lr * o.weight_decay) : 1.0f;
-    float* p = model.params().data() + ti.offset;
+    float* p = P.data() + ti.offset;
     const float* g = grads.data() + ti.offset;
     float* mm = m.data() + ti.offset;
     float* vv = v.data() + ti.offset;

@@ -48,11 +48,11 @@ void TrainContext::rope_for(int64_t pos0, int64_t T) {
 
 void TrainContext::zero_grads() {
   if (!m_->trainable()) return;  // no gradients (backward refuses, naming why)
-  if (grads_.size() != m_->params().size()) {
-    check_fits_in_memory(4.0 * static_cast<double>(m_->params().size()),
-                         "the gradients of a model of " + std::to_string(m_->params().size()) +
-                             " parameters");
-    grads_.assign(m_->params().size(), 0.0f);
+  const size_t n = m_->params().size();
+  if (grads_.size() != n) {
+    check_fits_in_memory(4.0 * static_cast<double>(n),
+                         "the gradients of a model of " + std::to_string(n) + " parameters");
+    grads_.assign(n, 0.0f);
   } else {
     std::fill(grads_.begin(), grads_.end(), 0.0f);
   }
@@ -143,10 +143,11 @@ void TrainContext::backward(float dloss_scale) {
                           " runs for inference only; training this model is refused");
   }
   if (targets_.empty()) throw InvalidArgument("backward: the last forward had no targets");
-  if (grads_.size() != m.params().size()) zero_grads();
+  const std::span<const float> weights = m.params();
+  const float* P = weights.data();
+  if (grads_.size() != weights.size()) zero_grads();
   const int64_t B = B_, T = T_, C = cfg.d_model, F = cfg.ffn_dim, V = cfg.vocab_size;
   const int64_t BT = B * T;
-  const float* P = m.params().data();
   float* Gr = grads_.data();
   dlogits_.resize(logits_.size());
   const float dloss = counted_ ? dloss_scale / static_cast<float>(counted_) : 0.0f;

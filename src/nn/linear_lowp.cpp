@@ -7,9 +7,7 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <cstring>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "diffattn/kernels/gemv.h"
